@@ -1,0 +1,1 @@
+"""alloctrace (in progress)."""

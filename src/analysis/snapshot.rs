@@ -1,0 +1,174 @@
+//! The snapshot model: traces that point at interned tracebacks, which point at interned frames,
+//! which point at interned filenames.
+//!
+//! A million traces typically come from a few thousand distinct tracebacks, so every analysis
+//! (grouping, filtering, diffing) works per traceback or per frame first and only then per
+//! trace. Ids are indexes into the snapshot's own tables; they mean nothing across snapshots,
+//! so anything comparing two snapshots compares resolved contents (filename bytes, line).
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// Index into [`Snapshot::filenames`].
+pub type FilenameId = u32;
+/// Index into [`Snapshot::frames`].
+pub type FrameId = u32;
+/// Index into [`Snapshot::tracebacks`].
+pub type TracebackId = u32;
+
+/// A filename exactly as Python had it.
+///
+/// Stored as UTF-8 in which lone surrogates are passed through (Python's `surrogatepass`), so
+/// that a path Python decoded with `surrogateescape` survives a round trip. Byte order of this
+/// encoding is code point order, which is how Python compares the `str`.
+pub type Filename = Box<[u8]>;
+
+/// One frame: `(filename, lineno)`, the identity `tracemalloc.Frame` compares by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Frame {
+    pub filename: FilenameId,
+    pub lineno: u32,
+}
+
+/// One traceback: frames most recent first (the order `_get_traces()` uses), plus the depth of
+/// the stack it was cut from (`None` where the source did not say, as in 3-tuples).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Traceback {
+    pub frames: Box<[FrameId]>,
+    pub total_nframe: Option<u32>,
+}
+
+/// One live block: `(domain, size, traceback)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Trace {
+    pub domain: u32,
+    pub size: u64,
+    pub traceback: TracebackId,
+}
+
+/// Where and when a snapshot was taken. Informational: never used to interpret the traces.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Metadata {
+    /// `sys.version_info[:3]` of the traced interpreter; `None` for hand-built snapshots.
+    pub python_version: Option<(u8, u8, u8)>,
+    /// Seconds since the Unix epoch.
+    pub timestamp: Option<f64>,
+    pub pid: Option<u32>,
+    pub argv: Vec<String>,
+}
+
+/// An immutable snapshot. Built once (by [`SnapshotBuilder`]), then only read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub filenames: Vec<Filename>,
+    pub frames: Vec<Frame>,
+    pub tracebacks: Vec<Traceback>,
+    pub traces: Vec<Trace>,
+    pub traceback_limit: u32,
+    pub metadata: Metadata,
+}
+
+impl Snapshot {
+    pub fn frame_filename(&self, frame: FrameId) -> &[u8] {
+        &self.filenames[self.frames[frame as usize].filename as usize]
+    }
+}
+
+/// Builds a [`Snapshot`], interning filenames, frames and tracebacks so that equal ones share
+/// one id. Both the live tracer and the raw-tuple constructor go through it, which is what
+/// makes "one entry per distinct traceback" hold for every snapshot.
+#[derive(Default)]
+pub struct SnapshotBuilder {
+    snapshot: Snapshot,
+    filename_ids: HashMap<Filename, FilenameId>,
+    frame_ids: HashMap<Frame, FrameId>,
+    traceback_ids: HashMap<Traceback, TracebackId>,
+}
+
+impl SnapshotBuilder {
+    pub fn new(traceback_limit: u32) -> Self {
+        let mut builder = Self::default();
+        builder.snapshot.traceback_limit = traceback_limit;
+        builder
+    }
+
+    pub fn filename(&mut self, name: &[u8]) -> FilenameId {
+        if let Some(&id) = self.filename_ids.get(name) {
+            return id;
+        }
+        let id = self.snapshot.filenames.len() as FilenameId;
+        let owned: Filename = name.into();
+        self.snapshot.filenames.push(owned.clone());
+        self.filename_ids.insert(owned, id);
+        id
+    }
+
+    pub fn frame(&mut self, filename: FilenameId, lineno: u32) -> FrameId {
+        let frame = Frame { filename, lineno };
+        let next = self.snapshot.frames.len() as FrameId;
+        let id = *self.frame_ids.entry(frame).or_insert(next);
+        if id == next {
+            self.snapshot.frames.push(frame);
+        }
+        id
+    }
+
+    pub fn traceback(&mut self, frames: &[FrameId], total_nframe: Option<u32>) -> TracebackId {
+        let traceback = Traceback {
+            frames: frames.into(),
+            total_nframe,
+        };
+        if let Some(&id) = self.traceback_ids.get(&traceback) {
+            return id;
+        }
+        let id = self.snapshot.tracebacks.len() as TracebackId;
+        self.snapshot.tracebacks.push(traceback.clone());
+        self.traceback_ids.insert(traceback, id);
+        id
+    }
+
+    pub fn trace(&mut self, domain: u32, size: u64, traceback: TracebackId) {
+        self.snapshot.traces.push(Trace {
+            domain,
+            size,
+            traceback,
+        });
+    }
+
+    pub fn reserve_traces(&mut self, additional: usize) {
+        self.snapshot.traces.reserve(additional);
+    }
+
+    pub fn metadata(&mut self, metadata: Metadata) {
+        self.snapshot.metadata = metadata;
+    }
+
+    pub fn finish(self) -> Snapshot {
+        self.snapshot
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interning_shares_ids() {
+        let mut b = SnapshotBuilder::new(2);
+        let a = b.filename(b"a.py");
+        assert_eq!(b.filename(b"a.py"), a);
+        let f1 = b.frame(a, 2);
+        assert_eq!(b.frame(a, 2), f1);
+        let f2 = b.frame(a, 3);
+        assert_ne!(f1, f2);
+        let t1 = b.traceback(&[f1, f2], Some(3));
+        assert_eq!(b.traceback(&[f1, f2], Some(3)), t1);
+        assert_ne!(b.traceback(&[f1, f2], Some(4)), t1);
+        b.trace(0, 10, t1);
+        let s = b.finish();
+        assert_eq!(s.filenames.len(), 1);
+        assert_eq!(s.frames.len(), 2);
+        assert_eq!(s.tracebacks.len(), 2);
+        assert_eq!(s.frame_filename(f2), b"a.py");
+    }
+}

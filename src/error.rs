@@ -1,0 +1,52 @@
+//! The crate's one error type, converted to a Python exception once, at the pyo3 boundary.
+//!
+//! Every variant carries what the user needs to fix the problem: the bad value, the file and
+//! what was wrong with it. Python sees `ValueError`, `TypeError`, `RuntimeError`, `OSError` or
+//! `alloctrace.SnapshotFormatError` (a `ValueError` subclass).
+
+use std::fmt;
+use std::path::PathBuf;
+
+#[derive(Debug)]
+pub enum Error {
+    /// An argument out of range or of the wrong form (`ValueError`).
+    InvalidArgument(String),
+    /// An argument of the wrong type (`TypeError`).
+    WrongType(String),
+    /// The call does not fit the tracer's state (`RuntimeError`).
+    State(String),
+    /// A file that is not a readable snapshot (`SnapshotFormatError`).
+    Format { path: PathBuf, reason: String },
+    /// The operating system refused (`OSError`, with errno kept).
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidArgument(msg) | Error::WrongType(msg) | Error::State(msg) => {
+                f.write_str(msg)
+            }
+            Error::Format { path, reason } => {
+                write!(
+                    f,
+                    "{} is not a readable alloctrace snapshot: {reason}",
+                    path.display()
+                )
+            }
+            Error::Io {
+                path,
+                action,
+                source,
+            } => write!(f, "cannot {action} {}: {source}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

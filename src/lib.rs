@@ -1,0 +1,19 @@
+//! alloctrace: a fast, drop-in replacement for CPython's `tracemalloc`.
+//!
+//! Layout, one module per job:
+//! - [`hooks`]: the PEP 445 allocator hooks (the hot path) and their installation.
+//! - [`capture`]: reading the Python stack from a hook, one file per CPython version.
+//! - [`table`]: the live-trace table, keyed by block address, and the memory counters.
+//! - [`intern`]: traceback interning and the lazy (code, offset) → line resolution.
+//! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
+//! - [`analysis`]: snapshots, grouping, diffing, filters and the file format (plain Rust).
+//! - [`py`]: the pyo3 wrappers; they convert and delegate, nothing more.
+
+pub mod analysis;
+pub mod capture;
+pub mod error;
+pub mod hooks;
+pub mod intern;
+pub mod py;
+pub mod table;
+pub mod tracer;

@@ -1,0 +1,45 @@
+//! The pyo3 layer of `alloctrace._native`: argument conversion, exception mapping and class
+//! wrappers. Logic lives in the plain-Rust modules; what is here only translates.
+
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::error::Error;
+
+pub mod snapshot;
+pub mod tracer;
+
+pyo3::create_exception!(
+    alloctrace,
+    SnapshotFormatError,
+    PyValueError,
+    "A file is not a readable alloctrace snapshot: truncated, corrupted, of another format or \
+     of an unsupported format version. The message names the file and the problem."
+);
+
+impl From<Error> for PyErr {
+    fn from(err: Error) -> PyErr {
+        let msg = err.to_string();
+        match err {
+            Error::InvalidArgument(_) => PyValueError::new_err(msg),
+            Error::WrongType(_) => PyTypeError::new_err(msg),
+            Error::State(_) => PyRuntimeError::new_err(msg),
+            Error::Format { .. } => SnapshotFormatError::new_err(msg),
+            Error::Io { path, source, .. } => match source.raw_os_error() {
+                Some(errno) => PyOSError::new_err((errno, msg, path.display().to_string())),
+                None => PyOSError::new_err(msg),
+            },
+        }
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add(
+        "SnapshotFormatError",
+        m.py().get_type::<SnapshotFormatError>(),
+    )?;
+    snapshot::register(m)?;
+    tracer::register(m)?;
+    Ok(())
+}
