@@ -433,6 +433,12 @@ fn subtract(ranges: &[(u32, u32)], a: u32, b: u32) -> Vec<(u32, u32)> {
     out
 }
 
+/// Whether `filename` matches the `fnmatch` pattern as `tracemalloc.Filter` reads it (`.pyc`
+/// normalised on both sides), with the same compiled-pattern cache the filters use.
+pub fn filename_matches(pattern: &[u8], filename: &[u8]) -> Result<bool> {
+    Ok(compile_pattern(pattern)?.is_match(filename))
+}
+
 /// A compiled filter.
 #[derive(Clone, Debug)]
 enum Compiled {

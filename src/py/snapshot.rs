@@ -14,7 +14,7 @@ use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use crate::analysis::filter::{filter_snapshot, FilterSet, FilterSpec};
+use crate::analysis::filter::{filename_matches, filter_snapshot, FilterSet, FilterSpec};
 use crate::analysis::format::{self, AttrValue, Attributes, MAX_ATTR_DEPTH};
 use crate::analysis::snapshot::{FrameId, Snapshot, SnapshotBuilder, TracebackId};
 use crate::analysis::stats::{self, Key, KeyType};
@@ -599,6 +599,14 @@ impl PySnapshotData {
     }
 }
 
+/// `fnmatch_filename(filename, pattern)`: the filename test of `Filter._match_frame`, done
+/// by the same matcher `SnapshotData.filter` uses, so Python-side checks cannot disagree.
+#[pyfunction]
+fn fnmatch_filename(filename: &Bound<'_, PyString>, pattern: &Bound<'_, PyString>) -> PyResult<bool> {
+    Ok(filename_matches(&str_bytes(pattern)?, &str_bytes(filename)?)?)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PySnapshotData>()
+    m.add_class::<PySnapshotData>()?;
+    m.add_function(wrap_pyfunction!(fnmatch_filename, m)?)
 }
