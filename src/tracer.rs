@@ -265,16 +265,20 @@ pub fn clear_traces(py: Python<'_>) {
     if !is_tracing() {
         return;
     }
-    // SAFETY: the GIL is held, so no hook is interning concurrently; the replacement is done
-    // before anything that could run Python code (the release below).
+    // The new state is built first: building it allocates (a Python string), and what is
+    // allocated after the table is emptied would count as traced memory.
+    let fresh_resolver = Resolver::new(py);
+    let fresh_live = Live {
+        interner: Interner::new(),
+        scratch: vec![RawFrame::UNKNOWN; traceback_limit()],
+    };
+    // SAFETY: the GIL is held, so no hook is interning concurrently, and nothing between the
+    // borrows and the swaps calls Python code.
     let (live, resolver) = unsafe {
-        let limit = *LIMIT.get();
-        let live = LIVE.get().replace(Live {
-            interner: Interner::new(),
-            scratch: vec![RawFrame::UNKNOWN; limit],
-        });
+        let live = LIVE.get().replace(fresh_live);
+        let resolver = RESOLVER.get().replace(fresh_resolver);
         table().clear();
-        (live, RESOLVER.get().replace(Resolver::new(py)))
+        (live, resolver)
     };
     release(py, live, resolver);
 }

@@ -47,7 +47,6 @@ from alloctrace._snapshot import (
     Trace,
     Traceback,
     _format_size,
-    _Frame,
 )
 
 __all__ = [
@@ -79,9 +78,9 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-# Re-exported for code written against tracemalloc's private names.
+# tracemalloc's private names, for code (and tests) written against them.
+_Frame = Frame
 _format_size = _format_size
-_Frame = _Frame
 
 
 def start(nframe: int = 1) -> None:
