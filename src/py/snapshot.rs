@@ -297,7 +297,7 @@ fn spec_from_tuple(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<FilterSpec> {
 fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<AttrValue> {
     if depth > MAX_ATTR_DEPTH {
         return Err(PyTypeError::new_err(format!(
-            "cannot store snapshot attribute {name:?}: its value nests deeper than \
+            "cannot store snapshot attribute '{name}': its value nests deeper than \
              {MAX_ATTR_DEPTH} levels"
         )));
     }
@@ -347,7 +347,7 @@ fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<At
         for (k, v) in d.iter() {
             let k = k.cast_exact::<PyString>().map_err(|_| {
                 PyTypeError::new_err(format!(
-                    "cannot store snapshot attribute {name:?}: dict keys must be str, not {}",
+                    "cannot store snapshot attribute '{name}': dict keys must be str, not {}",
                     k.get_type()
                         .name()
                         .map(|n| n.to_string())
@@ -359,7 +359,7 @@ fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<At
         return Ok(AttrValue::Dict(out));
     }
     Err(PyTypeError::new_err(format!(
-        "cannot store snapshot attribute {name:?}: values of type {} are not supported \
+        "cannot store snapshot attribute '{name}': values of type {} are not supported \
          (supported: None, bool, int, float, str, bytes, and list, tuple or str-keyed dict of \
          those)",
         obj.get_type().name()?
