@@ -11,7 +11,6 @@ import zlib
 from pathlib import Path
 
 import pytest
-
 from alloctrace._native import SnapshotFormatError
 from alloctrace._snapshot import Snapshot
 

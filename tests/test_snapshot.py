@@ -10,7 +10,6 @@ import random
 import tracemalloc
 
 import pytest
-
 from alloctrace._snapshot import (
     BaseFilter,
     DomainFilter,
@@ -124,9 +123,10 @@ def test_value_types_match_tracemalloc():
         diff = (ours, size, -size // 3, count, -count)
         their_diff = (theirs, size, -size // 3, count, -count)
         assert str(StatisticDiff(*diff)) == str(tracemalloc.StatisticDiff(*their_diff))
-        assert repr(StatisticDiff(*diff)).split(" ", 1)[1] == repr(
-            tracemalloc.StatisticDiff(*their_diff)
-        ).split(" ", 1)[1]
+        assert (
+            repr(StatisticDiff(*diff)).split(" ", 1)[1]
+            == repr(tracemalloc.StatisticDiff(*their_diff)).split(" ", 1)[1]
+        )
     assert Statistic(ours, 1, 1) == Statistic(Traceback(frames), 1, 1)
     assert len({Statistic(ours, 1, 1), Statistic(Traceback(frames), 1, 1)}) == 1
 
@@ -160,7 +160,9 @@ def test_statistics_errors():
         s.statistics("bogus")
     with pytest.raises(ValueError, match="unknown key_type: 3"):
         s.statistics(3)
-    with pytest.raises(ValueError, match="cumulative mode cannot by used with key type 'traceback'"):
+    with pytest.raises(
+        ValueError, match="cumulative mode cannot by used with key type 'traceback'"
+    ):
         s.statistics("traceback", cumulative=True)
     with pytest.raises(ValueError):
         s.compare_to(s, "traceback", True)
