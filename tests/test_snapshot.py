@@ -78,6 +78,16 @@ def test_traces_sequence():
     assert raw[0][2] is raw[1][2]
 
 
+def test_traces_from_a_generator_of_fresh_objects():
+    # Fresh tuples and strings per item: freed objects' addresses must not alias cached ones.
+    def gen():
+        for i in range(2000):
+            yield (0, i, ((f"f{i % 7}_{i}.py"[: 4 + i % 3], i), ("x" + str(i), 1)), 2)
+
+    expected = list(gen())
+    assert Snapshot(gen(), 2).traces._traces == expected
+
+
 def test_three_tuples_have_no_total_nframe():
     s = Snapshot([(0, 5, (("a.py", 1),))], 1)
     assert s.traces._traces == [(0, 5, (("a.py", 1),))]

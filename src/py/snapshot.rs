@@ -106,6 +106,10 @@ fn snapshot_from_raw(traces: &Bound<'_, PyAny>, traceback_limit: u32) -> PyResul
     let mut by_tuple: HashMap<(usize, Option<u32>), TracebackId> = HashMap::new();
     let mut by_name: HashMap<usize, u32> = HashMap::new();
     let mut frame_ids: Vec<FrameId> = Vec::new();
+    // The caches above are keyed by object address; holding a reference to every keyed object
+    // keeps its address from being reused by a new object while the caches live (the traces
+    // may come from a generator whose tuples would otherwise be freed as we go).
+    let mut keep_alive: Vec<Bound<'_, PyAny>> = Vec::new();
     let iter = traces.try_iter().map_err(|_| {
         PyTypeError::new_err(format!(
             "traces must be a sequence of trace tuples, not {}",
@@ -168,6 +172,7 @@ fn snapshot_from_raw(traces: &Bound<'_, PyAny>, traceback_limit: u32) -> PyResul
                         None => {
                             let id = b.filename(&str_bytes(name)?);
                             by_name.insert(name.as_ptr() as usize, id);
+                            keep_alive.push(name.clone().into_any());
                             id
                         }
                     };
@@ -176,13 +181,13 @@ fn snapshot_from_raw(traces: &Bound<'_, PyAny>, traceback_limit: u32) -> PyResul
                 }
                 let tb = b.traceback(&frame_ids, total_nframe);
                 by_tuple.insert(key, tb);
+                keep_alive.push(frames.clone());
                 tb
             }
         };
         b.trace(domain, size, tb);
     }
-    // Pointer keys are only valid while `traces` keeps the tuples alive, which it does for the
-    // whole loop; the maps die here.
+    drop(keep_alive);
     Ok(b.finish())
 }
 
