@@ -595,6 +595,8 @@ class _TracemallocUnpickler(pickle.Unpickler):
 def _load_pickle(filename):
     with open(filename, "rb") as fp:
         loaded = _TracemallocUnpickler(fp).load()
+    if isinstance(loaded, Snapshot):
+        return loaded
     if not isinstance(loaded, _PickledSnapshot):
         raise SnapshotFormatError(
             f"{filename} is a pickle, but not of a tracemalloc.Snapshot "
