@@ -11,6 +11,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+
 from alloctrace._native import SnapshotFormatError
 from alloctrace._snapshot import Snapshot
 

@@ -10,6 +10,7 @@ import random
 import tracemalloc
 
 import pytest
+
 from alloctrace._snapshot import (
     BaseFilter,
     DomainFilter,
