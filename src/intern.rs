@@ -195,13 +195,24 @@ pub struct ResolvedFilename {
     pub bytes: Box<[u8]>,
 }
 
+/// The function a code object belongs to, for snapshots: `co_qualname` where the
+/// interpreter has it (3.11+), else `co_name`, as surrogatepass UTF-8, and `co_firstlineno`.
+pub struct ResolvedFunction {
+    pub name: Box<[u8]>,
+    pub first_lineno: u32,
+}
+
 /// Maps raw frames to `(filename, lineno)`, once per distinct (code, offset), when someone
-/// looks: a snapshot, `_get_traces()`, `get_object_traceback()`. Only called from Python-facing
-/// functions, never from a hook, so it may use the Python API freely.
+/// looks: a snapshot, `_get_traces()`, `get_object_traceback()`; and code objects to their
+/// function, for snapshots only. Only called from Python-facing functions, never from a hook,
+/// so it may use the Python API freely.
 pub struct Resolver {
     filenames: Vec<ResolvedFilename>,
     by_code: HashMap<usize, u32>,
     lines: HashMap<RawFrame, u32>,
+    functions: Vec<ResolvedFunction>,
+    /// Index into `functions`, `None` for a code object whose name could not be read.
+    function_by_code: HashMap<usize, Option<u32>>,
 }
 
 impl Resolver {
@@ -210,6 +221,8 @@ impl Resolver {
             filenames: Vec::new(),
             by_code: HashMap::new(),
             lines: HashMap::new(),
+            functions: Vec::new(),
+            function_by_code: HashMap::new(),
         };
         resolver.push_filename(
             PyString::new(py, "<unknown>").unbind(),
@@ -254,6 +267,45 @@ impl Resolver {
         (filename, lineno)
     }
 
+    pub fn function(&self, index: u32) -> &ResolvedFunction {
+        &self.functions[index as usize]
+    }
+
+    /// The function (index for [`Resolver::function`]) of a raw frame's code object; `None`
+    /// for the unknown frame and for a code object whose name is not a `str`.
+    ///
+    /// # Safety
+    /// As [`Resolver::resolve`].
+    pub unsafe fn resolve_function(&mut self, py: Python<'_>, frame: RawFrame) -> Option<u32> {
+        if frame.code == 0 {
+            return None;
+        }
+        if let Some(&index) = self.function_by_code.get(&frame.code) {
+            return index;
+        }
+        let code = Bound::from_borrowed_ptr(py, frame.code as *mut ffi::PyObject);
+        let name = code
+            .getattr("co_qualname")
+            .or_else(|_| code.getattr("co_name"))
+            .ok()
+            .and_then(|name| name.cast_into::<PyString>().ok())
+            .and_then(|name| name.call_method1("encode", ("utf-8", "surrogatepass")).ok())
+            .and_then(|b| b.cast_into::<PyBytes>().ok());
+        let first_lineno = code
+            .getattr("co_firstlineno")
+            .and_then(|n| n.extract::<u32>())
+            .unwrap_or(0);
+        let index = name.map(|name| {
+            self.functions.push(ResolvedFunction {
+                name: name.as_bytes().into(),
+                first_lineno,
+            });
+            (self.functions.len() - 1) as u32
+        });
+        self.function_by_code.insert(frame.code, index);
+        index
+    }
+
     unsafe fn resolve_filename(&mut self, py: Python<'_>, code: usize) -> u32 {
         let code = Bound::from_borrowed_ptr(py, code as *mut ffi::PyObject);
         let name = code
@@ -283,6 +335,12 @@ impl Resolver {
             .sum::<usize>()
             + self.by_code.capacity() * 16
             + self.lines.capacity() * 24
+            + self
+                .functions
+                .iter()
+                .map(|f| f.name.len() + std::mem::size_of::<ResolvedFunction>())
+                .sum::<usize>()
+            + self.function_by_code.capacity() * 16
     }
 }
 

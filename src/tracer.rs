@@ -425,9 +425,18 @@ pub fn tracer_memory() -> usize {
 /// first, and the stack's full depth.
 type ResolvedStack = (Vec<(u32, u32)>, u16);
 
-/// Resolves the given interned tracebacks. Copies their raw frames out of the interner first,
-/// because resolving calls Python code, which may allocate and so intern on this thread.
-fn resolve_stacks(py: Python<'_>, ids: &[TracebackId]) -> Vec<ResolvedStack> {
+/// Per frame of a [`ResolvedStack`], its function's index in the resolver where known; empty
+/// when functions were not asked for.
+type ResolvedFunctions = Vec<Option<u32>>;
+
+/// Resolves the given interned tracebacks, and with `functions` each frame's function too
+/// (only snapshots record them). Copies the raw frames out of the interner first, because
+/// resolving calls Python code, which may allocate and so intern on this thread.
+fn resolve_stacks(
+    py: Python<'_>,
+    ids: &[TracebackId],
+    functions: bool,
+) -> Vec<(ResolvedStack, ResolvedFunctions)> {
     // SAFETY: the GIL is held; the interner borrow ends before any Python call.
     let raw: Vec<(Vec<RawFrame>, u16)> = unsafe {
         match LIVE.get() {
@@ -449,12 +458,20 @@ fn resolve_stacks(py: Python<'_>, ids: &[TracebackId]) -> Vec<ResolvedStack> {
     };
     raw.into_iter()
         .map(|(frames, total)| {
+            // SAFETY (both maps): every code object named by the live interner is pinned.
             let resolved = frames
-                .into_iter()
-                // SAFETY: every code object named by the live interner is pinned.
-                .map(|frame| unsafe { resolver.resolve(py, frame) })
+                .iter()
+                .map(|&frame| unsafe { resolver.resolve(py, frame) })
                 .collect();
-            (resolved, total)
+            let names = if functions {
+                frames
+                    .iter()
+                    .map(|&frame| unsafe { resolver.resolve_function(py, frame) })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            ((resolved, total), names)
         })
         .collect()
 }
@@ -469,10 +486,10 @@ fn with_resolver<R>(f: impl FnOnce(&Resolver) -> R) -> Option<R> {
 struct Collected {
     /// `(size, index into stacks)` per live block.
     traces: Vec<(usize, u32)>,
-    stacks: Vec<ResolvedStack>,
+    stacks: Vec<(ResolvedStack, ResolvedFunctions)>,
 }
 
-fn collect(py: Python<'_>) -> Collected {
+fn collect(py: Python<'_>, functions: bool) -> Collected {
     let live = table().collect();
     let mut dense: HashMap<TracebackId, u32> = HashMap::new();
     let mut ids = Vec::new();
@@ -489,7 +506,7 @@ fn collect(py: Python<'_>) -> Collected {
         .collect();
     Collected {
         traces,
-        stacks: resolve_stacks(py, &ids),
+        stacks: resolve_stacks(py, &ids, functions),
     }
 }
 
@@ -500,7 +517,7 @@ pub fn take_snapshot(py: Python<'_>) -> Result<Snapshot> {
             "the tracemalloc module must be tracing memory allocations to take a snapshot".into(),
         ));
     }
-    let collected = collect(py);
+    let collected = collect(py, true);
     let limit = traceback_limit() as u32;
     let snapshot = with_resolver(|resolver| {
         let mut builder = SnapshotBuilder::new(limit);
@@ -508,14 +525,20 @@ pub fn take_snapshot(py: Python<'_>) -> Result<Snapshot> {
         let tracebacks: Vec<_> = collected
             .stacks
             .iter()
-            .map(|(frames, total)| {
+            .map(|((frames, total), functions)| {
                 let ids: Vec<FrameId> = frames
                     .iter()
-                    .map(|&(filename, lineno)| {
+                    .zip(functions)
+                    .map(|(&(filename, lineno), &function)| {
                         let id = *filename_ids.entry(filename).or_insert_with(|| {
                             builder.filename(&resolver.filename(filename).bytes)
                         });
-                        builder.frame(id, lineno)
+                        let frame = builder.frame(id, lineno);
+                        if let Some(function) = function {
+                            let function = resolver.function(function);
+                            builder.frame_function(frame, &function.name, function.first_lineno);
+                        }
+                        frame
                     })
                     .collect();
                 builder.traceback(&ids, Some(u32::from(*total)))
@@ -577,12 +600,12 @@ pub fn raw_traces(py: Python<'_>) -> PyResult<RawTraces<'_>> {
             frames: Vec::new(),
         });
     }
-    let collected = collect(py);
+    let collected = collect(py, false);
     let frames = with_resolver(|resolver| {
         collected
             .stacks
             .iter()
-            .map(|(frames, total)| Ok((frames_tuple(py, resolver, frames)?, *total)))
+            .map(|((frames, total), _)| Ok((frames_tuple(py, resolver, frames)?, *total)))
             .collect::<PyResult<Vec<_>>>()
     })
     .transpose()?
@@ -606,8 +629,8 @@ pub fn object_traceback<'py>(
     let Some(trace) = table().get(address) else {
         return Ok(None);
     };
-    let stacks = resolve_stacks(py, &[trace.traceback]);
-    let Some((frames, _)) = stacks.first() else {
+    let stacks = resolve_stacks(py, &[trace.traceback], false);
+    let Some(((frames, _), _)) = stacks.first() else {
         return Ok(None);
     };
     with_resolver(|resolver| frames_tuple(py, resolver, frames)).transpose()

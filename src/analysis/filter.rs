@@ -622,6 +622,8 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
     let mut out = Snapshot {
         filenames: snapshot.filenames.clone(),
         frames: snapshot.frames.clone(),
+        function_names: snapshot.function_names.clone(),
+        frame_functions: snapshot.frame_functions.clone(),
         tracebacks: snapshot.tracebacks.clone(),
         traces: Vec::new(),
         traceback_limit: snapshot.traceback_limit,
@@ -660,7 +662,11 @@ pub fn compact(snapshot: Snapshot) -> Snapshot {
         for &f in tb.frames.iter() {
             let fr = snapshot.frames[f as usize];
             let name = b.filename(&snapshot.filenames[fr.filename as usize]);
-            frames.push(b.frame(name, fr.lineno));
+            let id = b.frame(name, fr.lineno);
+            if let Some((function, first_lineno)) = snapshot.frame_function(f) {
+                b.frame_function(id, function, first_lineno);
+            }
+            frames.push(id);
         }
         tb_map[t] = b.traceback(&frames, tb.total_nframe);
     }

@@ -11,7 +11,8 @@
 //! ```
 //!
 //! Sections: 1 metadata (bincode + serde), 2 filenames, 3 frames, 4 tracebacks, 5 traces,
-//! 6 user attributes. Tables are written once and referenced by index; integers inside the
+//! 6 user attributes, 7 function names (optional: absent in files written before function
+//! names were recorded, which load with every function unknown). Tables are written once and referenced by index; integers inside the
 //! tables are unsigned LEB128, and traces are stored by column (run-length domains, sizes,
 //! traceback ids) because that is what makes a 1M-trace dump a few MB.
 //!
@@ -32,7 +33,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::analysis::filter::is_surrogatepass_utf8;
-use crate::analysis::snapshot::{Frame, Metadata, Snapshot, Trace, Traceback};
+use crate::analysis::snapshot::{Frame, FrameFunction, Metadata, Snapshot, Trace, Traceback};
 use crate::error::{Error, Result};
 
 pub const MAGIC: &[u8; 8] = b"ALCTRSNP";
@@ -46,6 +47,7 @@ const TAG_FRAMES: u32 = 3;
 const TAG_TRACEBACKS: u32 = 4;
 const TAG_TRACES: u32 = 5;
 const TAG_ATTRS: u32 = 6;
+const TAG_FUNCTIONS: u32 = 7;
 const HEADER_LEN: usize = 12;
 const SECTION_HEADER_LEN: usize = 12;
 /// Deepest nesting of list/tuple/dict attribute values accepted, when storing and loading.
@@ -277,6 +279,26 @@ pub fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Vec<u8> {
         put_uleb(&mut buf, t.traceback as u64);
     }
     section(&mut out, TAG_TRACES, &buf);
+
+    if !snapshot.frame_functions.is_empty() {
+        // Names, then per frame 0 (unknown) or name id + 1 and the first line.
+        buf.clear();
+        put_uleb(&mut buf, snapshot.function_names.len() as u64);
+        for name in &snapshot.function_names {
+            put_bytes(&mut buf, name);
+        }
+        put_uleb(&mut buf, snapshot.frame_functions.len() as u64);
+        for f in &snapshot.frame_functions {
+            match f {
+                Some(f) => {
+                    put_uleb(&mut buf, f.name as u64 + 1);
+                    put_uleb(&mut buf, f.first_lineno as u64);
+                }
+                None => put_uleb(&mut buf, 0),
+            }
+        }
+        section(&mut out, TAG_FUNCTIONS, &buf);
+    }
 
     if !attrs.is_empty() {
         buf.clear();
@@ -689,6 +711,12 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
     }
     r.finish()?;
 
+    let (function_names, frame_functions) =
+        match sections.iter().find(|&&(t, _)| t == TAG_FUNCTIONS) {
+            Some(&(_, payload)) => decode_functions(payload, frames.len())?,
+            None => (Vec::new(), Vec::new()),
+        };
+
     let mut attrs = Vec::new();
     if let Some(&(_, payload)) = sections.iter().find(|&&(t, _)| t == TAG_ATTRS) {
         let mut r = Reader::new(payload, "attributes");
@@ -706,6 +734,8 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
     let snapshot = Snapshot {
         filenames,
         frames,
+        function_names,
+        frame_functions,
         tracebacks,
         traces,
         traceback_limit: meta.traceback_limit,
@@ -717,6 +747,55 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         },
     };
     Ok((snapshot, attrs))
+}
+
+type Functions = (Vec<Box<[u8]>>, Vec<Option<FrameFunction>>);
+
+/// Section 7: the function names table and one entry per frame.
+fn decode_functions(payload: &[u8], nframes: usize) -> std::result::Result<Functions, Reason> {
+    let mut r = Reader::new(payload, "function names");
+    let n = r.count(1, "names")?;
+    let mut names: Vec<Box<[u8]>> = Vec::with_capacity(n);
+    let mut seen = hashbrown::HashSet::with_capacity(n);
+    for i in 0..n {
+        let name = r.bytes("function name")?;
+        if !is_surrogatepass_utf8(name) {
+            return Err(format!("function name {i} is not valid UTF-8"));
+        }
+        if !seen.insert(name) {
+            return Err(format!("function name {i} repeats an earlier entry"));
+        }
+        names.push(name.into());
+    }
+    drop(seen);
+    let count = r.count(1, "frame entries")?;
+    if count != nframes {
+        return Err(format!(
+            "function names section describes {count} frames, but there are {nframes}"
+        ));
+    }
+    let mut functions = Vec::with_capacity(count);
+    for i in 0..count {
+        let name = r.u32("function name id")?;
+        if name == 0 {
+            functions.push(None);
+            continue;
+        }
+        if name as usize > names.len() {
+            return Err(format!(
+                "frame {i} refers to function name {}, but there are only {}",
+                name - 1,
+                names.len()
+            ));
+        }
+        let first_lineno = r.u32("first line number")?;
+        functions.push(Some(FrameFunction {
+            name: name - 1,
+            first_lineno,
+        }));
+    }
+    r.finish()?;
+    Ok((names, functions))
 }
 
 /// Reads and decodes a snapshot file.
@@ -786,6 +865,8 @@ mod tests {
         let s = b.filename(b"s\xed\xb3\xbf.py");
         let f1 = b.frame(a, 2);
         let f2 = b.frame(s, 70000);
+        // f1's function is known, f2's is not.
+        b.frame_function(f1, b"Outer.m\xed\xb3\xbf", 1);
         let t1 = b.traceback(&[f1, f2], Some(9));
         let t2 = b.traceback(&[f2], None);
         b.trace(0, 10, t1);
@@ -966,6 +1047,79 @@ mod tests {
         let crc = crc32(&data);
         data.extend_from_slice(&crc.to_le_bytes());
         assert_eq!(decode(&data).unwrap().0, s);
+    }
+
+    /// The file as a writer that predates function names made it: no section 7.
+    fn without_section(data: &[u8], tag: u32) -> Vec<u8> {
+        let mut out = data[..HEADER_LEN].to_vec();
+        let mut pos = HEADER_LEN;
+        loop {
+            let t = u32::from_le_bytes(data[pos..pos + 4].try_into().unwrap());
+            let len = u64::from_le_bytes(data[pos + 4..pos + 12].try_into().unwrap()) as usize;
+            if t == TAG_END {
+                break;
+            }
+            if t != tag {
+                out.extend_from_slice(&data[pos..pos + 12 + len]);
+            }
+            pos += 12 + len;
+        }
+        out.extend_from_slice(&TAG_END.to_le_bytes());
+        out.extend_from_slice(&4u64.to_le_bytes());
+        let crc = crc32(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn function_names_are_optional() {
+        let (s, attrs) = sample();
+        assert_eq!(s.frame_function(0), Some((&b"Outer.m\xed\xb3\xbf"[..], 1)));
+        let data = encode(&s, &attrs);
+        assert_eq!(
+            decode(&data).unwrap().0.frame_function(0),
+            s.frame_function(0)
+        );
+        // An older file: everything but the names loads.
+        let (old, old_attrs) = decode(&without_section(&data, TAG_FUNCTIONS)).unwrap();
+        assert!(old.function_names.is_empty() && old.frame_functions.is_empty());
+        assert_eq!(old.frame_function(0), None);
+        let expected = Snapshot {
+            function_names: Vec::new(),
+            frame_functions: Vec::new(),
+            ..s.clone()
+        };
+        assert_eq!(old, expected);
+        assert_eq!(old_attrs, attrs);
+        // And a snapshot without names writes no section at all.
+        assert_eq!(
+            encode(&expected, &attrs),
+            without_section(&data, TAG_FUNCTIONS)
+        );
+    }
+
+    #[test]
+    fn hostile_function_sections() {
+        let (s, attrs) = sample();
+        let good = encode(&s, &attrs);
+        // payload: 1 name (len 10), 2 frames: (1, 1), (0)
+        let at = section_payload_offset(&good, TAG_FUNCTIONS);
+        let frames_at = at + 1 + 1 + 10;
+        let mut wrong_count = good.clone();
+        wrong_count[frames_at] = 3;
+        let mut bad_id = good.clone();
+        bad_id[frames_at + 1] = 5;
+        let mut bad_utf8 = good.clone();
+        bad_utf8[at + 2] = 0xFF;
+        let cases = [
+            (wrong_count, "describes 3 frames, but there are 2"),
+            (bad_id, "refers to function name 4"),
+            (bad_utf8, "function name 0 is not valid UTF-8"),
+        ];
+        for (data, expected) in cases {
+            let err = decode(&reseal(data)).unwrap_err();
+            assert!(err.contains(expected), "{expected:?} not in {err:?}");
+        }
     }
 
     #[test]

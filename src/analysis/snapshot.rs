@@ -15,6 +15,8 @@ pub type FilenameId = u32;
 pub type FrameId = u32;
 /// Index into [`Snapshot::tracebacks`].
 pub type TracebackId = u32;
+/// Index into [`Snapshot::function_names`].
+pub type FunctionNameId = u32;
 
 /// A filename exactly as Python had it.
 ///
@@ -28,6 +30,18 @@ pub type Filename = Box<[u8]>;
 pub struct Frame {
     pub filename: FilenameId,
     pub lineno: u32,
+}
+
+/// The function a frame's line belongs to, as its code object said when the snapshot was
+/// taken: `co_qualname` (3.11+) or `co_name`, and `co_firstlineno`.
+///
+/// Kept beside the frame, not in it: a frame's identity stays `(filename, lineno)`, so grouping,
+/// equality and sorting are `tracemalloc`'s. Two code objects can share a line (a lambda or a
+/// comprehension on its parent's line); the first one seen names the frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FrameFunction {
+    pub name: FunctionNameId,
+    pub first_lineno: u32,
 }
 
 /// One traceback: frames most recent first (the order `_get_traces()` uses), plus the depth of
@@ -66,6 +80,12 @@ pub struct Metadata {
 pub struct Snapshot {
     pub filenames: Vec<Filename>,
     pub frames: Vec<Frame>,
+    /// Distinct function names (surrogatepass UTF-8, like filenames).
+    pub function_names: Vec<Filename>,
+    /// Per frame, its function where known. Either empty (no frame's function is known, as
+    /// in snapshots built from raw tuples or files written before names were recorded) or
+    /// exactly as long as `frames`.
+    pub frame_functions: Vec<Option<FrameFunction>>,
     pub tracebacks: Vec<Traceback>,
     pub traces: Vec<Trace>,
     pub traceback_limit: u32,
@@ -75,6 +95,12 @@ pub struct Snapshot {
 impl Snapshot {
     pub fn frame_filename(&self, frame: FrameId) -> &[u8] {
         &self.filenames[self.frames[frame as usize].filename as usize]
+    }
+
+    /// The function of a frame, if the snapshot recorded it.
+    pub fn frame_function(&self, frame: FrameId) -> Option<(&[u8], u32)> {
+        let f = (*self.frame_functions.get(frame as usize)?)?;
+        Some((&self.function_names[f.name as usize], f.first_lineno))
     }
 }
 
@@ -87,6 +113,7 @@ pub struct SnapshotBuilder {
     filename_ids: HashMap<Filename, FilenameId>,
     frame_ids: HashMap<Frame, FrameId>,
     traceback_ids: HashMap<Traceback, TracebackId>,
+    function_name_ids: HashMap<Filename, FunctionNameId>,
 }
 
 impl SnapshotBuilder {
@@ -115,6 +142,28 @@ impl SnapshotBuilder {
             self.snapshot.frames.push(frame);
         }
         id
+    }
+
+    /// Records the function of `frame` unless one is already known (the first one seen wins,
+    /// see [`FrameFunction`]).
+    pub fn frame_function(&mut self, frame: FrameId, name: &[u8], first_lineno: u32) {
+        let functions = &mut self.snapshot.frame_functions;
+        if functions.len() <= frame as usize {
+            functions.resize(frame as usize + 1, None);
+        } else if functions[frame as usize].is_some() {
+            return;
+        }
+        let name = match self.function_name_ids.get(name) {
+            Some(&id) => id,
+            None => {
+                let id = self.snapshot.function_names.len() as FunctionNameId;
+                let owned: Filename = name.into();
+                self.snapshot.function_names.push(owned.clone());
+                self.function_name_ids.insert(owned, id);
+                id
+            }
+        };
+        self.snapshot.frame_functions[frame as usize] = Some(FrameFunction { name, first_lineno });
     }
 
     pub fn traceback(&mut self, frames: &[FrameId], total_nframe: Option<u32>) -> TracebackId {
@@ -147,7 +196,11 @@ impl SnapshotBuilder {
         self.snapshot.metadata = metadata;
     }
 
-    pub fn finish(self) -> Snapshot {
+    pub fn finish(mut self) -> Snapshot {
+        if !self.snapshot.frame_functions.is_empty() {
+            let n = self.snapshot.frames.len();
+            self.snapshot.frame_functions.resize(n, None);
+        }
         self.snapshot
     }
 }
@@ -174,5 +227,24 @@ mod tests {
         assert_eq!(s.frames.len(), 2);
         assert_eq!(s.tracebacks.len(), 2);
         assert_eq!(s.frame_filename(f2), b"a.py");
+        assert!(s.frame_functions.is_empty());
+        assert_eq!(s.frame_function(f1), None);
+    }
+
+    #[test]
+    fn first_function_seen_names_a_frame() {
+        let mut b = SnapshotBuilder::new(1);
+        let a = b.filename(b"a.py");
+        let (f1, f2, f3) = (b.frame(a, 1), b.frame(a, 2), b.frame(a, 3));
+        b.frame_function(f2, b"outer", 1);
+        b.frame_function(f2, b"outer.<locals>.<lambda>", 2);
+        b.frame_function(f1, b"outer", 1);
+        let s = b.finish();
+        // Padded to one entry per frame; names interned once.
+        assert_eq!(s.frame_functions.len(), 3);
+        assert_eq!(s.function_names.len(), 1);
+        assert_eq!(s.frame_function(f1), Some((&b"outer"[..], 1)));
+        assert_eq!(s.frame_function(f2), Some((&b"outer"[..], 1)));
+        assert_eq!(s.frame_function(f3), None);
     }
 }
