@@ -528,20 +528,25 @@ pub fn take_snapshot(py: Python<'_>) -> Result<Snapshot> {
             .map(|((frames, total), functions)| {
                 let ids: Vec<FrameId> = frames
                     .iter()
-                    .zip(functions)
-                    .map(|(&(filename, lineno), &function)| {
+                    .map(|&(filename, lineno)| {
                         let id = *filename_ids.entry(filename).or_insert_with(|| {
                             builder.filename(&resolver.filename(filename).bytes)
                         });
-                        let frame = builder.frame(id, lineno);
-                        if let Some(function) = function {
-                            let function = resolver.function(function);
-                            builder.frame_function(frame, &function.name, function.first_lineno);
-                        }
-                        frame
+                        builder.frame(id, lineno)
                     })
                     .collect();
-                builder.traceback(&ids, Some(u32::from(*total)))
+                let traceback = builder.traceback(&ids, Some(u32::from(*total)));
+                let known: Vec<_> = functions
+                    .iter()
+                    .map(|&f| {
+                        let f = resolver.function(f?);
+                        Some(builder.function(&f.name, f.first_lineno))
+                    })
+                    .collect();
+                if known.iter().any(Option::is_some) {
+                    builder.traceback_functions(traceback, &known);
+                }
+                traceback
             })
             .collect();
         builder.reserve_traces(collected.traces.len());

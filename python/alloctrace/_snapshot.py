@@ -530,6 +530,40 @@ class Snapshot:
             old = SnapshotData.from_raw(old_snapshot.traces._traces, old_snapshot.traceback_limit)
         return _statistic_diffs(self._data.compare_to(old, key_type, bool(cumulative)))
 
+    def to_pprof(self, filename):
+        """Write the live memory as a gzipped pprof heap profile, for ``go tool pprof``
+        and the profilers that read pprof: sample types ``inuse_objects`` and
+        ``inuse_space``, one sample per distinct traceback, frames named by function
+        where the snapshot recorded it."""
+        self._data.to_pprof(filename)
+
+    def to_collapsed(self, filename):
+        """Write folded stacks: one ``root;...;leaf size`` line per distinct traceback,
+        oldest frame first, frames written as ``function (file:line)``."""
+        self._data.to_collapsed(filename)
+
+    def to_flamegraph(self, filename, *, title=None, base=None):
+        """Write an interactive SVG flamegraph of live memory by traceback.
+
+        With *base*, an older snapshot, draw the growth since *base* instead: widths are
+        the sizes now, red frames grew and blue ones shrank.
+        """
+        if base is not None:
+            base = _snapshot_data(base, "base")
+        if title is not None and not isinstance(title, str):
+            raise TypeError(f"title must be a str or None, not {type(title).__name__}")
+        self._data.to_flamegraph(filename, base, title)
+
+
+def _snapshot_data(snapshot, what):
+    """The ``SnapshotData`` of one of our snapshots or of a ``tracemalloc.Snapshot``."""
+    if isinstance(snapshot, Snapshot):
+        return snapshot._data
+    traces = getattr(getattr(snapshot, "traces", None), "_traces", None)
+    if traces is None:
+        raise TypeError(f"{what} must be a Snapshot, not {type(snapshot).__name__}")
+    return SnapshotData.from_raw(traces, snapshot.traceback_limit)
+
 
 # Result rows are built without running __init__: the frames already come oldest first, and
 # for tens of thousands of rows the constructor calls would cost more than the analysis.

@@ -622,8 +622,8 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
     let mut out = Snapshot {
         filenames: snapshot.filenames.clone(),
         frames: snapshot.frames.clone(),
-        function_names: snapshot.function_names.clone(),
-        frame_functions: snapshot.frame_functions.clone(),
+        functions: snapshot.functions.clone(),
+        traceback_functions: snapshot.traceback_functions.clone(),
         tracebacks: snapshot.tracebacks.clone(),
         traces: Vec::new(),
         traceback_limit: snapshot.traceback_limit,
@@ -662,13 +662,25 @@ pub fn compact(snapshot: Snapshot) -> Snapshot {
         for &f in tb.frames.iter() {
             let fr = snapshot.frames[f as usize];
             let name = b.filename(&snapshot.filenames[fr.filename as usize]);
-            let id = b.frame(name, fr.lineno);
-            if let Some((function, first_lineno)) = snapshot.frame_function(f) {
-                b.frame_function(id, function, first_lineno);
-            }
-            frames.push(id);
+            frames.push(b.frame(name, fr.lineno));
         }
         tb_map[t] = b.traceback(&frames, tb.total_nframe);
+        if let Some(known) = snapshot
+            .traceback_functions
+            .get(t)
+            .filter(|k| !k.is_empty())
+        {
+            let ids: Vec<_> = known
+                .iter()
+                .map(|f| {
+                    f.map(|f| {
+                        let f = &snapshot.functions[f as usize];
+                        b.function(&f.name, f.first_lineno)
+                    })
+                })
+                .collect();
+            b.traceback_functions(tb_map[t], &ids);
+        }
     }
     b.reserve_traces(snapshot.traces.len());
     for tr in &snapshot.traces {

@@ -11,7 +11,7 @@
 //! ```
 //!
 //! Sections: 1 metadata (bincode + serde), 2 filenames, 3 frames, 4 tracebacks, 5 traces,
-//! 6 user attributes, 7 function names (optional: absent in files written before function
+//! 6 user attributes, 7 functions per traceback frame (optional: absent in files written before function
 //! names were recorded, which load with every function unknown). Tables are written once and referenced by index; integers inside the
 //! tables are unsigned LEB128, and traces are stored by column (run-length domains, sizes,
 //! traceback ids) because that is what makes a 1M-trace dump a few MB.
@@ -33,7 +33,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::analysis::filter::is_surrogatepass_utf8;
-use crate::analysis::snapshot::{Frame, FrameFunction, Metadata, Snapshot, Trace, Traceback};
+use crate::analysis::snapshot::{
+    Frame, Function, FunctionId, Metadata, Snapshot, Trace, Traceback,
+};
 use crate::error::{Error, Result};
 
 pub const MAGIC: &[u8; 8] = b"ALCTRSNP";
@@ -280,21 +282,20 @@ pub fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Vec<u8> {
     }
     section(&mut out, TAG_TRACES, &buf);
 
-    if !snapshot.frame_functions.is_empty() {
-        // Names, then per frame 0 (unknown) or name id + 1 and the first line.
+    if !snapshot.traceback_functions.is_empty() {
+        // The function table (name, first line), then per traceback its entry count (0 or
+        // its frame count) and per entry 0 (unknown) or function id + 1.
         buf.clear();
-        put_uleb(&mut buf, snapshot.function_names.len() as u64);
-        for name in &snapshot.function_names {
-            put_bytes(&mut buf, name);
+        put_uleb(&mut buf, snapshot.functions.len() as u64);
+        for f in &snapshot.functions {
+            put_bytes(&mut buf, &f.name);
+            put_uleb(&mut buf, f.first_lineno as u64);
         }
-        put_uleb(&mut buf, snapshot.frame_functions.len() as u64);
-        for f in &snapshot.frame_functions {
-            match f {
-                Some(f) => {
-                    put_uleb(&mut buf, f.name as u64 + 1);
-                    put_uleb(&mut buf, f.first_lineno as u64);
-                }
-                None => put_uleb(&mut buf, 0),
+        put_uleb(&mut buf, snapshot.traceback_functions.len() as u64);
+        for functions in &snapshot.traceback_functions {
+            put_uleb(&mut buf, functions.len() as u64);
+            for f in functions.iter() {
+                put_uleb(&mut buf, f.map_or(0, |id| id as u64 + 1));
             }
         }
         section(&mut out, TAG_FUNCTIONS, &buf);
@@ -711,11 +712,11 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
     }
     r.finish()?;
 
-    let (function_names, frame_functions) =
-        match sections.iter().find(|&&(t, _)| t == TAG_FUNCTIONS) {
-            Some(&(_, payload)) => decode_functions(payload, frames.len())?,
-            None => (Vec::new(), Vec::new()),
-        };
+    let (functions, traceback_functions) = match sections.iter().find(|&&(t, _)| t == TAG_FUNCTIONS)
+    {
+        Some(&(_, payload)) => decode_functions(payload, &tracebacks)?,
+        None => (Vec::new(), Vec::new()),
+    };
 
     let mut attrs = Vec::new();
     if let Some(&(_, payload)) = sections.iter().find(|&&(t, _)| t == TAG_ATTRS) {
@@ -734,8 +735,8 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
     let snapshot = Snapshot {
         filenames,
         frames,
-        function_names,
-        frame_functions,
+        functions,
+        traceback_functions,
         tracebacks,
         traces,
         traceback_limit: meta.traceback_limit,
@@ -749,53 +750,66 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
     Ok((snapshot, attrs))
 }
 
-type Functions = (Vec<Box<[u8]>>, Vec<Option<FrameFunction>>);
+type Functions = (Vec<Function>, Vec<Box<[Option<FunctionId>]>>);
 
-/// Section 7: the function names table and one entry per frame.
-fn decode_functions(payload: &[u8], nframes: usize) -> std::result::Result<Functions, Reason> {
-    let mut r = Reader::new(payload, "function names");
-    let n = r.count(1, "names")?;
-    let mut names: Vec<Box<[u8]>> = Vec::with_capacity(n);
-    let mut seen = hashbrown::HashSet::with_capacity(n);
+/// Section 7: the function table and the functions of each traceback's frames.
+fn decode_functions(
+    payload: &[u8],
+    tracebacks: &[Traceback],
+) -> std::result::Result<Functions, Reason> {
+    let mut r = Reader::new(payload, "functions");
+    let n = r.count(2, "functions")?;
+    let mut functions: Vec<Function> = Vec::with_capacity(n);
     for i in 0..n {
         let name = r.bytes("function name")?;
         if !is_surrogatepass_utf8(name) {
-            return Err(format!("function name {i} is not valid UTF-8"));
-        }
-        if !seen.insert(name) {
-            return Err(format!("function name {i} repeats an earlier entry"));
-        }
-        names.push(name.into());
-    }
-    drop(seen);
-    let count = r.count(1, "frame entries")?;
-    if count != nframes {
-        return Err(format!(
-            "function names section describes {count} frames, but there are {nframes}"
-        ));
-    }
-    let mut functions = Vec::with_capacity(count);
-    for i in 0..count {
-        let name = r.u32("function name id")?;
-        if name == 0 {
-            functions.push(None);
-            continue;
-        }
-        if name as usize > names.len() {
-            return Err(format!(
-                "frame {i} refers to function name {}, but there are only {}",
-                name - 1,
-                names.len()
-            ));
+            return Err(format!("function {i} has a name that is not valid UTF-8"));
         }
         let first_lineno = r.u32("first line number")?;
-        functions.push(Some(FrameFunction {
-            name: name - 1,
+        functions.push(Function {
+            name: name.into(),
             first_lineno,
-        }));
+        });
+    }
+    let mut seen = hashbrown::HashSet::with_capacity(n);
+    for (i, f) in functions.iter().enumerate() {
+        if !seen.insert(f) {
+            return Err(format!("function {i} repeats an earlier entry"));
+        }
+    }
+    drop(seen);
+    let count = r.count(1, "tracebacks")?;
+    if count != tracebacks.len() {
+        return Err(format!(
+            "functions section describes {count} tracebacks, but there are {}",
+            tracebacks.len()
+        ));
+    }
+    let mut per_traceback = Vec::with_capacity(count);
+    for (t, tb) in tracebacks.iter().enumerate() {
+        let k = r.count(1, "function entries")?;
+        if k != 0 && k != tb.frames.len() {
+            return Err(format!(
+                "functions section gives traceback {t} {k} functions for {} frames",
+                tb.frames.len()
+            ));
+        }
+        let mut ids = Vec::with_capacity(k);
+        for _ in 0..k {
+            let id = r.u32("function id")?;
+            if id as usize > functions.len() {
+                return Err(format!(
+                    "traceback {t} refers to function {}, but there are only {}",
+                    id - 1,
+                    functions.len()
+                ));
+            }
+            ids.push(id.checked_sub(1));
+        }
+        per_traceback.push(ids.into());
     }
     r.finish()?;
-    Ok((names, functions))
+    Ok((functions, per_traceback))
 }
 
 /// Reads and decodes a snapshot file.
@@ -811,13 +825,17 @@ pub fn load(path: &Path) -> Result<(Snapshot, Attributes)> {
     })
 }
 
-/// Writes a snapshot file atomically: the bytes go to a temporary file in the same directory,
-/// renamed over `path` only when complete, so a failed or interrupted dump never leaves a
-/// partial file at `path`. On any error the temporary file is removed and an existing file at
-/// `path` is left untouched. The data is not fsynced (neither is `tracemalloc`'s pickle): a
-/// dump is a few milliseconds and an fsync can cost more than that.
+/// Writes a snapshot file atomically (see [`write_atomic`]). The data is not fsynced (neither
+/// is `tracemalloc`'s pickle): a dump is a few milliseconds and an fsync can cost more.
 pub fn dump(path: &Path, snapshot: &Snapshot, attrs: &Attributes) -> Result<()> {
-    let data = encode(snapshot, attrs);
+    write_atomic(path, &encode(snapshot, attrs))
+}
+
+/// Writes a file atomically: the bytes go to a temporary file in the same directory, renamed
+/// over `path` only when complete, so a failed or interrupted write never leaves a partial
+/// file at `path`. On any error the temporary file is removed and an existing file at `path`
+/// is left untouched. Snapshot dumps and exports share it.
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     let tmp = temp_path(path);
     let io_err = |action: &'static str, p: &Path| {
         let p = p.to_path_buf();
@@ -833,7 +851,7 @@ pub fn dump(path: &Path, snapshot: &Snapshot, attrs: &Attributes) -> Result<()> 
             .create_new(true)
             .open(&tmp)
             .map_err(io_err("create", &tmp))?;
-        f.write_all(&data).map_err(io_err("write", &tmp))?;
+        f.write_all(data).map_err(io_err("write", &tmp))?;
         drop(f);
         fs::rename(&tmp, path).map_err(io_err("replace", path))
     })();
@@ -865,10 +883,11 @@ mod tests {
         let s = b.filename(b"s\xed\xb3\xbf.py");
         let f1 = b.frame(a, 2);
         let f2 = b.frame(s, 70000);
-        // f1's function is known, f2's is not.
-        b.frame_function(f1, b"Outer.m\xed\xb3\xbf", 1);
         let t1 = b.traceback(&[f1, f2], Some(9));
         let t2 = b.traceback(&[f2], None);
+        // t1's functions are known (but for its oldest frame), t2's are not.
+        let m = b.function(b"Outer.m\xed\xb3\xbf", 1);
+        b.traceback_functions(t1, &[Some(m), None]);
         b.trace(0, 10, t1);
         b.trace(0, 300, t2);
         b.trace(5, u64::MAX, t1);
@@ -1074,19 +1093,19 @@ mod tests {
     #[test]
     fn function_names_are_optional() {
         let (s, attrs) = sample();
-        assert_eq!(s.frame_function(0), Some((&b"Outer.m\xed\xb3\xbf"[..], 1)));
-        let data = encode(&s, &attrs);
         assert_eq!(
-            decode(&data).unwrap().0.frame_function(0),
-            s.frame_function(0)
+            s.function(0, 0).unwrap().name[..],
+            b"Outer.m\xed\xb3\xbf"[..]
         );
+        let data = encode(&s, &attrs);
+        assert_eq!(decode(&data).unwrap().0.function(0, 0), s.function(0, 0));
         // An older file: everything but the names loads.
         let (old, old_attrs) = decode(&without_section(&data, TAG_FUNCTIONS)).unwrap();
-        assert!(old.function_names.is_empty() && old.frame_functions.is_empty());
-        assert_eq!(old.frame_function(0), None);
+        assert!(old.functions.is_empty() && old.traceback_functions.is_empty());
+        assert_eq!(old.function(0, 0), None);
         let expected = Snapshot {
-            function_names: Vec::new(),
-            frame_functions: Vec::new(),
+            functions: Vec::new(),
+            traceback_functions: Vec::new(),
             ..s.clone()
         };
         assert_eq!(old, expected);
@@ -1102,19 +1121,22 @@ mod tests {
     fn hostile_function_sections() {
         let (s, attrs) = sample();
         let good = encode(&s, &attrs);
-        // payload: 1 name (len 10), 2 frames: (1, 1), (0)
+        // payload: 1 function (name of 10 bytes, line 1); 2 tracebacks: [2: 1, 0], [0]
         let at = section_payload_offset(&good, TAG_FUNCTIONS);
-        let frames_at = at + 1 + 1 + 10;
+        let tb_at = at + 1 + 1 + 10 + 1;
         let mut wrong_count = good.clone();
-        wrong_count[frames_at] = 3;
+        wrong_count[tb_at] = 3;
+        let mut wrong_len = good.clone();
+        wrong_len[tb_at + 1] = 1;
         let mut bad_id = good.clone();
-        bad_id[frames_at + 1] = 5;
+        bad_id[tb_at + 2] = 5;
         let mut bad_utf8 = good.clone();
         bad_utf8[at + 2] = 0xFF;
         let cases = [
-            (wrong_count, "describes 3 frames, but there are 2"),
-            (bad_id, "refers to function name 4"),
-            (bad_utf8, "function name 0 is not valid UTF-8"),
+            (wrong_count, "describes 3 tracebacks, but there are 2"),
+            (wrong_len, "gives traceback 0 1 functions for 2 frames"),
+            (bad_id, "refers to function 4"),
+            (bad_utf8, "function 0 has a name that is not valid UTF-8"),
         ];
         for (data, expected) in cases {
             let err = decode(&reseal(data)).unwrap_err();

@@ -15,8 +15,8 @@ pub type FilenameId = u32;
 pub type FrameId = u32;
 /// Index into [`Snapshot::tracebacks`].
 pub type TracebackId = u32;
-/// Index into [`Snapshot::function_names`].
-pub type FunctionNameId = u32;
+/// Index into [`Snapshot::functions`].
+pub type FunctionId = u32;
 
 /// A filename exactly as Python had it.
 ///
@@ -32,15 +32,12 @@ pub struct Frame {
     pub lineno: u32,
 }
 
-/// The function a frame's line belongs to, as its code object said when the snapshot was
-/// taken: `co_qualname` (3.11+) or `co_name`, and `co_firstlineno`.
-///
-/// Kept beside the frame, not in it: a frame's identity stays `(filename, lineno)`, so grouping,
-/// equality and sorting are `tracemalloc`'s. Two code objects can share a line (a lambda or a
-/// comprehension on its parent's line); the first one seen names the frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FrameFunction {
-    pub name: FunctionNameId,
+/// A function as its code object described itself when the snapshot was taken:
+/// `co_qualname` (3.11+) or `co_name` (surrogatepass UTF-8, like filenames) and
+/// `co_firstlineno`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Function {
+    pub name: Filename,
     pub first_lineno: u32,
 }
 
@@ -80,12 +77,18 @@ pub struct Metadata {
 pub struct Snapshot {
     pub filenames: Vec<Filename>,
     pub frames: Vec<Frame>,
-    /// Distinct function names (surrogatepass UTF-8, like filenames).
-    pub function_names: Vec<Filename>,
-    /// Per frame, its function where known. Either empty (no frame's function is known, as
-    /// in snapshots built from raw tuples or files written before names were recorded) or
-    /// exactly as long as `frames`.
-    pub frame_functions: Vec<Option<FrameFunction>>,
+    /// Distinct functions.
+    pub functions: Vec<Function>,
+    /// Per traceback and frame position, the function running there, where known.
+    ///
+    /// Kept beside the tracebacks, not in the frames: a frame's identity stays
+    /// `(filename, lineno)`, so grouping, equality and sorting are `tracemalloc`'s. It is per
+    /// position rather than per frame because one line can run in two functions: a 3.11
+    /// comprehension shares its parent's line, so `(file, 5)` is both `fill` and `<listcomp>`
+    /// in one traceback. Either empty (nothing known: snapshots built from raw tuples, files
+    /// written before functions were recorded) or one entry per traceback, each either empty
+    /// (unknown) or as long as the traceback's frames.
+    pub traceback_functions: Vec<Box<[Option<FunctionId>]>>,
     pub tracebacks: Vec<Traceback>,
     pub traces: Vec<Trace>,
     pub traceback_limit: u32,
@@ -97,10 +100,11 @@ impl Snapshot {
         &self.filenames[self.frames[frame as usize].filename as usize]
     }
 
-    /// The function of a frame, if the snapshot recorded it.
-    pub fn frame_function(&self, frame: FrameId) -> Option<(&[u8], u32)> {
-        let f = (*self.frame_functions.get(frame as usize)?)?;
-        Some((&self.function_names[f.name as usize], f.first_lineno))
+    /// The function at position `index` (most recent first) of a traceback, if recorded.
+    pub fn function(&self, traceback: TracebackId, index: usize) -> Option<&Function> {
+        let functions = self.traceback_functions.get(traceback as usize)?;
+        let id = (*functions.get(index)?)?;
+        Some(&self.functions[id as usize])
     }
 }
 
@@ -113,7 +117,7 @@ pub struct SnapshotBuilder {
     filename_ids: HashMap<Filename, FilenameId>,
     frame_ids: HashMap<Frame, FrameId>,
     traceback_ids: HashMap<Traceback, TracebackId>,
-    function_name_ids: HashMap<Filename, FunctionNameId>,
+    function_ids: HashMap<Function, FunctionId>,
 }
 
 impl SnapshotBuilder {
@@ -144,26 +148,37 @@ impl SnapshotBuilder {
         id
     }
 
-    /// Records the function of `frame` unless one is already known (the first one seen wins,
-    /// see [`FrameFunction`]).
-    pub fn frame_function(&mut self, frame: FrameId, name: &[u8], first_lineno: u32) {
-        let functions = &mut self.snapshot.frame_functions;
-        if functions.len() <= frame as usize {
-            functions.resize(frame as usize + 1, None);
-        } else if functions[frame as usize].is_some() {
-            return;
-        }
-        let name = match self.function_name_ids.get(name) {
-            Some(&id) => id,
-            None => {
-                let id = self.snapshot.function_names.len() as FunctionNameId;
-                let owned: Filename = name.into();
-                self.snapshot.function_names.push(owned.clone());
-                self.function_name_ids.insert(owned, id);
-                id
-            }
+    pub fn function(&mut self, name: &[u8], first_lineno: u32) -> FunctionId {
+        let function = Function {
+            name: name.into(),
+            first_lineno,
         };
-        self.snapshot.frame_functions[frame as usize] = Some(FrameFunction { name, first_lineno });
+        if let Some(&id) = self.function_ids.get(&function) {
+            return id;
+        }
+        let id = self.snapshot.functions.len() as FunctionId;
+        self.snapshot.functions.push(function.clone());
+        self.function_ids.insert(function, id);
+        id
+    }
+
+    /// Records the functions running at each frame of `traceback` (as many as it has
+    /// frames), unless some were recorded already: two stacks with the same lines in other
+    /// functions are one traceback, and the first one seen names it.
+    pub fn traceback_functions(
+        &mut self,
+        traceback: TracebackId,
+        functions: &[Option<FunctionId>],
+    ) {
+        let frames = self.snapshot.tracebacks[traceback as usize].frames.len();
+        assert_eq!(functions.len(), frames, "one function entry per frame");
+        let all = &mut self.snapshot.traceback_functions;
+        if all.len() <= traceback as usize {
+            all.resize(traceback as usize + 1, Box::default());
+        }
+        if all[traceback as usize].is_empty() {
+            all[traceback as usize] = functions.into();
+        }
     }
 
     pub fn traceback(&mut self, frames: &[FrameId], total_nframe: Option<u32>) -> TracebackId {
@@ -197,9 +212,9 @@ impl SnapshotBuilder {
     }
 
     pub fn finish(mut self) -> Snapshot {
-        if !self.snapshot.frame_functions.is_empty() {
-            let n = self.snapshot.frames.len();
-            self.snapshot.frame_functions.resize(n, None);
+        if !self.snapshot.traceback_functions.is_empty() {
+            let n = self.snapshot.tracebacks.len();
+            self.snapshot.traceback_functions.resize(n, Box::default());
         }
         self.snapshot
     }
@@ -227,24 +242,36 @@ mod tests {
         assert_eq!(s.frames.len(), 2);
         assert_eq!(s.tracebacks.len(), 2);
         assert_eq!(s.frame_filename(f2), b"a.py");
-        assert!(s.frame_functions.is_empty());
-        assert_eq!(s.frame_function(f1), None);
+        assert!(s.traceback_functions.is_empty());
+        assert_eq!(s.function(t1, 0), None);
     }
 
     #[test]
-    fn first_function_seen_names_a_frame() {
+    fn first_functions_seen_name_a_traceback() {
         let mut b = SnapshotBuilder::new(1);
         let a = b.filename(b"a.py");
-        let (f1, f2, f3) = (b.frame(a, 1), b.frame(a, 2), b.frame(a, 3));
-        b.frame_function(f2, b"outer", 1);
-        b.frame_function(f2, b"outer.<locals>.<lambda>", 2);
-        b.frame_function(f1, b"outer", 1);
+        let (f1, f2) = (b.frame(a, 1), b.frame(a, 2));
+        let fill = b.function(b"fill", 1);
+        let comp = b.function(b"fill.<locals>.<listcomp>", 2);
+        assert_eq!(b.function(b"fill", 1), fill);
+        // One line in two functions: the comprehension runs on its parent's line.
+        let t1 = b.traceback(&[f2, f2, f1], None);
+        b.traceback_functions(t1, &[Some(comp), Some(fill), None]);
+        b.traceback_functions(t1, &[None, None, None]);
+        let t2 = b.traceback(&[f1], None);
+        let t3 = b.traceback(&[f2], None);
+        b.traceback_functions(t2, &[Some(fill)]);
         let s = b.finish();
-        // Padded to one entry per frame; names interned once.
-        assert_eq!(s.frame_functions.len(), 3);
-        assert_eq!(s.function_names.len(), 1);
-        assert_eq!(s.frame_function(f1), Some((&b"outer"[..], 1)));
-        assert_eq!(s.frame_function(f2), Some((&b"outer"[..], 1)));
-        assert_eq!(s.frame_function(f3), None);
+        // Padded to one entry per traceback; functions interned once.
+        assert_eq!(s.traceback_functions.len(), 3);
+        assert_eq!(s.functions.len(), 2);
+        assert_eq!(
+            s.function(t1, 0).unwrap().name[..],
+            b"fill.<locals>.<listcomp>"[..]
+        );
+        assert_eq!(s.function(t1, 1).unwrap().name[..], b"fill"[..]);
+        assert_eq!(s.function(t1, 2), None);
+        assert_eq!(s.function(t2, 0).unwrap().first_lineno, 1);
+        assert_eq!(s.function(t3, 0), None);
     }
 }

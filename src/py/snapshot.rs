@@ -14,6 +14,7 @@ use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
+use crate::analysis::export;
 use crate::analysis::filter::{filename_matches, filter_snapshot, FilterSet, FilterSpec};
 use crate::analysis::format::{self, AttrValue, Attributes, MAX_ATTR_DEPTH};
 use crate::analysis::snapshot::{FrameId, Snapshot, SnapshotBuilder, TracebackId};
@@ -614,6 +615,38 @@ impl PySnapshotData {
         }
         let snap: &Snapshot = &self.inner;
         py.detach(|| format::dump(&path, snap, &attrs))?;
+        Ok(())
+    }
+
+    /// Writes a gzipped pprof heap profile to `path` atomically.
+    fn to_pprof(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        let snap: &Snapshot = &self.inner;
+        py.detach(|| format::write_atomic(&path, &export::pprof(snap)))?;
+        Ok(())
+    }
+
+    /// Writes folded stacks (`root;...;leaf bytes` lines) to `path` atomically.
+    fn to_collapsed(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        let snap: &Snapshot = &self.inner;
+        py.detach(|| format::write_atomic(&path, export::collapsed(snap).as_bytes()))?;
+        Ok(())
+    }
+
+    /// Writes an SVG flamegraph to `path` atomically; differential against `base` if given.
+    #[pyo3(signature = (path, base=None, title=None))]
+    fn to_flamegraph(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        base: Option<&PySnapshotData>,
+        title: Option<String>,
+    ) -> PyResult<()> {
+        let snap: &Snapshot = &self.inner;
+        let base: Option<&Snapshot> = base.map(|b| &*b.inner);
+        py.detach(|| {
+            let svg = export::flamegraph(snap, base, title.as_deref())?;
+            format::write_atomic(&path, &svg)
+        })?;
         Ok(())
     }
 

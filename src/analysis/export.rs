@@ -1,0 +1,675 @@
+//! Exports of a snapshot to the formats other tools read: pprof (for `go tool pprof`,
+//! Pyroscope, Parca, ...), folded stacks (for any flamegraph tool) and interactive SVG
+//! flamegraphs, plain or differential.
+//!
+//! All three see the snapshot the same way: live memory per distinct stack, a stack being a
+//! traceback's frames (tracemalloc's identity: tracebacks that differ only in their total
+//! depth are one stack). A frame is shown with its function where the snapshot recorded it.
+//!
+//! The pprof messages are declared here with prost's derive rather than generated from
+//! `profile.proto`: the subset a heap profile uses is small and stable, and this keeps protoc
+//! and a build script out of the build.
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use flate2::write::GzEncoder;
+use flate2::Compression;
+use prost::Message;
+
+use crate::analysis::snapshot::{FrameId, Function, FunctionId, Snapshot, TracebackId};
+use crate::error::{Error, Result};
+
+/// The messages of google/pprof's `proto/profile.proto` that a heap profile uses, with the
+/// same field numbers. String fields are indexes into `string_table`.
+pub mod proto {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Profile {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "3")]
+        pub mapping: Vec<Mapping>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        #[prost(string, repeated, tag = "6")]
+        pub string_table: Vec<String>,
+        #[prost(int64, tag = "9")]
+        pub time_nanos: i64,
+        #[prost(message, optional, tag = "11")]
+        pub period_type: Option<ValueType>,
+        #[prost(int64, tag = "12")]
+        pub period: i64,
+        #[prost(int64, repeated, tag = "13")]
+        pub comment: Vec<i64>,
+        #[prost(int64, tag = "14")]
+        pub default_sample_type: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ValueType {
+        #[prost(int64, tag = "1")]
+        pub r#type: i64,
+        #[prost(int64, tag = "2")]
+        pub unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        /// Leaf (most recent call) first.
+        #[prost(uint64, repeated, tag = "1")]
+        pub location_id: Vec<u64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub value: Vec<i64>,
+        #[prost(message, repeated, tag = "3")]
+        pub label: Vec<Label>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(int64, tag = "1")]
+        pub key: i64,
+        #[prost(int64, tag = "2")]
+        pub str: i64,
+        #[prost(int64, tag = "3")]
+        pub num: i64,
+        #[prost(int64, tag = "4")]
+        pub num_unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Mapping {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub memory_start: u64,
+        #[prost(uint64, tag = "3")]
+        pub memory_limit: u64,
+        #[prost(uint64, tag = "4")]
+        pub file_offset: u64,
+        #[prost(int64, tag = "5")]
+        pub filename: i64,
+        #[prost(int64, tag = "6")]
+        pub build_id: i64,
+        #[prost(bool, tag = "7")]
+        pub has_functions: bool,
+        #[prost(bool, tag = "8")]
+        pub has_filenames: bool,
+        #[prost(bool, tag = "9")]
+        pub has_line_numbers: bool,
+        #[prost(bool, tag = "10")]
+        pub has_inline_frames: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Location {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub mapping_id: u64,
+        #[prost(uint64, tag = "3")]
+        pub address: u64,
+        #[prost(message, repeated, tag = "4")]
+        pub line: Vec<Line>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Line {
+        #[prost(uint64, tag = "1")]
+        pub function_id: u64,
+        #[prost(int64, tag = "2")]
+        pub line: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Function {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "2")]
+        pub name: i64,
+        #[prost(int64, tag = "3")]
+        pub system_name: i64,
+        #[prost(int64, tag = "4")]
+        pub filename: i64,
+        #[prost(int64, tag = "5")]
+        pub start_line: i64,
+    }
+}
+
+/// Shown where a frame's function is unknown (raw-tuple snapshots, older files).
+const UNKNOWN_FUNCTION: &str = "<unknown>";
+
+/// One distinct stack: a traceback standing for every traceback with the same frames and
+/// functions, the domain (0 unless split by domain), block count and bytes.
+struct Stack {
+    traceback: TracebackId,
+    domain: u32,
+    count: u64,
+    size: u64,
+}
+
+/// Live memory per distinct stack, in order of first appearance so output does not depend
+/// on hashing.
+fn stacks(snapshot: &Snapshot, by_domain: bool) -> Vec<Stack> {
+    type Key<'a> = (&'a [FrameId], &'a [Option<FunctionId>], u32);
+    let mut index: HashMap<Key<'_>, usize> = HashMap::new();
+    let mut out: Vec<Stack> = Vec::new();
+    for trace in &snapshot.traces {
+        let t = trace.traceback;
+        let frames: &[FrameId] = &snapshot.tracebacks[t as usize].frames;
+        let functions: &[Option<FunctionId>] = snapshot
+            .traceback_functions
+            .get(t as usize)
+            .map_or(&[], |f| &f[..]);
+        let domain = if by_domain { trace.domain } else { 0 };
+        let i = *index.entry((frames, functions, domain)).or_insert_with(|| {
+            out.push(Stack {
+                traceback: t,
+                domain,
+                count: 0,
+                size: 0,
+            });
+            out.len() - 1
+        });
+        out[i].count += 1;
+        out[i].size = out[i].size.saturating_add(trace.size);
+    }
+    out
+}
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// pprof's string table: index 0 is "", every other string once.
+#[derive(Default)]
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Self {
+        let mut s = Self::default();
+        s.get("");
+        s
+    }
+
+    fn get(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(s.to_owned());
+        self.index.insert(s.to_owned(), i);
+        i
+    }
+}
+
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The snapshot as a pprof heap profile (uncompressed message): sample types
+/// `inuse_objects`/count and `inuse_space`/bytes, one sample per distinct stack and domain
+/// (non-zero domains labelled `domain`), one Location per distinct frame and function
+/// running there, one Function per distinct (function, filename, first line). A snapshot counts every block, so `period` is 1.
+pub fn pprof_profile(snapshot: &Snapshot) -> proto::Profile {
+    use proto::*;
+    let mut strings = Strings::new();
+    let value_type = |strings: &mut Strings, t: &str, u: &str| ValueType {
+        r#type: strings.get(t),
+        unit: strings.get(u),
+    };
+    let sample_type = vec![
+        value_type(&mut strings, "inuse_objects", "count"),
+        value_type(&mut strings, "inuse_space", "bytes"),
+    ];
+    let period_type = Some(value_type(&mut strings, "space", "bytes"));
+    let default_sample_type = strings.get("inuse_space");
+    let domain_key = strings.get("domain");
+
+    let mut locations: Vec<Location> = Vec::new();
+    let mut location_ids: HashMap<(FrameId, Option<FunctionId>), u64> = HashMap::new();
+    let mut functions: Vec<Function> = Vec::new();
+    let mut function_ids: HashMap<(Option<FunctionId>, u32), u64> = HashMap::new();
+    let mut samples = Vec::new();
+    for stack in stacks(snapshot, true) {
+        let frames = &snapshot.tracebacks[stack.traceback as usize].frames;
+        let known = snapshot.traceback_functions.get(stack.traceback as usize);
+        let mut location_id = Vec::with_capacity(frames.len());
+        for (i, &f) in frames.iter().enumerate() {
+            let function = known.and_then(|k| k.get(i).copied().flatten());
+            let id = *location_ids.entry((f, function)).or_insert_with(|| {
+                let frame = snapshot.frames[f as usize];
+                let function_id = *function_ids
+                    .entry((function, frame.filename))
+                    .or_insert_with(|| {
+                        let (name, start_line) = match function {
+                            Some(k) => {
+                                let k = &snapshot.functions[k as usize];
+                                (lossy(&k.name), k.first_lineno)
+                            }
+                            None => (UNKNOWN_FUNCTION.to_owned(), 0),
+                        };
+                        let filename = lossy(&snapshot.filenames[frame.filename as usize]);
+                        // The system name identifies the code object (qualified name, file,
+                        // first line). It must differ from the name: pprof takes a function
+                        // whose two names are equal for a C++ symbol still to demangle, and
+                        // strips `<module>` or `<lambda>` to nothing as template arguments.
+                        let system_name = format!("{name} ({filename}:{start_line})");
+                        functions.push(proto::Function {
+                            id: functions.len() as u64 + 1,
+                            name: strings.get(&name),
+                            system_name: strings.get(&system_name),
+                            filename: strings.get(&filename),
+                            start_line: start_line as i64,
+                        });
+                        functions.len() as u64
+                    });
+                locations.push(Location {
+                    id: locations.len() as u64 + 1,
+                    mapping_id: 1,
+                    address: 0,
+                    line: vec![Line {
+                        function_id,
+                        line: frame.lineno as i64,
+                    }],
+                });
+                locations.len() as u64
+            });
+            location_id.push(id);
+        }
+        let label = if stack.domain != 0 {
+            vec![Label {
+                key: domain_key,
+                num: stack.domain as i64,
+                ..Label::default()
+            }]
+        } else {
+            Vec::new()
+        };
+        samples.push(Sample {
+            location_id,
+            value: vec![clamp(stack.count), clamp(stack.size)],
+            label,
+        });
+    }
+    // One mapping that says symbols are already there, so pprof does not try to symbolize.
+    let mapping = vec![Mapping {
+        id: 1,
+        filename: strings.get("python"),
+        has_functions: true,
+        has_filenames: true,
+        has_line_numbers: true,
+        ..Mapping::default()
+    }];
+    let mut comment = Vec::new();
+    let md = &snapshot.metadata;
+    if let Some((major, minor, micro)) = md.python_version {
+        comment.push(strings.get(&format!("python {major}.{minor}.{micro}")));
+    }
+    if let Some(pid) = md.pid {
+        comment.push(strings.get(&format!("pid {pid}")));
+    }
+    Profile {
+        sample_type,
+        sample: samples,
+        mapping,
+        location: locations,
+        function: functions,
+        string_table: strings.table,
+        time_nanos: md
+            .timestamp
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .map_or(0, |t| (t * 1e9) as i64),
+        period_type,
+        period: 1,
+        comment,
+        default_sample_type,
+    }
+}
+
+/// The gzipped pprof file's bytes.
+pub fn pprof(snapshot: &Snapshot) -> Vec<u8> {
+    let message = pprof_profile(snapshot).encode_to_vec();
+    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+    gz.write_all(&message)
+        .expect("compressing into memory cannot fail");
+    gz.finish().expect("compressing into memory cannot fail")
+}
+
+/// One frame in folded-stack form: `function (file:line)`, or `file:line` where the function
+/// is unknown. `;` separates frames and a line ends a stack, so both are replaced.
+fn frame_label(snapshot: &Snapshot, f: FrameId, function: Option<&Function>) -> String {
+    let frame = snapshot.frames[f as usize];
+    let file = lossy(&snapshot.filenames[frame.filename as usize]);
+    let label = match function {
+        Some(function) => format!("{} ({file}:{})", lossy(&function.name), frame.lineno),
+        None => format!("{file}:{}", frame.lineno),
+    };
+    label.replace(';', ",").replace(['\n', '\r'], " ")
+}
+
+/// Shown for a traceback with no frames (only raw tuples can make one).
+const EMPTY_STACK: &str = "[no frames]";
+
+/// Folded stacks and their live bytes, merged by text so two snapshots can be matched.
+fn folded(snapshot: &Snapshot) -> HashMap<String, u64> {
+    let mut labels: HashMap<(FrameId, Option<FunctionId>), String> = HashMap::new();
+    let mut out: HashMap<String, u64> = HashMap::new();
+    for stack in stacks(snapshot, false) {
+        let frames = &snapshot.tracebacks[stack.traceback as usize].frames;
+        let known = snapshot.traceback_functions.get(stack.traceback as usize);
+        let mut line = String::new();
+        for (i, &f) in frames.iter().enumerate().rev() {
+            if !line.is_empty() {
+                line.push(';');
+            }
+            let function = known.and_then(|k| k.get(i).copied().flatten());
+            let label = labels.entry((f, function)).or_insert_with(|| {
+                frame_label(
+                    snapshot,
+                    f,
+                    function.map(|id| &snapshot.functions[id as usize]),
+                )
+            });
+            line.push_str(label);
+        }
+        if line.is_empty() {
+            line.push_str(EMPTY_STACK);
+        }
+        let total = out.entry(line).or_insert(0);
+        *total = total.saturating_add(stack.size);
+    }
+    out
+}
+
+/// Folded stacks (`root;...;leaf bytes`, oldest frame first), one line per distinct stack,
+/// sorted by stack.
+pub fn collapsed(snapshot: &Snapshot) -> String {
+    let mut lines: Vec<(String, u64)> = folded(snapshot).into_iter().collect();
+    lines.sort_unstable();
+    let mut out = String::new();
+    for (stack, size) in lines {
+        out.push_str(&stack);
+        out.push(' ');
+        out.push_str(&size.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+/// An interactive SVG flamegraph of live memory by stack; with `base`, a differential one of
+/// the change since `base`: widths are the new sizes, red frames grew and blue ones shrank.
+pub fn flamegraph(
+    snapshot: &Snapshot,
+    base: Option<&Snapshot>,
+    title: Option<&str>,
+) -> Result<Vec<u8>> {
+    let new = folded(snapshot);
+    let mut lines: Vec<String> = match base {
+        None => new
+            .iter()
+            .filter(|(_, &size)| size > 0)
+            .map(|(stack, size)| format!("{stack} {size}"))
+            .collect(),
+        Some(base) => {
+            let old = folded(base);
+            let mut stacks: Vec<&String> = new.keys().chain(old.keys()).collect();
+            stacks.sort_unstable();
+            stacks.dedup();
+            stacks
+                .into_iter()
+                .map(|s| {
+                    let before = old.get(s).copied().unwrap_or(0);
+                    let after = new.get(s).copied().unwrap_or(0);
+                    format!("{s} {before} {after}")
+                })
+                .collect()
+        }
+    };
+    if new.values().all(|&size| size == 0) {
+        return Err(Error::InvalidArgument(
+            "the snapshot holds no traced memory to draw a flamegraph of".into(),
+        ));
+    }
+    lines.sort_unstable();
+    let total: u64 = new.values().fold(0, |a, &b| a.saturating_add(b));
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = title.map(str::to_owned).unwrap_or_else(|| match base {
+        None => "Live memory by stack".into(),
+        Some(_) => "Memory growth by stack".into(),
+    });
+    options.subtitle = Some(match base {
+        None => format!("{total} bytes live; widths are bytes"),
+        Some(_) => format!("{total} bytes live; widths are new bytes, red grew, blue shrank"),
+    });
+    options.count_name = "bytes".into();
+    options.name_type = "Frame:".into();
+    options.colors =
+        inferno::flamegraph::color::Palette::Basic(inferno::flamegraph::color::BasicPalette::Mem);
+    options.hash = true;
+    options.deterministic = true;
+    let mut svg = Vec::new();
+    inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
+        .map_err(|e| Error::InvalidArgument(format!("cannot draw the flamegraph: {e}")))?;
+    Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::snapshot::SnapshotBuilder;
+
+    /// main (app.py:10) -> load (app.py:3) -> two allocation sites, plus a second domain and
+    /// a frame without a known function.
+    fn sample() -> Snapshot {
+        let mut b = SnapshotBuilder::new(5);
+        let app = b.filename(b"app.py");
+        let lib = b.filename(b"lib;x.py");
+        let main = b.frame(app, 10);
+        let load = b.frame(app, 3);
+        let parse = b.frame(lib, 7);
+        let other = b.frame(lib, 20);
+        let module = b.function(b"<module>", 1);
+        let loader = b.function(b"Loader.load", 2);
+        let parser = b.function(b"parse", 5);
+        let t1 = b.traceback(&[parse, load, main], Some(3));
+        let t1_deeper = b.traceback(&[parse, load, main], Some(9));
+        let t2 = b.traceback(&[other, main], Some(2));
+        for t in [t1, t1_deeper] {
+            b.traceback_functions(t, &[Some(parser), Some(loader), Some(module)]);
+        }
+        b.traceback_functions(t2, &[None, Some(module)]);
+        b.trace(0, 100, t1);
+        b.trace(0, 50, t1_deeper);
+        b.trace(0, 30, t2);
+        b.trace(7, 8, t2);
+        b.metadata(crate::analysis::snapshot::Metadata {
+            python_version: Some((3, 12, 1)),
+            timestamp: Some(2.0),
+            pid: Some(9),
+            argv: Vec::new(),
+        });
+        b.finish()
+    }
+
+    #[test]
+    fn collapsed_lines() {
+        let expected = "\
+<module> (app.py:10);Loader.load (app.py:3);parse (lib,x.py:7) 150
+<module> (app.py:10);lib,x.py:20 38
+";
+        assert_eq!(collapsed(&sample()), expected);
+        // No functions recorded: file:line only.
+        let mut b = SnapshotBuilder::new(1);
+        let a = b.filename(b"a.py");
+        let f = b.frame(a, 1);
+        let t = b.traceback(&[f], None);
+        let empty = b.traceback(&[], None);
+        b.trace(0, 5, t);
+        b.trace(0, 0, empty);
+        assert_eq!(collapsed(&b.finish()), "[no frames] 0\na.py:1 5\n");
+        assert_eq!(collapsed(&SnapshotBuilder::new(1).finish()), "");
+        // One line running in two functions (a comprehension on its parent's line).
+        let mut b = SnapshotBuilder::new(2);
+        let a = b.filename(b"a.py");
+        let f = b.frame(a, 5);
+        let fill = b.function(b"fill", 4);
+        let comp = b.function(b"fill.<locals>.<listcomp>", 5);
+        let t = b.traceback(&[f, f], None);
+        b.traceback_functions(t, &[Some(comp), Some(fill)]);
+        b.trace(0, 3, t);
+        let s = b.finish();
+        assert_eq!(
+            collapsed(&s),
+            "fill (a.py:5);fill.<locals>.<listcomp> (a.py:5) 3\n"
+        );
+        let p = pprof_profile(&s);
+        assert_eq!((p.location.len(), p.function.len()), (2, 2));
+    }
+
+    #[test]
+    fn pprof_round_trip() {
+        let s = sample();
+        let data = pprof(&s);
+        let mut gz = flate2::read::GzDecoder::new(&data[..]);
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(&mut gz, &mut raw).unwrap();
+        let p = proto::Profile::decode(&raw[..]).unwrap();
+        let st = |i: i64| p.string_table[i as usize].as_str();
+        assert_eq!(st(0), "");
+        let types: Vec<_> = p
+            .sample_type
+            .iter()
+            .map(|v| (st(v.r#type), st(v.unit)))
+            .collect();
+        assert_eq!(
+            types,
+            [("inuse_objects", "count"), ("inuse_space", "bytes")]
+        );
+        let period = p.period_type.as_ref().unwrap();
+        assert_eq!(
+            (st(period.r#type), st(period.unit), p.period),
+            ("space", "bytes", 1)
+        );
+        assert_eq!(st(p.default_sample_type), "inuse_space");
+        assert_eq!(p.time_nanos, 2_000_000_000);
+        // Samples: stack of t1 and t1_deeper merged; t2 split by domain, domain 7 labelled.
+        let describe = |loc: u64| {
+            let l = p.location.iter().find(|l| l.id == loc).unwrap();
+            let f = p
+                .function
+                .iter()
+                .find(|f| f.id == l.line[0].function_id)
+                .unwrap();
+            format!(
+                "{}@{}:{} (from {})",
+                st(f.name),
+                st(f.filename),
+                l.line[0].line,
+                f.start_line
+            )
+        };
+        /// Locations described, values, labels.
+        type Row = (Vec<String>, Vec<i64>, Vec<(String, i64)>);
+        let samples: Vec<Row> = p
+            .sample
+            .iter()
+            .map(|s| {
+                (
+                    s.location_id.iter().map(|&l| describe(l)).collect(),
+                    s.value.clone(),
+                    s.label
+                        .iter()
+                        .map(|l| (st(l.key).to_owned(), l.num))
+                        .collect(),
+                )
+            })
+            .collect();
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            samples,
+            [
+                (
+                    strings(&[
+                        "parse@lib;x.py:7 (from 5)",
+                        "Loader.load@app.py:3 (from 2)",
+                        "<module>@app.py:10 (from 1)"
+                    ]),
+                    vec![2, 150],
+                    vec![]
+                ),
+                (
+                    strings(&[
+                        "<unknown>@lib;x.py:20 (from 0)",
+                        "<module>@app.py:10 (from 1)"
+                    ]),
+                    vec![1, 30],
+                    vec![]
+                ),
+                (
+                    strings(&[
+                        "<unknown>@lib;x.py:20 (from 0)",
+                        "<module>@app.py:10 (from 1)"
+                    ]),
+                    vec![1, 8],
+                    vec![("domain".to_owned(), 7)]
+                ),
+            ]
+        );
+        // One location per frame, one function per distinct function, no string twice.
+        assert_eq!(p.location.len(), 4);
+        assert_eq!(p.function.len(), 4);
+        let f = p
+            .function
+            .iter()
+            .find(|f| st(f.name) == "<module>")
+            .unwrap();
+        assert_eq!(st(f.system_name), "<module> (app.py:1)");
+        let mut table = p.string_table.clone();
+        table.sort();
+        table.dedup();
+        assert_eq!(table.len(), p.string_table.len());
+    }
+
+    #[test]
+    fn flamegraph_svg_structure() {
+        let s = sample();
+        let svg = String::from_utf8(flamegraph(&s, None, Some("T&T")).unwrap()).unwrap();
+        assert!(svg.starts_with("<?xml"));
+        assert!(svg.contains("T&amp;T"));
+        for title in [
+            "<title>all (188 bytes, 100%)</title>",
+            "<title>&lt;module&gt; (app.py:10) (188 bytes, 100.00%)</title>",
+            "<title>parse (lib,x.py:7) (150 bytes, 79.79%)</title>",
+            "<title>lib,x.py:20 (38 bytes, 20.21%)</title>",
+        ] {
+            assert!(svg.contains(title), "{title} missing");
+        }
+        // Differential: growth of the parse stack since a base without it.
+        let mut b = SnapshotBuilder::new(5);
+        let app = b.filename(b"app.py");
+        let main = b.frame(app, 10);
+        let module = b.function(b"<module>", 1);
+        let lib = b.filename(b"lib;x.py");
+        let other = b.frame(lib, 20);
+        let t = b.traceback(&[other, main], None);
+        b.traceback_functions(t, &[None, Some(module)]);
+        b.trace(0, 38, t);
+        let base = b.finish();
+        let diff = String::from_utf8(flamegraph(&s, Some(&base), None).unwrap()).unwrap();
+        assert!(diff.contains("Memory growth by stack"));
+        assert!(
+            diff.contains("parse (lib,x.py:7) (150 bytes, 79.79%; +79.79%)"),
+            "{diff}"
+        );
+        // Nothing to draw is an error, not an empty picture.
+        let err = flamegraph(&SnapshotBuilder::new(1).finish(), None, None).unwrap_err();
+        assert!(err.to_string().contains("no traced memory"));
+    }
+}
