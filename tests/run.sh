@@ -66,6 +66,17 @@ PYO3_PYTHON=$rust_py cargo clippy --all-targets -- -D warnings
 log "cargo test"
 PYO3_PYTHON=$rust_py LD_LIBRARY_PATH=$rust_libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} cargo test
 
+# tests/test_export.py reads our pprof files back with `go tool pprof`. Install Debian's Go
+# where we can (root with apt-get); if that fails, those tests skip and say why.
+if ! command -v go >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    log "installing golang-go (for go tool pprof)"
+    if ! (timeout 300 apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq golang-go) \
+        >"$work/apt-golang.log" 2>&1; then
+        echo "could not install golang-go (see $work/apt-golang.log); pprof tests will skip"
+    fi
+fi
+
 failed=()
 for entry in "${pythons[@]}"; do
     minor=${entry%%=*}

@@ -1,0 +1,238 @@
+"""Exports of a real traced program: pprof (read back by ``go tool pprof``), folded stacks
+(checked against ``statistics('traceback')``) and SVG flamegraphs (parsed as XML)."""
+
+import gzip
+import html
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+import xml.etree.ElementTree as ET
+
+import pytest
+
+import alloctrace
+
+PROGRAM = textwrap.dedent(
+    """\
+    import sys
+    import alloctrace
+
+    class Store:
+        def fill(self):
+            return [bytearray(100_000) for _ in range(20)]
+
+    def make_strings():
+        return ["x" * 50_000 for _ in range(10)]
+
+    def main(before, after):
+        only_me = [alloctrace.Filter(True, __file__)]
+        store = Store()
+        blocks = store.fill()
+        alloctrace.take_snapshot().filter_traces(only_me).dump(before)
+        strings = make_strings()
+        alloctrace.take_snapshot().filter_traces(only_me).dump(after)
+        return blocks, strings
+
+    alloctrace.start(10)
+    main(sys.argv[1], sys.argv[2])
+    """
+)
+# The line of the bytearray allocation, and the function running it: a comprehension code
+# object before 3.12, inlined into its function (PEP 709) from 3.12 on; qualified names
+# from 3.11 on.
+FILL_LINE = 6
+FILL_FUNCTION = {
+    (3, 9): "<listcomp>",
+    (3, 10): "<listcomp>",
+    (3, 11): "Store.fill.<locals>.<listcomp>",
+}.get(sys.version_info[:2], "Store.fill")
+
+SVG = "{http://www.w3.org/2000/svg}"
+INFERNO = "{http://github.com/jonhoo/inferno}"
+TOOLTIP = re.compile(r"^(.*) \(([\d,]+) bytes, [\d.]+%(?:; [+-]?[\d.]+%)?\)$")
+FRAME = re.compile(r"^(?:(?P<function>.*) \()?(?P<file>.*):(?P<line>\d+)\)?$")
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """(program path, snapshot after fill, snapshot after fill and strings)."""
+    tmp = tmp_path_factory.mktemp("export")
+    program = tmp / "prog.py"
+    program.write_text(PROGRAM)
+    before, after = tmp / "before.alct", tmp / "after.alct"
+    subprocess.run([sys.executable, str(program), str(before), str(after)], check=True)
+    return str(program), alloctrace.Snapshot.load(before), alloctrace.Snapshot.load(after)
+
+
+def read_collapsed(path):
+    """{stack as ((function, file, line), ...) oldest first: size}."""
+    out = {}
+    for line in path.read_text().splitlines():
+        stack, size = line.rsplit(" ", 1)
+        frames = []
+        for frame in stack.split(";"):
+            m = FRAME.match(frame)
+            frames.append((m["function"], m["file"], int(m["line"])))
+        assert tuple(frames) not in out, f"stack repeated: {line}"
+        out[tuple(frames)] = int(size)
+    return out
+
+
+def test_collapsed_matches_statistics(traced, tmp_path):
+    program, _, snapshot = traced
+    out = tmp_path / "stacks.txt"
+    snapshot.to_collapsed(out)
+    stacks = read_collapsed(out)
+    by_frames = {
+        tuple((file, line) for _, file, line in stack): size for stack, size in stacks.items()
+    }
+    expected = {
+        tuple((frame.filename, frame.lineno) for frame in stat.traceback): stat.size
+        for stat in snapshot.statistics("traceback")
+    }
+    assert by_frames == expected
+    assert len(stacks) == len(expected)
+    # Lines come sorted, and every frame names its function.
+    lines = out.read_text().splitlines()
+    assert lines == sorted(lines)
+    assert all(function for stack in stacks for function, _, _ in stack)
+    fill = [stack for stack in stacks if stack[-1][1:] == (program, FILL_LINE)]
+    assert len(fill) == 1
+    assert fill[0][-1][0] == FILL_FUNCTION
+    assert fill[0][0][0] == "<module>"
+    assert stacks[fill[0]] >= 20 * 100_000
+
+
+def test_function_names_survive_filter_and_dump(traced, tmp_path):
+    _, _, snapshot = traced
+    out1, out2 = tmp_path / "a.txt", tmp_path / "b.txt"
+    snapshot.to_collapsed(out1)
+    snapshot.dump(tmp_path / "again.alct")
+    again = alloctrace.Snapshot.load(tmp_path / "again.alct")
+    again.filter_traces([alloctrace.Filter(True, "*")]).to_collapsed(out2)
+    assert out1.read_text() == out2.read_text()
+
+
+def test_raw_snapshots_have_no_function_names(tmp_path):
+    traces = [(0, 10, (("b.py", 2), ("a.py", 1)), 2), (0, 5, (("a.py", 1),), 1)]
+    out = tmp_path / "raw.txt"
+    alloctrace.Snapshot(traces, 2).to_collapsed(out)
+    assert out.read_text() == "a.py:1 5\na.py:1;b.py:2 10\n"
+
+
+def go_pprof(*args):
+    if shutil.which("go") is None:
+        pytest.skip("go is not installed (Debian: apt-get install golang-go); cannot run pprof")
+    result = subprocess.run(
+        ["go", "tool", "pprof", *args], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_pprof_opens_in_go_tool_pprof(traced, tmp_path):
+    program, _, snapshot = traced
+    out = tmp_path / "heap.pb.gz"
+    snapshot.to_pprof(out)
+    assert gzip.decompress(out.read_bytes())
+    size = sum(
+        stat.size
+        for stat in snapshot.statistics("lineno")
+        if (stat.traceback[0].filename, stat.traceback[0].lineno) == (program, FILL_LINE)
+    )
+    text = go_pprof("-top", "-lines", "-unit=B", str(out))
+    assert "Type: inuse_space" in text
+    rows = [line.split() for line in text.splitlines() if re.match(r"^\s*\d+B\s", line)]
+    top = rows[0]
+    # flat flat% sum% cum cum% function file:line
+    assert top[0] == f"{size}B"
+    assert " ".join(top[5:]) == f"{FILL_FUNCTION} {program}:{FILL_LINE}"
+    # Objects too, by the other sample type.
+    text = go_pprof("-top", "-sample_index=inuse_objects", str(out))
+    assert "Type: inuse_objects" in text
+
+
+def frames_of(svg_path):
+    """The flamegraph's title and its frames as (name, bytes from the tooltip, fg:w)."""
+    root = ET.parse(svg_path).getroot()
+    assert root.tag == f"{SVG}svg"
+    title = root.find(f".//{SVG}text[@id='title']").text
+    frames = []
+    for g in root.iter(f"{SVG}g"):
+        tooltip = g.find(f"{SVG}title")
+        if tooltip is None:
+            continue
+        rects = g.findall(f"{SVG}rect")
+        assert len(rects) == 1
+        m = TOOLTIP.match(tooltip.text)
+        assert m, tooltip.text
+        frames.append((m[1], int(m[2].replace(",", "")), int(rects[0].get(f"{INFERNO}w"))))
+    return title, frames
+
+
+def prefixes(stacks):
+    """{(frame label, ...) oldest first: bytes} for every prefix of the folded stacks."""
+    out = {}
+    for stack, size in stacks.items():
+        labels = tuple(f"{fn} ({file}:{line})" for fn, file, line in stack)
+        for i in range(1, len(labels) + 1):
+            out[labels[:i]] = out.get(labels[:i], 0) + size
+    return out
+
+
+def test_flamegraph_structure(traced, tmp_path):
+    _, _, snapshot = traced
+    snapshot.to_collapsed(tmp_path / "stacks.txt")
+    expected = prefixes(read_collapsed(tmp_path / "stacks.txt"))
+    total = sum(stat.size for stat in snapshot.statistics("traceback"))
+    out = tmp_path / "flame.svg"
+    snapshot.to_flamegraph(out, title="Demo <heap>")
+    title, frames = frames_of(out)
+    assert title == "Demo <heap>"
+    assert frames[0] == ("all", total, total) or ("all", total, total) in frames
+    drawn = [f for f in frames if f[0] != "all"]
+    # Every drawn frame is a stack prefix with its exact size; every prefix wider than
+    # 1% of the picture is drawn (inferno leaves out frames under 0.1 pixel).
+    by_leaf = {}
+    for labels, size in expected.items():
+        by_leaf.setdefault(labels[-1], []).append(size)
+    for name, size, width in drawn:
+        assert size == width
+        assert size in by_leaf[name], (name, size)
+    big = sorted((labels[-1], size) for labels, size in expected.items() if size * 100 > total)
+    assert sorted((name, size) for name, size, _ in drawn if size * 100 > total) == big
+    assert len(drawn) <= len(expected)
+
+
+def test_differential_flamegraph(traced, tmp_path):
+    _, before, after = traced
+    out = tmp_path / "growth.svg"
+    after.to_flamegraph(out, base=before)
+    title, frames = frames_of(out)
+    assert title == "Memory growth by stack"
+    titles = [html.unescape(t) for t in re.findall(r"<title>([^<]*)</title>", out.read_text())]
+    # The change shows on the frames that allocated: the strings' line grew (by all of its
+    # size), the bytearrays' line did not change.
+    strings = [t for t in titles if re.search(r":9\) \(500,\d{3} bytes", t)]
+    assert any(re.search(r"bytes, ([\d.]+)%; \+\1%\)$", t) for t in strings), strings
+    blocks = [t for t in titles if f":{FILL_LINE}) (" in t]
+    assert blocks and all(t.endswith("; 0.00%)") for t in blocks), blocks
+    # A tracemalloc snapshot is accepted as the base.
+    base = tracemalloc.Snapshot([], 1)
+    after.to_flamegraph(tmp_path / "vs_empty.svg", base=base)
+
+
+def test_export_errors(traced, tmp_path):
+    _, _, snapshot = traced
+    with pytest.raises(ValueError, match="no traced memory"):
+        alloctrace.Snapshot([], 1).to_flamegraph(tmp_path / "empty.svg")
+    with pytest.raises(TypeError, match="title must be a str"):
+        snapshot.to_flamegraph(tmp_path / "x.svg", title=3)
+    with pytest.raises(TypeError, match="base must be a Snapshot"):
+        snapshot.to_flamegraph(tmp_path / "x.svg", base="old.alct")
+    with pytest.raises(OSError):
+        snapshot.to_pprof(tmp_path / "missing" / "x.pb.gz")
+    assert list(tmp_path.iterdir()) == []
