@@ -3,6 +3,7 @@
 
 import gzip
 import html
+import pathlib
 import re
 import shutil
 import subprocess
@@ -114,6 +115,30 @@ def test_function_names_survive_filter_and_dump(traced, tmp_path):
     again = alloctrace.Snapshot.load(tmp_path / "again.alct")
     again.filter_traces([alloctrace.Filter(True, "*")]).to_collapsed(out2)
     assert out1.read_text() == out2.read_text()
+
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        # Written by alloctrace before function names were recorded: they load as unknown.
+        ("written-before-function-names.alct", "<stdin>:7;<stdin>:6;<stdin>:6 10698"),
+        # Written with them (by Python 3.11); any reader version shows the stored names.
+        (
+            "with-function-names.alct",
+            "<module> (<stdin>:4);f (<stdin>:3);f.<locals>.<listcomp> (<stdin>:3) 10698",
+        ),
+    ],
+)
+def test_files_with_and_without_function_names(tmp_path, name, expected):
+    snapshot = alloctrace.Snapshot.load(DATA / name)
+    out = tmp_path / "stacks.txt"
+    snapshot.to_collapsed(out)
+    lines = out.read_text().splitlines()
+    assert expected in lines
+    assert len(lines) == len(snapshot.statistics("traceback")) == 3
 
 
 def test_raw_snapshots_have_no_function_names(tmp_path):
