@@ -522,6 +522,7 @@ pub fn take_snapshot(py: Python<'_>) -> Result<Snapshot> {
     let snapshot = with_resolver(|resolver| {
         let mut builder = SnapshotBuilder::new(limit);
         let mut filename_ids: HashMap<u32, u32> = HashMap::new();
+        let mut function_ids: HashMap<u32, u32> = HashMap::new();
         let tracebacks: Vec<_> = collected
             .stacks
             .iter()
@@ -539,8 +540,11 @@ pub fn take_snapshot(py: Python<'_>) -> Result<Snapshot> {
                 let known: Vec<_> = functions
                     .iter()
                     .map(|&f| {
-                        let f = resolver.function(f?);
-                        Some(builder.function(&f.name, f.first_lineno))
+                        let f = f?;
+                        Some(*function_ids.entry(f).or_insert_with(|| {
+                            let function = resolver.function(f);
+                            builder.function(&function.name, function.first_lineno)
+                        }))
                     })
                     .collect();
                 if known.iter().any(Option::is_some) {
