@@ -58,14 +58,21 @@ FRAME = re.compile(r"^(?:(?P<function>.*) \()?(?P<file>.*):(?P<line>\d+)\)?$")
 
 
 @pytest.fixture(scope="module")
-def traced(tmp_path_factory):
-    """(program path, snapshot after fill, snapshot after fill and strings)."""
+def dumped(tmp_path_factory):
+    """(program path, snapshot file after fill, snapshot file after fill and strings)."""
     tmp = tmp_path_factory.mktemp("export")
     program = tmp / "prog.py"
     program.write_text(PROGRAM)
     before, after = tmp / "before.alct", tmp / "after.alct"
     subprocess.run([sys.executable, str(program), str(before), str(after)], check=True)
-    return str(program), alloctrace.Snapshot.load(before), alloctrace.Snapshot.load(after)
+    return str(program), before, after
+
+
+@pytest.fixture(scope="module")
+def traced(dumped):
+    """(program path, snapshot after fill, snapshot after fill and strings)."""
+    program, before, after = dumped
+    return program, alloctrace.Snapshot.load(before), alloctrace.Snapshot.load(after)
 
 
 def read_collapsed(path):
