@@ -93,7 +93,8 @@ def parse_interval(value: str) -> float:
 def check_path_template(template: str, source: str = ENV_DUMP) -> str:
     """Check that *template* only uses the ``{pid}``, ``{time}`` and ``{n}`` placeholders."""
     try:
-        fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+        parsed = list(string.Formatter().parse(template))
+        fields = [field for _, field, _, _ in parsed if field is not None]
     except ValueError as exc:
         raise ConfigError(
             f"{source}={template!r} is invalid: {exc} (write {{{{ and }}}} for literal braces)"
