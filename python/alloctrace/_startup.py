@@ -282,11 +282,17 @@ class Dumper:
 
 
 _dumper: Dumper | None = None
+_installed = False
 
 
 def install() -> None:
     """Apply the start-up configuration; called from ``alloctrace_startup.pth``."""
-    global _dumper
+    global _dumper, _installed
+    # site.py may process the same site-packages directory twice (it does in some virtual
+    # environments), running the .pth line twice: configure once.
+    if _installed:
+        return
+    _installed = True
     try:
         config = read_config(os.environ, sys._xoptions, bool(sys.flags.ignore_environment))
     except ConfigError as exc:
