@@ -471,7 +471,11 @@ def _die_like_child(signum: int) -> NoReturn:
     """End with the signal that ended the program, so that our parent sees the same thing."""
     sys.stdout.flush()
     sys.stderr.flush()
-    signal.signal(signum, signal.SIG_DFL)
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+    except (OSError, ValueError):
+        # SIGKILL and SIGSTOP cannot be caught, so they already have their default action.
+        pass
     os.kill(os.getpid(), signum)
     os._exit(128 + signum)
 

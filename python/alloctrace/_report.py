@@ -113,7 +113,7 @@ def _fit_location(location: str, rest: str, width: int | None) -> str:
     if width is None or len(location) + len(rest) <= width:
         return location + rest
     room = max(width - len(rest), 12)
-    return fit_tail(location, room) + rest
+    return fit_head(fit_tail(location, room) + rest, width)
 
 
 def _source_line(filename: str, lineno: int) -> str:
@@ -201,7 +201,7 @@ class Renderer:
         if not stats:
             lines.append("no traces")
         lines.append(f"Total: {format_size(total_size)} in {_blocks(total_count)}")
-        return lines
+        return [fit_head(line, self.width) for line in lines]
 
     def diff(
         self,
@@ -239,7 +239,7 @@ class Renderer:
             f"({_blocks(total['count_diff'], True)}), "
             f"now {format_size(total['size'])} in {_blocks(total['count'])}"
         )
-        return lines
+        return [fit_head(line, self.width) for line in lines]
 
 
 def traceback_json(traceback) -> list[dict[str, Any]]:
