@@ -14,7 +14,7 @@ _cache = {}
 
 def render(request_id):
     # Short-lived: freed as soon as the response is sent, so it does not show up at the end.
-    return ("<p>request %d</p>" % request_id) * 20
+    return f"<p>request {request_id}</p>" * 20
 
 
 def handle(request_id):
