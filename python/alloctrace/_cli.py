@@ -179,8 +179,11 @@ def _header(path: str, snapshot) -> str:
     parts = [f"traceback_limit={snapshot.traceback_limit}"]
     if metadata.get("pid") is not None:
         parts.append(f"pid {metadata['pid']}")
-    if metadata.get("python_version"):
-        parts.append(f"Python {metadata['python_version']}")
+    version = metadata.get("python_version")
+    if version:
+        if not isinstance(version, str):
+            version = ".".join(str(part) for part in version)
+        parts.append(f"Python {version}")
     if metadata.get("timestamp"):
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metadata["timestamp"]))
         parts.append(stamp)
