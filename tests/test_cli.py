@@ -249,6 +249,8 @@ def test_output_fits_terminal_width(snaps):
         ((), "a command is required"),
         (("run",), "nothing to run"),
         (("run", "-n", "0", "x.py"), "--nframe"),
+        (("run", "missing.py"), "cannot run missing.py: No such file"),
+        (("run", "-c"), "nothing to run"),
         (("run", "-o", "x{bad}.snap", "x.py"), "unknown placeholder {bad}"),
         (("run", "--interval", "never", "x.py"), "ALLOCTRACE_INTERVAL"),
     ],
@@ -336,6 +338,15 @@ def test_run_module_with_nframe_quiet_and_default_output(tmp_path):
     dumps = [f for f in os.listdir(tmp_path) if f.endswith(".snap")]
     assert len(dumps) == 1 and dumps[0].startswith("alloctrace-pkg.tool.")
     assert alloctrace.Snapshot.load(str(tmp_path / dumps[0])).traceback_limit == 4
+
+
+def test_run_command_string(tmp_path):
+    code = "import sys; kept = [bytearray(5000) for _ in range(40)]; print(sys.argv)"
+    result = cli("run", "-o", "c.snap", "-c", code, "a", "-q", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "['-c', 'a', '-q']\n"
+    assert "#1: <string>:1: " in result.stderr
+    assert (tmp_path / "c.snap").exists()
 
 
 def test_run_killed_program_passes_the_signal_on(tmp_path):

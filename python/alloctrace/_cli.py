@@ -326,7 +326,7 @@ def _split_run_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         arg = argv[index]
         if arg == "--":
             return ours, list(argv[index + 1 :])
-        if arg == "-m" or (arg.startswith("-m") and len(arg) > 2):
+        if arg in ("-m", "-c") or (arg[:2] in ("-m", "-c") and len(arg) > 2):
             return ours, list(argv[index:])
         name = arg.split("=", 1)[0]
         if name in _RUN_VALUE_OPTIONS:
@@ -357,7 +357,7 @@ def _run_parser() -> _Parser:
         "exit. The program's exit status, standard streams, sys.argv and __main__ are as "
         "without alloctrace.",
         usage=f"{PROG} run [-n NFRAME] [-o FILE] [--interval SECONDS] [-q] "
-        "(script.py | -m module) [args ...]",
+        "(script.py | -m module | -c command) [args ...]",
     )
     parser.add_argument(
         "-n",
@@ -382,9 +382,10 @@ def _run_parser() -> _Parser:
 def _cmd_run(argv: Sequence[str]) -> int:
     ours, program = _split_run_args(argv)
     args = _run_parser().parse_args(ours)
-    if not program or program in (["-m"],):
+    if not program or program in (["-m"], ["-c"]):
         raise CommandError(
-            "nothing to run: give a script or -m MODULE (see 'alloctrace run --help')", USAGE_ERROR
+            "nothing to run: give a script, -m MODULE or -c COMMAND (see 'alloctrace run --help')",
+            USAGE_ERROR,
         )
     if not 1 <= args.nframe <= _startup.MAX_NFRAME:
         raise CommandError(
@@ -395,6 +396,8 @@ def _cmd_run(argv: Sequence[str]) -> int:
         name = program[1]
     elif program[0].startswith("-m"):
         name = program[0][2:]
+    elif program[0].startswith("-c"):
+        name = "c"
     else:
         name = os.path.basename(program[0])
     output = args.output or f"alloctrace-{name}.{{pid}}.snap"
@@ -404,6 +407,9 @@ def _cmd_run(argv: Sequence[str]) -> int:
             _startup.parse_interval(args.interval)
     except _startup.ConfigError as exc:
         raise CommandError(str(exc), USAGE_ERROR) from None
+    if not program[0].startswith("-") and not os.path.exists(program[0]):
+        # Checked here: python would report it too, but only after writing an empty snapshot.
+        raise CommandError(f"cannot run {program[0]}: No such file or directory")
     # {time} is fixed here so that the runner knows the file name; {pid} and {n} are the child's.
     started = time.time()
     stamp = _startup.format_time(started)

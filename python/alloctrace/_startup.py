@@ -186,8 +186,12 @@ class Dumper:
     """
 
     def __init__(self, template: str, interval: float | None):
+        import atexit
+        import signal
         import threading
 
+        self._atexit = atexit
+        self._signal = signal
         self._threading = threading
         self.template = template
         self.interval = interval
@@ -199,28 +203,23 @@ class Dumper:
         self._thread = None
 
     def install(self) -> None:
-        import atexit
-
-        atexit.register(self.dump_at_exit)
+        self._atexit.register(self.dump_at_exit)
         self._install_sigterm()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork_in_child)
         self._start_thread()
 
     def _install_sigterm(self) -> None:
-        import signal
-
+        signal = self._signal
         # Only when nobody chose otherwise: an inherited SIG_IGN must stay ignored, and a
         # handler the program installs later simply replaces ours.
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:
-        import signal
-
         self.dump_at_exit()
         # Die of the same signal so that the parent sees "killed by SIGTERM", as it would have.
-        signal.signal(signum, signal.SIG_DFL)
+        self._signal.signal(signum, self._signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         os._exit(128 + signum)
 
@@ -303,11 +302,17 @@ def install() -> None:
         return
     try:
         import alloctrace
-
+    except Exception as exc:
+        _warn(f"cannot start tracing: {exc}")
+        return
+    # Everything the dumps need is imported and set up before tracing starts, so that our own
+    # imports (threading, signal...) do not show up in the program's snapshots.
+    dumper = Dumper(config.dump, config.interval) if config.dump is not None else None
+    try:
         alloctrace.start(config.nframe)
     except Exception as exc:
         _warn(f"cannot start tracing: {exc}")
         return
-    if config.dump is not None:
-        _dumper = Dumper(config.dump, config.interval)
-        _dumper.install()
+    if dumper is not None:
+        _dumper = dumper
+        dumper.install()
