@@ -193,7 +193,8 @@ class Dumper:
         self._atexit = atexit
         self._signal = signal
         self._threading = threading
-        self.template = template
+        # Relative to where the program started, even if it changes directory later.
+        self.template = os.path.abspath(template)
         self.interval = interval
         # Re-entrant: the SIGTERM handler may interrupt the main thread inside dump_at_exit.
         self._lock = threading.RLock()
