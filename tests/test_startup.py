@@ -311,3 +311,15 @@ def test_interval_dumps(tmp_path, template):
     assert len(numbered) >= 3, files
     for name in files:
         alloctrace.Snapshot.load(str(tmp_path / name))
+
+
+def test_relative_dump_path_is_relative_to_the_start_directory(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    result = run(
+        ["-c", "import os; os.chdir('elsewhere'); x = [bytearray(100) for _ in range(10)]"],
+        cwd=tmp_path,
+        ALLOCTRACE_DUMP="rel.snap",
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "rel.snap").exists()
+    assert os.listdir(tmp_path / "elsewhere") == []
