@@ -364,15 +364,18 @@ def _run_parser() -> _Parser:
         "--nframe",
         type=_positive_int,
         default=1,
+        metavar="NFRAME",
         help="frames kept per traceback (default: 1; 1 to 65535)",
     )
     parser.add_argument(
         "-o",
         "--output",
+        metavar="FILE",
         help="snapshot file; may contain {pid}, {time}, {n} (default: alloctrace-NAME.{pid}.snap)",
     )
     parser.add_argument(
         "--interval",
+        metavar="SECONDS",
         help="also write numbered snapshots every SECONDS (see ALLOCTRACE_INTERVAL)",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary after the run")
@@ -542,6 +545,7 @@ def _add_report_options(parser: argparse.ArgumentParser, full: bool = True) -> N
         "--limit",
         type=_positive_int,
         default=DEFAULT_LIMIT,
+        metavar="N",
         help=f"entries shown (default: {DEFAULT_LIMIT}; 0: all)",
     )
     if full:
@@ -562,7 +566,7 @@ def _add_report_options(parser: argparse.ArgumentParser, full: bool = True) -> N
             action="append",
             type=lambda pattern: (True, pattern),
             metavar="PATTERN",
-            help="keep only traces with a frame file name matching PATTERN (fnmatch; repeatable)",
+            help="keep only blocks allocated in a file matching PATTERN (fnmatch; repeatable)",
         )
         parser.add_argument(
             "--exclude",
@@ -570,7 +574,7 @@ def _add_report_options(parser: argparse.ArgumentParser, full: bool = True) -> N
             action="append",
             type=lambda pattern: (False, pattern),
             metavar="PATTERN",
-            help="drop traces whose file name matches PATTERN (fnmatch; repeatable)",
+            help="drop blocks allocated in a file matching PATTERN (fnmatch; repeatable)",
         )
         parser.add_argument("--json", action="store_true", help="versioned JSON on stdout")
     parser.add_argument(
