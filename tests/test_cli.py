@@ -9,8 +9,9 @@ import subprocess
 import sys
 import textwrap
 
-import alloctrace
 import pytest
+
+import alloctrace
 from alloctrace import _report
 
 TIMEOUT = 60

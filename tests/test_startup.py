@@ -9,8 +9,9 @@ import sys
 import sysconfig
 import textwrap
 
-import alloctrace
 import pytest
+
+import alloctrace
 
 TIMEOUT = 60
 
