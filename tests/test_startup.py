@@ -244,6 +244,29 @@ def test_program_sigterm_handler_is_respected(tmp_path):
     assert_leak_in(str(dump), script)
 
 
+def test_inherited_ignored_sigterm_stays_ignored(tmp_path):
+    dump = tmp_path / "ign.snap"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nprint('ready', flush=True)\nsys.stdin.readline()\nprint('done')",
+        ],
+        env=clean_env(ALLOCTRACE_DUMP=str(dump)),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN),
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate("go\n", timeout=TIMEOUT)
+    assert proc.returncode == 0, err
+    assert out.strip() == "done"
+    assert dump.exists()
+
+
 def test_failed_dump_is_one_line_and_keeps_the_status(tmp_path):
     target = tmp_path / "missing-dir" / "x.snap"
     result = run(["-c", "import sys; sys.exit(4)"], ALLOCTRACE_DUMP=str(target))
