@@ -267,6 +267,35 @@ def test_errors_are_one_line(snaps, tmp_path, args, needle):
     assert lines[0].startswith("alloctrace: error: ") and needle in lines[0], lines[0]
 
 
+def test_directory_is_one_line(tmp_path):
+    result = cli("stats", str(tmp_path))
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].count(str(tmp_path)) == 1, result.stderr
+
+
+def test_tracemalloc_pickle_needs_allow_pickle(tmp_path):
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import tracemalloc; tracemalloc.start(); x = [bytearray(700) for _ in range(70)]; "
+            "tracemalloc.take_snapshot().dump('tm.pickle')",
+        ],
+        cwd=tmp_path,
+        env=clean_env(),
+        check=True,
+        timeout=TIMEOUT,
+    )
+    refused = cli("stats", "tm.pickle", cwd=tmp_path)
+    assert refused.returncode == 1
+    assert len(refused.stderr.splitlines()) == 1 and "pickle" in refused.stderr
+    accepted = cli("stats", "tm.pickle", "--allow-pickle", "--json", cwd=tmp_path)
+    assert accepted.returncode == 0, accepted.stderr
+    top = json.loads(accepted.stdout)["stats"][0]
+    assert top["count"] >= 70 and top["traceback"][0]["lineno"] == 1
+
+
 def test_truncated_snapshot_is_one_line(snaps, tmp_path):
     data = open(snaps["old"], "rb").read()
     (tmp_path / "cut.snap").write_bytes(data[: len(data) // 2])

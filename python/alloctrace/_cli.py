@@ -109,16 +109,19 @@ class _Progress:
 # --------------------------------------------------------------------------- loading
 
 
-def _load(path: str):
+def _load(path: str, allow_pickle: bool = False):
     import alloctrace
 
     try:
         with _Progress(f"loading {path}"):
-            return alloctrace.Snapshot.load(path)
+            return alloctrace.Snapshot.load(path, allow_pickle=allow_pickle)
     except alloctrace.SnapshotFormatError as exc:
         raise CommandError(_describe(exc, path)) from None
     except OSError as exc:
-        raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
+        message = exc.strerror or str(exc)
+        if path not in message:
+            message = f"cannot read {path}: {message}"
+        raise CommandError(message) from None
 
 
 def _describe(exc: Exception, path: str) -> str:
@@ -220,7 +223,7 @@ def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[
 
 def _cmd_stats(args: argparse.Namespace) -> int:
     _check_key(args)
-    snapshot = _load(args.file)
+    snapshot = _load(args.file, args.allow_pickle)
     if args.json:
         filters, described = _filters(args)
         if filters:
@@ -247,8 +250,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 def _cmd_diff(args: argparse.Namespace) -> int:
     _check_key(args)
-    old = _load(args.old)
-    new = _load(args.new)
+    old = _load(args.old, args.allow_pickle)
+    new = _load(args.new, args.allow_pickle)
     filters, described = _filters(args)
     if filters:
         old = old.filter_traces(filters)
@@ -581,6 +584,11 @@ def _add_report_options(parser: argparse.ArgumentParser, full: bool = True) -> N
         "--full-paths", action="store_true", help="show file names exactly as recorded"
     )
     parser.add_argument("--no-source", action="store_true", help="do not show source lines")
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="also read tracemalloc.Snapshot.dump() files (pickles: only for trusted files)",
+    )
     parser.set_defaults(key="lineno", cumulative=False, filters=None, json=False, full_paths=False)
 
 
