@@ -196,19 +196,27 @@ def _header(path: str, snapshot) -> str:
 # --------------------------------------------------------------------------- stats / diff
 
 
-def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[str]:
-    """The text of ``alloctrace stats`` for an already loaded snapshot."""
+def _statistics(snapshot, args: argparse.Namespace):
+    """Filter, group and total a snapshot: (filtered snapshot, statistics, size, count)."""
     filters, _ = _filters(args)
     if filters:
         snapshot = snapshot.filter_traces(filters)
     with _Progress("computing statistics"):
         stats = snapshot.statistics(args.key, cumulative=args.cumulative)
         total_size, total_count = _totals(snapshot)
+    return snapshot, stats, total_size, total_count
+
+
+def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[str]:
+    """The text of ``alloctrace stats`` for an already loaded snapshot."""
+    snapshot, stats, total_size, total_count = _statistics(snapshot, args)
     limit = _limit(args)
     shown = stats if limit is None else stats[:limit]
     renderer = _renderer(_names(shown), args, stream)
-    what = _report.KEY_TITLES[args.key] + (" (cumulative)" if args.cumulative else "")
-    count = "All" if limit is None else f"Top {min(limit, len(stats))}"
+    shown_count = len(stats) if limit is None else min(limit, len(stats))
+    names = _report.KEY_SINGULAR if shown_count == 1 else _report.KEY_TITLES
+    what = names[args.key] + (" (cumulative)" if args.cumulative else "")
+    count = "All" if limit is None else f"Top {shown_count}"
     title = f"{count} {what} in {_header(path, snapshot)}"
     return renderer.stats(
         stats,
@@ -225,12 +233,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     _check_key(args)
     snapshot = _load(args.file, args.allow_pickle)
     if args.json:
-        filters, described = _filters(args)
-        if filters:
-            snapshot = snapshot.filter_traces(filters)
-        with _Progress("computing statistics"):
-            stats = snapshot.statistics(args.key, cumulative=args.cumulative)
-            total_size, total_count = _totals(snapshot)
+        _, described = _filters(args)
+        snapshot, stats, total_size, total_count = _statistics(snapshot, args)
         document = _report.stats_json(
             stats,
             path=args.file,
@@ -285,8 +289,10 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     shown = diffs if limit is None else diffs[:limit]
     renderer = _renderer(_names(shown), args, sys.stdout)
     what = _report.KEY_SINGULAR[args.key] + (" (cumulative)" if args.cumulative else "")
-    count = "All" if limit is None else f"Top {min(limit, len(diffs))}"
-    title = f"{count} differences by {what}: {args.new} compared to {args.old}"
+    shown_count = len(diffs) if limit is None else min(limit, len(diffs))
+    count = "All" if limit is None else f"Top {shown_count}"
+    noun = "difference" if shown_count == 1 else "differences"
+    title = f"{count} {noun} by {what}: {args.new} compared to {args.old}"
     lines = renderer.diff(
         diffs,
         key_type=args.key,
