@@ -234,6 +234,8 @@ def test_output_fits_terminal_width(snaps):
         assert result.returncode == 0, result.stderr
         assert max(len(line) for line in result.stdout.splitlines()) <= 50, result.stdout
         assert "…" in result.stdout
+        if "traceback" not in args:
+            assert entries(result.stdout)[0].startswith("#1: …"), result.stdout
 
 
 @pytest.mark.parametrize(

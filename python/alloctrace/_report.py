@@ -108,12 +108,13 @@ def fit_head(text: str, width: int | None) -> str:
     return text[: width - 1] + "…"
 
 
-def _fit_location(location: str, rest: str, width: int | None) -> str:
-    """``location`` + ``rest``, shortening the location first so that the figures stay whole."""
-    if width is None or len(location) + len(rest) <= width:
-        return location + rest
-    room = max(width - len(rest), 12)
-    return fit_head(fit_tail(location, room) + rest, width)
+def _fit_location(prefix: str, location: str, rest: str, width: int | None) -> str:
+    """``prefix + location + rest``, cutting the start of the location first, so that the rank
+    and the figures stay whole as long as the width allows."""
+    if width is None or len(prefix) + len(location) + len(rest) <= width:
+        return prefix + location + rest
+    room = max(width - len(prefix) - len(rest), 12)
+    return fit_head(prefix + fit_tail(location, room) + rest, width)
 
 
 def _source_line(filename: str, lineno: int) -> str:
@@ -157,14 +158,13 @@ class Renderer:
         if key_type == "traceback":
             lines.append(fit_head(f"#{rank}: {figures}", self.width))
             for frame in frames:
-                location = "    " + self._location(frame, "lineno")
-                lines.append(_fit_location(location, "", self.width))
+                lines.append(_fit_location("    ", self._location(frame, "lineno"), "", self.width))
                 self._with_source(lines, frame, "        ")
             return
         # One frame for lineno/filename statistics: the allocation site.
         frame = frames[-1]
         lines.append(
-            _fit_location(f"#{rank}: {self._location(frame, key_type)}", f": {figures}", self.width)
+            _fit_location(f"#{rank}: ", self._location(frame, key_type), f": {figures}", self.width)
         )
         if key_type == "lineno":
             self._with_source(lines, frame, "    ")
