@@ -38,18 +38,17 @@ struct Stack {
     verdict_generation: u32,
 }
 
-#[inline(always)]
-fn mix(h: u64, word: u64) -> u64 {
-    let product = u128::from(h ^ word) * 0x9E37_79B9_7F4A_7C15_u128;
-    (product as u64) ^ ((product >> 64) as u64)
-}
-
+/// One folded 128-bit multiply per frame (a single `mul` on x86-64): code addresses are
+/// 16-byte aligned heap pointers below 2^48 and offsets are small, so `code ^ offset << 48`
+/// keeps both, and the fold spreads every input bit over both ends of the hash (hashbrown
+/// takes buckets from the low bits and tags from the high ones).
 #[inline]
 fn hash_stack(frames: &[RawFrame], total_nframe: u16) -> u64 {
     let mut h = u64::from(total_nframe);
     for frame in frames {
-        h = mix(h, frame.code as u64);
-        h = mix(h, frame.offset as u32 as u64);
+        let word = frame.code as u64 ^ (u64::from(frame.offset as u32) << 48);
+        let product = u128::from(h ^ word) * 0x9E37_79B9_7F4A_7C15_u128;
+        h = (product as u64) ^ ((product >> 64) as u64);
     }
     h
 }
@@ -61,6 +60,9 @@ pub struct Interner {
     index: HashTable<TracebackId>,
     /// Code objects we hold a strong reference to.
     pinned: hashbrown::HashSet<usize, BuildAddressHasher>,
+    /// The last stack interned or found: a loop allocating on one line repeats it, and
+    /// comparing a few frames is cheaper than hashing and probing.
+    last: TracebackId,
 }
 
 impl Default for Interner {
@@ -76,6 +78,7 @@ impl Interner {
             stacks: Vec::new(),
             index: HashTable::new(),
             pinned: hashbrown::HashSet::with_hasher(BuildAddressHasher),
+            last: UNKNOWN_TRACEBACK,
         };
         // tracemalloc reports an unreadable stack as one unknown frame out of one.
         let id = interner.insert_new(&[RawFrame::UNKNOWN], 1, hash_stack(&[RawFrame::UNKNOWN], 1));
@@ -89,6 +92,17 @@ impl Interner {
     /// The GIL is held, and every non-zero `code` in `frames` is a live code object.
     #[inline]
     pub unsafe fn intern(&mut self, frames: &[RawFrame], total_nframe: u16) -> TracebackId {
+        if self.get(self.last) == (frames, total_nframe) {
+            return self.last;
+        }
+        let id = self.lookup_or_insert(frames, total_nframe);
+        self.last = id;
+        id
+    }
+
+    /// # Safety
+    /// As [`Interner::intern`].
+    unsafe fn lookup_or_insert(&mut self, frames: &[RawFrame], total_nframe: u16) -> TracebackId {
         let hash = hash_stack(frames, total_nframe);
         let Self {
             frames: arena,

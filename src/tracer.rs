@@ -96,29 +96,32 @@ thread_local! {
 }
 
 /// Marks this thread as inside the tracer; `None` if it already is.
-struct ReentrancyGuard;
+///
+/// Holds the flag's address so that leaving costs no second thread-local lookup (in a shared
+/// library each lookup is a call into the dynamic loader).
+struct ReentrancyGuard(*const Cell<bool>);
 
 impl ReentrancyGuard {
     #[inline(always)]
     fn enter() -> Option<Self> {
-        IN_TRACER
-            .try_with(|inside| {
-                if inside.get() {
-                    None
-                } else {
-                    inside.set(true);
-                    Some(ReentrancyGuard)
-                }
-            })
-            .ok()
-            .flatten()
+        let flag = IN_TRACER
+            .try_with(|inside| inside as *const Cell<bool>)
+            .ok()?;
+        // SAFETY: a thread-local outlives every frame of its thread, this one included.
+        let inside = unsafe { &*flag };
+        if inside.get() {
+            return None;
+        }
+        inside.set(true);
+        Some(ReentrancyGuard(flag))
     }
 }
 
 impl Drop for ReentrancyGuard {
     #[inline(always)]
     fn drop(&mut self) {
-        let _ = IN_TRACER.try_with(|inside| inside.set(false));
+        // SAFETY: as in `enter`; the guard never leaves its thread (raw pointers are !Send).
+        unsafe { (*self.0).set(false) };
     }
 }
 
@@ -133,9 +136,9 @@ fn table() -> &'static TraceTable {
 /// # Safety
 /// Called from a hook, inside a [`ReentrancyGuard`].
 #[inline(always)]
-unsafe fn current_traceback() -> Option<TracebackId> {
+unsafe fn current_traceback(gil_held: bool) -> Option<TracebackId> {
     let unknown = || KEEP_UNKNOWN.load(Relaxed).then_some(UNKNOWN_TRACEBACK);
-    let tstate = Current::gil_thread_state();
+    let tstate = Current::gil_thread_state(gil_held);
     if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
         return unknown();
     }
@@ -195,14 +198,14 @@ pub fn set_trace_filters(specs: &[FilterSpec]) -> Result<()> {
 /// # Safety
 /// Called from a hook with the block just returned by the wrapped allocator.
 #[inline(always)]
-pub unsafe fn on_alloc(address: usize, size: usize) {
+pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool) {
     if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) {
         return;
     }
     let Some(_guard) = ReentrancyGuard::enter() else {
         return;
     };
-    if let Some(traceback) = current_traceback() {
+    if let Some(traceback) = current_traceback(gil_held) {
         table().insert(address, Trace { size, traceback });
     }
 }
@@ -236,7 +239,13 @@ pub fn on_realloc_start(address: usize) -> Option<Trace> {
 /// # Safety
 /// Called from the realloc hook.
 #[inline(always)]
-pub unsafe fn on_realloc_end(old_address: usize, new: usize, size: usize, old: Option<Trace>) {
+pub unsafe fn on_realloc_end(
+    old_address: usize,
+    new: usize,
+    size: usize,
+    old: Option<Trace>,
+    gil_held: bool,
+) {
     if !TRACING.load(Relaxed) {
         return;
     }
@@ -248,7 +257,7 @@ pub unsafe fn on_realloc_end(old_address: usize, new: usize, size: usize, old: O
             table().insert(old_address, old);
         }
     } else if RECORDING.load(Relaxed) {
-        if let Some(traceback) = current_traceback() {
+        if let Some(traceback) = current_traceback(gil_held) {
             table().insert(new, Trace { size, traceback });
         }
     } else if let Some(old) = old {

@@ -72,9 +72,13 @@ pub trait Interpreter {
     /// frames cannot change under us and GIL-protected tracer state may be touched. Null for
     /// a thread without a Python thread state or one that released the GIL.
     ///
+    /// `gil_held` says the caller already knows the GIL is held (the MEM and OBJ domains
+    /// require it, and pymalloc is not thread-safe without it), which saves the check where
+    /// it costs a thread-specific-data lookup.
+    ///
     /// # Safety
     /// Callable from any thread, with or without the GIL; must not allocate.
-    unsafe fn gil_thread_state() -> *mut ffi::PyThreadState;
+    unsafe fn gil_thread_state(gil_held: bool) -> *mut ffi::PyThreadState;
 
     /// Writes up to `out.len()` frames of `tstate`'s stack into `out`, most recent first,
     /// skipping incomplete frames as `tracemalloc` does. Returns how many were written and the
@@ -105,6 +109,7 @@ pub unsafe fn interpreter_of(tstate: *mut ffi::PyThreadState) -> *mut c_void {
 ///
 /// # Safety
 /// `obj` is null or a live object.
+#[cfg(Py_3_11)]
 #[inline]
 unsafe fn is_code(obj: *mut c_void) -> bool {
     !obj.is_null()
@@ -127,11 +132,14 @@ unsafe fn read_ptr(base: *const c_void, offset: usize) -> *mut c_void {
 /// As [`Interpreter::gil_thread_state`].
 #[cfg(not(Py_3_12))]
 #[inline(always)]
-unsafe fn gil_holder_if_this_thread() -> *mut ffi::PyThreadState {
+unsafe fn gil_holder_if_this_thread(gil_held: bool) -> *mut ffi::PyThreadState {
     extern "C" {
         fn _PyThreadState_UncheckedGet() -> *mut ffi::PyThreadState;
     }
     let holder = _PyThreadState_UncheckedGet();
+    if gil_held {
+        return holder;
+    }
     if holder.is_null() || holder != ffi::PyGILState_GetThisThreadState() {
         return std::ptr::null_mut();
     }
@@ -251,7 +259,12 @@ unsafe fn preheader_size(obj: *mut ffi::PyObject, extra_flags: std::os::raw::c_u
 }
 
 /// The frame walk shared by 3.11–3.13, where frames are `_PyInterpreterFrame`s linked by
-/// `previous`; `is_incomplete` is the version's own rule.
+/// `previous`. `skips_cstack` is whether the version has shim frames owned by the C stack
+/// (3.12+), which are always incomplete.
+///
+/// Each field is read once per frame: this loop runs over the whole stack on every
+/// allocation (tracemalloc reports the full depth), so it is most of the hook's cost on deep
+/// stacks.
 ///
 /// # Safety
 /// As [`Interpreter::walk`]; `frame` is the thread's current interpreter frame.
@@ -260,49 +273,43 @@ unsafe fn preheader_size(obj: *mut ffi::PyObject, extra_flags: std::os::raw::c_u
 unsafe fn walk_interpreter_frames(
     mut frame: *mut c_void,
     out: &mut [RawFrame],
-    is_incomplete: unsafe fn(*mut c_void) -> bool,
+    skips_cstack: bool,
 ) -> (usize, u16) {
+    #[cfg(not(Py_3_12))]
+    let _ = skips_cstack;
     let mut n = 0;
     let mut total: u16 = 0;
     while !frame.is_null() {
-        if !is_incomplete(frame) {
-            if n < out.len() {
-                let code = read_ptr(frame, layout::IFRAME_CODE);
-                let instr = read_ptr(frame, layout::IFRAME_INSTR) as usize;
-                let start = code as usize + layout::CODE_ADAPTIVE;
-                out[n] = RawFrame {
-                    code: code as usize,
-                    offset: instr.wrapping_sub(start) as isize as i32,
-                };
-                n += 1;
-            }
-            total = total.saturating_add(1);
+        let owner = *(frame.cast::<u8>().add(layout::IFRAME_OWNER));
+        let next = read_ptr(frame, layout::IFRAME_PREVIOUS);
+        #[cfg(Py_3_12)]
+        if skips_cstack && owner == layout::OWNED_BY_CSTACK {
+            frame = next;
+            continue;
         }
-        frame = read_ptr(frame, layout::IFRAME_PREVIOUS);
+        let code = read_ptr(frame, layout::IFRAME_CODE);
+        if is_code(code) {
+            let start = code as usize + layout::CODE_ADAPTIVE;
+            let instr = read_ptr(frame, layout::IFRAME_INSTR) as usize;
+            // `_PyFrame_IsIncomplete`: a frame that has not yet reached its first traceable
+            // instruction (still setting up cells and the like), unless a generator owns it.
+            let first = *(code.cast::<u8>().add(layout::CODE_FIRSTTRACEABLE) as *const i32);
+            let complete =
+                owner == layout::OWNED_BY_GENERATOR || instr >= start + 2 * first as usize;
+            if complete {
+                if n < out.len() {
+                    out[n] = RawFrame {
+                        code: code as usize,
+                        offset: instr.wrapping_sub(start) as isize as i32,
+                    };
+                    n += 1;
+                }
+                total = total.saturating_add(1);
+            }
+        }
+        frame = next;
     }
     (n, total)
-}
-
-/// `_PyFrame_IsIncomplete` for 3.11–3.13: the frame has not yet reached its first traceable
-/// instruction (it is still setting up cells and the like), unless a generator owns it.
-///
-/// # Safety
-/// `frame` is a live `_PyInterpreterFrame` whose code slot holds a code object or `None`.
-#[cfg(Py_3_11)]
-#[inline(always)]
-unsafe fn before_first_traceable(frame: *mut c_void) -> bool {
-    let owner = *(frame.cast::<u8>().add(layout::IFRAME_OWNER));
-    if owner == layout::OWNED_BY_GENERATOR {
-        return false;
-    }
-    let code = read_ptr(frame, layout::IFRAME_CODE);
-    if !is_code(code) {
-        return true;
-    }
-    let first = *(code.cast::<u8>().add(layout::CODE_FIRSTTRACEABLE) as *const i32);
-    let start = code as usize + layout::CODE_ADAPTIVE;
-    let instr = read_ptr(frame, layout::IFRAME_INSTR) as usize;
-    instr < start + 2 * first as usize
 }
 
 #[cfg(test)]
