@@ -347,3 +347,32 @@ def test_relative_dump_path_is_relative_to_the_start_directory(tmp_path):
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "rel.snap").exists()
     assert os.listdir(tmp_path / "elsewhere") == []
+
+
+def test_forked_child_restarts_interval_dumps(tmp_path):
+    code = textwrap.dedent(
+        """\
+        import os, sys, time
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(1.0)
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        print(os.getpid(), pid)
+        """
+    )
+    result = run(
+        ["-c", code],
+        cwd=tmp_path,
+        ALLOCTRACE_DUMP="f-{pid}-{n}.snap",
+        ALLOCTRACE_INTERVAL="0.25",
+    )
+    assert result.returncode == 0, result.stderr
+    parent, child = result.stdout.split()
+    files = set(os.listdir(tmp_path))
+    for pid in (parent, child):
+        numbers = sorted(int(f.split("-")[2][:-5]) for f in files if f.startswith(f"f-{pid}-"))
+        # Periodic snapshots from the process's own thread, then the exit one, from 1 up.
+        assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 3, files
+        last = alloctrace.Snapshot.load(str(tmp_path / f"f-{pid}-{numbers[-1]}.snap"))
+        assert last.metadata["pid"] == int(pid)
