@@ -268,3 +268,70 @@ def test_export_errors(traced, tmp_path):
     with pytest.raises(OSError):
         snapshot.to_pprof(tmp_path / "missing" / "x.pb.gz")
     assert list(tmp_path.iterdir()) == []
+
+
+def cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "alloctrace", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_export_and_flamegraph(dumped, tmp_path):
+    _, before, after = dumped
+    expected = tmp_path / "expected.txt"
+    alloctrace.Snapshot.load(after).to_collapsed(expected)
+    result = cli("export", str(after), "--format", "collapsed", "-o", str(tmp_path / "c.txt"))
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+    assert (tmp_path / "c.txt").read_text() == expected.read_text()
+    # Filters apply as in 'stats': here every block comes from the program, none from json.
+    result = cli(
+        "export",
+        str(after),
+        "--format",
+        "collapsed",
+        "--include",
+        "*json*",
+        "-o",
+        str(tmp_path / "none.txt"),
+    )
+    assert result.returncode == 0 and (tmp_path / "none.txt").read_text() == ""
+
+    result = cli("export", str(after), "--format", "pprof", "-o", str(tmp_path / "p.pb.gz"))
+    assert result.returncode == 0, result.stderr
+    assert gzip.decompress((tmp_path / "p.pb.gz").read_bytes())
+
+    result = cli("flamegraph", str(after), "-o", str(tmp_path / "f.svg"), "--title", "CLI")
+    assert result.returncode == 0, result.stderr
+    assert frames_of(tmp_path / "f.svg")[0] == "CLI"
+    result = cli("flamegraph", "--diff", str(before), str(after), "-o", str(tmp_path / "d.svg"))
+    assert result.returncode == 0, result.stderr
+    assert frames_of(tmp_path / "d.svg")[0] == "Memory growth by stack"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["export", "{after}", "-o", "{tmp}/x"], "--format"),
+        (["export", "{after}", "--format", "svg", "-o", "{tmp}/x"], "invalid choice: 'svg'"),
+        (["export", "{after}", "--format", "pprof"], "-o/--output"),
+        (["export", "{tmp}/missing.alct", "--format", "pprof", "-o", "{tmp}/x"], "missing.alct"),
+        (["export", "{program}", "--format", "pprof", "-o", "{tmp}/x"], "not a readable"),
+        (["export", "{after}", "--format", "pprof", "-o", "{tmp}/no/x"], "cannot write"),
+        (["flamegraph", "-o", "{tmp}/x.svg"], "either one snapshot FILE or --diff"),
+        (["flamegraph", "{after}", "--diff", "{before}", "{after}", "-o", "{tmp}/x"], "either"),
+        (
+            ["flamegraph", "{after}", "--include", "nothing", "-o", "{tmp}/x.svg"],
+            "no traced memory",
+        ),
+    ],
+)
+def test_cli_export_errors(dumped, tmp_path, args, message):
+    program, before, after = dumped
+    values = {"program": program, "before": before, "after": after, "tmp": tmp_path}
+    result = cli(*(a.format(**values) for a in args))
+    assert result.returncode != 0
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("alloctrace: error: ")
+    assert message in result.stderr
+    assert list(tmp_path.iterdir()) == []

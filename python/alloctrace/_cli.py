@@ -2,9 +2,10 @@
 
 ``run`` traces a program from its first line and summarises the snapshot it leaves at exit;
 ``stats``/``top`` and ``diff`` read snapshot files written by :meth:`Snapshot.dump`, by
-``ALLOCTRACE_DUMP`` or by ``run``. Text goes to people, ``--json`` to programs (rendering lives
-in ``_report``). Every failure is one line on stderr and a non-zero status, never a traceback:
-this is a tool people point at files they are unsure about.
+``ALLOCTRACE_DUMP`` or by ``run``; ``export`` and ``flamegraph`` turn them into pprof
+profiles, folded stacks and SVG flamegraphs. Text goes to people, ``--json`` to programs
+(rendering lives in ``_report``). Every failure is one line on stderr and a non-zero status,
+never a traceback: this is a tool people point at files they are unsure about.
 """
 
 from __future__ import annotations
@@ -316,6 +317,82 @@ def _write_json(document: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+# --------------------------------------------------------------------------- export
+
+
+EXPORT_FORMATS = ("pprof", "collapsed")
+
+
+def _loaded_and_filtered(path: str, args: argparse.Namespace):
+    snapshot = _load(path, args.allow_pickle)
+    filters, _ = _filters(args)
+    return snapshot.filter_traces(filters) if filters else snapshot
+
+
+def _write_export(output: str, write) -> None:
+    """Runs ``write(output)``, turning its failures into one-line errors."""
+    try:
+        with _Progress(f"writing {output}"):
+            write(output)
+    except OSError as exc:
+        # The native message names the temporary file; the user named only the output.
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise CommandError(f"cannot write {output}: {reason}") from None
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    snapshot = _loaded_and_filtered(args.file, args)
+    if args.format == "pprof":
+        _write_export(args.output, snapshot.to_pprof)
+    else:
+        _write_export(args.output, snapshot.to_collapsed)
+    return 0
+
+
+def _cmd_flamegraph(args: argparse.Namespace) -> int:
+    if (args.file is None) == (args.diff is None):
+        raise CommandError(
+            "give either one snapshot FILE or --diff OLD NEW (see 'alloctrace flamegraph --help')",
+            USAGE_ERROR,
+        )
+    if args.diff is None:
+        snapshot, base = _loaded_and_filtered(args.file, args), None
+    else:
+        base = _loaded_and_filtered(args.diff[0], args)
+        snapshot = _loaded_and_filtered(args.diff[1], args)
+    _write_export(
+        args.output, lambda output: snapshot.to_flamegraph(output, title=args.title, base=base)
+    )
+    return 0
+
+
+def _add_export_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write")
+    parser.add_argument(
+        "--include",
+        dest="filters",
+        action="append",
+        type=lambda pattern: (True, pattern),
+        metavar="PATTERN",
+        help="keep only blocks allocated in a file matching PATTERN (fnmatch; repeatable)",
+    )
+    parser.add_argument(
+        "--exclude",
+        dest="filters",
+        action="append",
+        type=lambda pattern: (False, pattern),
+        metavar="PATTERN",
+        help="drop blocks allocated in a file matching PATTERN (fnmatch; repeatable)",
+    )
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="also read tracemalloc.Snapshot.dump() files (pickles: only for trusted files)",
+    )
+
+
 # --------------------------------------------------------------------------- run
 
 _RUN_VALUE_OPTIONS = {"-n", "--nframe", "-o", "--output", "--interval"}
@@ -622,6 +699,31 @@ def build_parser() -> _Parser:
     diff.add_argument("old", help="earlier snapshot file")
     diff.add_argument("new", help="later snapshot file")
     _add_report_options(diff)
+
+    export = commands.add_parser(
+        "export", help="write a snapshot as a pprof profile or as folded stacks"
+    )
+    export.add_argument("file", help="snapshot file")
+    export.add_argument(
+        "--format",
+        required=True,
+        choices=EXPORT_FORMATS,
+        help="pprof: gzipped profile.proto (go tool pprof); collapsed: 'a;b;c bytes' lines",
+    )
+    _add_export_options(export)
+
+    flamegraph = commands.add_parser(
+        "flamegraph", help="draw live memory by stack as an SVG flamegraph, or its growth"
+    )
+    flamegraph.add_argument("file", nargs="?", help="snapshot file")
+    flamegraph.add_argument(
+        "--diff",
+        nargs=2,
+        metavar=("OLD", "NEW"),
+        help="draw what grew from OLD to NEW instead (red grew, blue shrank)",
+    )
+    flamegraph.add_argument("--title", help="title at the top of the picture")
+    _add_export_options(flamegraph)
     return parser
 
 
@@ -633,9 +735,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_run(argv[1:])
         args = build_parser().parse_args(argv)
         if args.command is None:
-            raise CommandError("a command is required: run, stats, top or diff", USAGE_ERROR)
+            raise CommandError(
+                "a command is required: run, stats, top, diff, export or flamegraph", USAGE_ERROR
+            )
         if args.command in ("stats", "top"):
             return _cmd_stats(args)
+        if args.command == "export":
+            return _cmd_export(args)
+        if args.command == "flamegraph":
+            return _cmd_flamegraph(args)
         return _cmd_diff(args)
     except CommandError as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
