@@ -15,7 +15,7 @@
 use std::cell::{Cell, UnsafeCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Once, OnceLock};
 
 use pyo3::ffi;
@@ -36,6 +36,10 @@ static TRACING: AtomicBool = AtomicBool::new(false);
 static RECORDING: AtomicBool = AtomicBool::new(true);
 static TABLE: OnceLock<TraceTable> = OnceLock::new();
 static MAIN_INTERPRETER: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+/// Blocks allocated while tracing but left untraced because the tracer could not get memory
+/// for their trace (or a new traceback); reset with the traces. Such a block is invisible to
+/// the totals and snapshots, and its free is a no-op for the table.
+static DROPPED: AtomicUsize = AtomicUsize::new(0);
 
 /// State only a thread holding the main interpreter's GIL may touch.
 ///
@@ -111,26 +115,39 @@ fn table() -> &'static TraceTable {
     TABLE.get_or_init(TraceTable::new)
 }
 
-/// The interned traceback of the calling thread's current stack.
+/// The interned traceback of the calling thread's current stack; `None` if it is new and
+/// there is no memory to intern it.
 ///
 /// # Safety
 /// Called from a hook, inside a [`ReentrancyGuard`].
 #[inline(always)]
-unsafe fn current_traceback() -> TracebackId {
+unsafe fn current_traceback() -> Option<TracebackId> {
     let tstate = Current::gil_thread_state();
     if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
-        return UNKNOWN_TRACEBACK;
+        return Some(UNKNOWN_TRACEBACK);
     }
     // SAFETY: this thread holds the main interpreter's GIL (checked just above), and the
     // reentrancy guard rules out another borrow on this thread.
     let Some(live) = LIVE.get() else {
-        return UNKNOWN_TRACEBACK;
+        return Some(UNKNOWN_TRACEBACK);
     };
     let (n, total) = Current::walk(tstate, &mut live.scratch);
     if n == 0 {
-        return UNKNOWN_TRACEBACK;
+        return Some(UNKNOWN_TRACEBACK);
     }
     live.interner.intern(&live.scratch[..n], total)
+}
+
+/// Records a trace, or counts it as dropped when the tracer is out of memory: the program's
+/// own allocation already succeeded and must not fail (or abort) because ours did.
+#[inline(always)]
+fn record(address: usize, trace: Option<Trace>) {
+    match trace {
+        Some(trace) if table().insert(address, trace) => {}
+        _ => {
+            DROPPED.fetch_add(1, Relaxed);
+        }
+    }
 }
 
 /// A block was allocated.
@@ -146,7 +163,10 @@ pub unsafe fn on_alloc(address: usize, size: usize) {
         return;
     };
     let traceback = current_traceback();
-    table().insert(address, Trace { size, traceback });
+    record(
+        address,
+        traceback.map(|traceback| Trace { size, traceback }),
+    );
 }
 
 /// A block is about to be freed.
@@ -187,13 +207,13 @@ pub unsafe fn on_realloc_end(old_address: usize, new: usize, size: usize, old: O
     };
     if new == 0 {
         if let Some(old) = old {
-            table().insert(old_address, old);
+            record(old_address, Some(old));
         }
     } else if RECORDING.load(Relaxed) {
         let traceback = current_traceback();
-        table().insert(new, Trace { size, traceback });
+        record(new, traceback.map(|traceback| Trace { size, traceback }));
     } else if let Some(old) = old {
-        table().insert(new, Trace { size, ..old });
+        record(new, Some(Trace { size, ..old }));
     }
 }
 
@@ -226,6 +246,7 @@ pub fn start(py: Python<'_>, nframe: i64) -> Result<()> {
     }
     register_fork_handlers();
     table().clear();
+    DROPPED.store(0, Relaxed);
     // SAFETY: the GIL is held and no hook is recording yet (TRACING is false), so nothing else
     // borrows these cells.
     unsafe {
@@ -278,6 +299,7 @@ pub fn clear_traces(py: Python<'_>) {
         let live = LIVE.get().replace(fresh_live);
         let resolver = RESOLVER.get().replace(fresh_resolver);
         table().clear();
+        DROPPED.store(0, Relaxed);
         (live, resolver)
     };
     release(py, live, resolver);
@@ -329,6 +351,12 @@ pub fn traced_memory() -> (usize, usize) {
     } else {
         (0, 0)
     }
+}
+
+/// Blocks left untraced since the traces were last cleared because the tracer was out of
+/// memory (see [`DROPPED`]).
+pub fn dropped_traces() -> usize {
+    DROPPED.load(Relaxed)
 }
 
 pub fn reset_peak() {

@@ -602,8 +602,14 @@ impl PySnapshotData {
 /// `fnmatch_filename(filename, pattern)`: the filename test of `Filter._match_frame`, done
 /// by the same matcher `SnapshotData.filter` uses, so Python-side checks cannot disagree.
 #[pyfunction]
-fn fnmatch_filename(filename: &Bound<'_, PyString>, pattern: &Bound<'_, PyString>) -> PyResult<bool> {
-    Ok(filename_matches(&str_bytes(pattern)?, &str_bytes(filename)?)?)
+fn fnmatch_filename(
+    filename: &Bound<'_, PyString>,
+    pattern: &Bound<'_, PyString>,
+) -> PyResult<bool> {
+    Ok(filename_matches(
+        &str_bytes(pattern)?,
+        &str_bytes(filename)?,
+    )?)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

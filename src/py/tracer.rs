@@ -74,6 +74,13 @@ fn get_tracemalloc_memory() -> usize {
     tracer::tracer_memory()
 }
 
+/// Blocks allocated while tracing that the tracer left untraced because it could not get
+/// memory for their trace; 0 unless memory ran out. Reset by `start()` and `clear_traces()`.
+#[pyfunction]
+fn get_dropped_traces() -> usize {
+    tracer::dropped_traces()
+}
+
 #[pyfunction]
 fn enable() {
     tracer::set_recording(true)
@@ -126,6 +133,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_traced_memory, m)?)?;
     m.add_function(wrap_pyfunction!(reset_peak, m)?)?;
     m.add_function(wrap_pyfunction!(get_tracemalloc_memory, m)?)?;
+    m.add_function(wrap_pyfunction!(get_dropped_traces, m)?)?;
     m.add_function(wrap_pyfunction!(enable, m)?)?;
     m.add_function(wrap_pyfunction!(disable, m)?)?;
     m.add_function(wrap_pyfunction!(is_enabled, m)?)?;
