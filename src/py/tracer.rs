@@ -25,9 +25,27 @@ fn refuse_if_tracemalloc_is_tracing(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
+/// Refuses calls from a sub-interpreter. The tracer's state belongs to the main interpreter:
+/// it is guarded by the main GIL (a sub-interpreter may have its own, 3.12+) and holds that
+/// interpreter's objects (filenames, code objects), which another interpreter must not get.
+fn require_main_interpreter(what: &str) -> PyResult<()> {
+    // SAFETY: the caller holds its interpreter's GIL; reading the pointers has no effect.
+    let main =
+        unsafe { pyo3::ffi::PyInterpreterState_Get() == pyo3::ffi::PyInterpreterState_Main() };
+    if main {
+        Ok(())
+    } else {
+        Err(PyRuntimeError::new_err(format!(
+            "alloctrace.{what}() can only be called from the main interpreter (tracing belongs \
+             to it; allocations of sub-interpreters are traced with an unknown traceback)"
+        )))
+    }
+}
+
 #[pyfunction]
 #[pyo3(signature = (nframe = 1))]
 fn start(py: Python<'_>, nframe: i64) -> PyResult<()> {
+    require_main_interpreter("start")?;
     if !tracer::is_tracing() {
         refuse_if_tracemalloc_is_tracing(py)?;
     }
@@ -35,8 +53,10 @@ fn start(py: Python<'_>, nframe: i64) -> PyResult<()> {
 }
 
 #[pyfunction]
-fn stop(py: Python<'_>) {
-    tracer::stop(py)
+fn stop(py: Python<'_>) -> PyResult<()> {
+    require_main_interpreter("stop")?;
+    tracer::stop(py);
+    Ok(())
 }
 
 #[pyfunction]
@@ -45,17 +65,21 @@ fn is_tracing() -> bool {
 }
 
 #[pyfunction]
-fn clear_traces(py: Python<'_>) {
-    tracer::clear_traces(py)
+fn clear_traces(py: Python<'_>) -> PyResult<()> {
+    require_main_interpreter("clear_traces")?;
+    tracer::clear_traces(py);
+    Ok(())
 }
 
 #[pyfunction]
-fn get_traceback_limit() -> usize {
-    tracer::traceback_limit()
+fn get_traceback_limit() -> PyResult<usize> {
+    require_main_interpreter("get_traceback_limit")?;
+    Ok(tracer::traceback_limit())
 }
 
 #[pyfunction]
 fn set_traceback_limit(nframe: i64) -> PyResult<()> {
+    require_main_interpreter("set_traceback_limit")?;
     Ok(tracer::set_traceback_limit(nframe)?)
 }
 
@@ -70,8 +94,9 @@ fn reset_peak() {
 }
 
 #[pyfunction]
-fn get_tracemalloc_memory() -> usize {
-    tracer::tracer_memory()
+fn get_tracemalloc_memory() -> PyResult<usize> {
+    require_main_interpreter("get_tracemalloc_memory")?;
+    Ok(tracer::tracer_memory())
 }
 
 /// Blocks allocated while tracing that the tracer left untraced because it could not get
@@ -101,11 +126,13 @@ fn get_object_traceback<'py>(
     py: Python<'py>,
     obj: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    require_main_interpreter("get_object_traceback")?;
     tracer::object_traceback(py, obj)
 }
 
 #[pyfunction]
 fn get_traces(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
+    require_main_interpreter("_get_traces")?;
     let raw = tracer::raw_traces(py)?;
     let items = raw
         .traces
@@ -120,6 +147,7 @@ fn get_traces(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
 
 #[pyfunction]
 fn take_snapshot(py: Python<'_>) -> PyResult<PySnapshotData> {
+    require_main_interpreter("take_snapshot")?;
     Ok(PySnapshotData::new(tracer::take_snapshot(py)?))
 }
 
