@@ -18,9 +18,8 @@ import sysconfig
 import unittest
 from pathlib import Path
 
-import pytest
-
 import alloctrace
+import pytest
 
 CLASSES = ("TestTraceback", "TestSnapshot", "TestFilters", "TestTracemallocEnabled")
 

@@ -42,9 +42,9 @@ def _format_size(size, sign):
         if unit != "B" and abs(size) < 100:
             return ("%+.1f %s" if sign else "%.1f %s") % (size, unit)
         if last or abs(size) < 10 * 1024:
-            return ("%+.0f %s" if sign else "%.0f %s") % (size, unit)
+            break
         size /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    return ("%+.0f %s" if sign else "%.0f %s") % (size, unit)
 
 
 @total_ordering
@@ -520,8 +520,7 @@ class Snapshot:
         """Statistics grouped by *key_type* (``'traceback'``, ``'lineno'`` or
         ``'filename'``), largest first. *cumulative* counts every frame of a traceback,
         not only the most recent one."""
-        rows = self._data.statistics(key_type, bool(cumulative))
-        return [Statistic(Traceback(frames), size, count) for frames, size, count in rows]
+        return _statistics(self._data.statistics(key_type, bool(cumulative)))
 
     def compare_to(self, old_snapshot, key_type, cumulative=False):
         """Differences against *old_snapshot*, grouped by *key_type*, biggest change
@@ -529,8 +528,45 @@ class Snapshot:
         old = old_snapshot._data if isinstance(old_snapshot, Snapshot) else None
         if old is None:
             old = SnapshotData.from_raw(old_snapshot.traces._traces, old_snapshot.traceback_limit)
-        rows = self._data.compare_to(old, key_type, bool(cumulative))
-        return [StatisticDiff(Traceback(frames), *numbers) for frames, *numbers in rows]
+        return _statistic_diffs(self._data.compare_to(old, key_type, bool(cumulative)))
+
+
+# Result rows are built without running __init__: the frames already come oldest first, and
+# for tens of thousands of rows the constructor calls would cost more than the analysis.
+_new = object.__new__
+
+
+def _traceback_of(frames):
+    traceback = _new(Traceback)
+    traceback._frames = frames
+    traceback._total_nframe = None
+    return traceback
+
+
+def _statistics(rows):
+    out = []
+    append = out.append
+    for frames, size, count in rows:
+        stat = _new(Statistic)
+        stat.traceback = _traceback_of(frames)
+        stat.size = size
+        stat.count = count
+        append(stat)
+    return out
+
+
+def _statistic_diffs(rows):
+    out = []
+    append = out.append
+    for frames, size, size_diff, count, count_diff in rows:
+        diff = _new(StatisticDiff)
+        diff.traceback = _traceback_of(frames)
+        diff.size = size
+        diff.size_diff = size_diff
+        diff.count = count
+        diff.count_diff = count_diff
+        append(diff)
+    return out
 
 
 class _PickledTraces:

@@ -84,8 +84,10 @@ struct MetaSection {
     argv: Vec<String>,
 }
 
-const CRC_TABLE: [u32; 256] = {
-    let mut table = [0u32; 256];
+/// Slicing-by-8 tables: `CRC_TABLES[0]` is the classic byte table, `CRC_TABLES[k]` advances
+/// a byte through `k` more zero bytes, so eight bytes are folded per step.
+const CRC_TABLES: [[u32; 256]; 8] = {
+    let mut tables = [[0u32; 256]; 8];
     let mut i = 0;
     while i < 256 {
         let mut c = i as u32;
@@ -98,17 +100,42 @@ const CRC_TABLE: [u32; 256] = {
             };
             k += 1;
         }
-        table[i] = c;
+        tables[0][i] = c;
         i += 1;
     }
-    table
+    let mut t = 1;
+    while t < 8 {
+        let mut i = 0;
+        while i < 256 {
+            let prev = tables[t - 1][i];
+            tables[t][i] = (prev >> 8) ^ tables[0][(prev & 0xFF) as usize];
+            i += 1;
+        }
+        t += 1;
+    }
+    tables
 };
 
-/// CRC-32 (IEEE 802.3): detects every single-byte change and every burst up to 32 bits.
+/// CRC-32 (IEEE 802.3, the same value as `zlib.crc32`): detects every single-byte change and
+/// every burst up to 32 bits.
 pub fn crc32(data: &[u8]) -> u32 {
+    let t = &CRC_TABLES;
     let mut crc = !0u32;
-    for &b in data {
-        crc = CRC_TABLE[((crc ^ b as u32) & 0xFF) as usize] ^ (crc >> 8);
+    let mut chunks = data.chunks_exact(8);
+    for c in &mut chunks {
+        let lo = crc ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        let hi = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+        crc = t[7][(lo & 0xFF) as usize]
+            ^ t[6][((lo >> 8) & 0xFF) as usize]
+            ^ t[5][((lo >> 16) & 0xFF) as usize]
+            ^ t[4][(lo >> 24) as usize]
+            ^ t[3][(hi & 0xFF) as usize]
+            ^ t[2][((hi >> 8) & 0xFF) as usize]
+            ^ t[1][((hi >> 16) & 0xFF) as usize]
+            ^ t[0][(hi >> 24) as usize];
+    }
+    for &b in chunks.remainder() {
+        crc = t[0][((crc ^ b as u32) & 0xFF) as usize] ^ (crc >> 8);
     }
     !crc
 }
@@ -286,7 +313,25 @@ impl<'a> Reader<'a> {
         self.buf.len() - self.pos
     }
 
+    #[inline(always)]
     fn uleb(&mut self) -> std::result::Result<u64, Reason> {
+        // Fast path away from the end of the buffer: no per-byte bounds checks, and the
+        // common one-to-three-byte numbers leave after one to three iterations.
+        if let Some(chunk) = self.buf.get(self.pos..self.pos + 10) {
+            let mut v = 0u64;
+            for (i, &b) in chunk.iter().enumerate().take(9) {
+                v |= ((b & 0x7F) as u64) << (7 * i);
+                if b < 0x80 {
+                    self.pos += i + 1;
+                    return Ok(v);
+                }
+            }
+        }
+        self.uleb_slow()
+    }
+
+    #[cold]
+    fn uleb_slow(&mut self) -> std::result::Result<u64, Reason> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let Some(&b) = self.buf.get(self.pos) else {
@@ -305,6 +350,7 @@ impl<'a> Reader<'a> {
         Err(format!("{} section holds an oversized number", self.what))
     }
 
+    #[inline(always)]
     fn u32(&mut self, field: &str) -> std::result::Result<u32, Reason> {
         let v = self.uleb()?;
         u32::try_from(v).map_err(|_| format!("{} section: {field} {v} is out of range", self.what))
@@ -529,7 +575,7 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
 
     let mut r = Reader::new(find(TAG_FILENAMES, "filenames")?, "filenames");
     let n = r.count(1, "filenames")?;
-    let mut filenames = Vec::with_capacity(n);
+    let mut filenames: Vec<Box<[u8]>> = Vec::with_capacity(n);
     for i in 0..n {
         let name = r.bytes("filename")?;
         if !is_surrogatepass_utf8(name) {
@@ -538,6 +584,14 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         filenames.push(name.into());
     }
     r.finish()?;
+    // Analyses rely on tables being unique by content (one id per filename and per frame).
+    let mut seen = hashbrown::HashSet::with_capacity(filenames.len());
+    for (i, name) in filenames.iter().enumerate() {
+        if !seen.insert(&name[..]) {
+            return Err(format!("filename {i} repeats an earlier entry"));
+        }
+    }
+    drop(seen);
 
     let mut r = Reader::new(find(TAG_FRAMES, "frames")?, "frames");
     let n = r.count(2, "frames")?;
@@ -554,6 +608,13 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         frames.push(Frame { filename, lineno });
     }
     r.finish()?;
+    let mut seen = hashbrown::HashSet::with_capacity(frames.len());
+    for (i, frame) in frames.iter().enumerate() {
+        if !seen.insert(frame) {
+            return Err(format!("frame {i} repeats an earlier entry"));
+        }
+    }
+    drop(seen);
 
     let mut r = Reader::new(find(TAG_TRACEBACKS, "tracebacks")?, "tracebacks");
     let n = r.count(2, "tracebacks")?;
@@ -672,8 +733,10 @@ pub fn load(path: &Path) -> Result<(Snapshot, Attributes)> {
 }
 
 /// Writes a snapshot file atomically: the bytes go to a temporary file in the same directory,
-/// which is flushed to disk and renamed over `path` only when complete. On any error the
-/// temporary file is removed and an existing file at `path` is left untouched.
+/// renamed over `path` only when complete, so a failed or interrupted dump never leaves a
+/// partial file at `path`. On any error the temporary file is removed and an existing file at
+/// `path` is left untouched. The data is not fsynced (neither is `tracemalloc`'s pickle): a
+/// dump is a few milliseconds and an fsync can cost more than that.
 pub fn dump(path: &Path, snapshot: &Snapshot, attrs: &Attributes) -> Result<()> {
     let data = encode(snapshot, attrs);
     let tmp = temp_path(path);
@@ -692,7 +755,6 @@ pub fn dump(path: &Path, snapshot: &Snapshot, attrs: &Attributes) -> Result<()> 
             .open(&tmp)
             .map_err(io_err("create", &tmp))?;
         f.write_all(&data).map_err(io_err("write", &tmp))?;
-        f.sync_all().map_err(io_err("write", &tmp))?;
         drop(f);
         fs::rename(&tmp, path).map_err(io_err("replace", path))
     })();
@@ -755,6 +817,21 @@ mod tests {
             ),
         ];
         (b.finish(), attrs)
+    }
+
+    #[test]
+    fn crc_matches_the_standard_check_value() {
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32(b""), 0);
+        // every length around the 8-byte fold
+        let data: Vec<u8> = (0..40u8).collect();
+        for n in 0..data.len() {
+            let mut slow = !0u32;
+            for &b in &data[..n] {
+                slow = CRC_TABLES[0][((slow ^ b as u32) & 0xFF) as usize] ^ (slow >> 8);
+            }
+            assert_eq!(crc32(&data[..n]), !slow, "length {n}");
+        }
     }
 
     #[test]
@@ -849,6 +926,27 @@ mod tests {
         let at = section_payload_offset(&bad_id, TAG_FRAMES);
         bad_id[at + 1] = 9;
         cases.push((reseal(bad_id), "refers to filename 9"));
+        // Resealed files whose tables repeat an entry: x.py/y.py becomes x.py/x.py, and
+        // frames (x.py, 1)/(x.py, 2) become (x.py, 1)/(x.py, 1).
+        let two_files = {
+            let mut b = SnapshotBuilder::new(1);
+            let (x, y) = (b.filename(b"x.py"), b.filename(b"y.py"));
+            let (f, g) = (b.frame(x, 1), b.frame(y, 2));
+            let t = b.traceback(&[f, g], None);
+            b.trace(0, 1, t);
+            encode(&b.finish(), &vec![])
+        };
+        let mut dup_name = two_files.clone();
+        // payload: count=2, len=4, "x.py", len=4, "y.py"
+        let at = section_payload_offset(&dup_name, TAG_FILENAMES) + 1 + 1 + 4 + 1;
+        dup_name[at] = b'x';
+        cases.push((reseal(dup_name), "filename 1 repeats"));
+        let mut dup_frame = two_files.clone();
+        // payload: count=2, (0, 1), (1, 2)
+        let at = section_payload_offset(&dup_frame, TAG_FRAMES) + 1 + 2;
+        dup_frame[at] = 0;
+        dup_frame[at + 1] = 1;
+        cases.push((reseal(dup_frame), "frame 1 repeats"));
         for (data, expected) in cases {
             let err = decode(&data).unwrap_err();
             assert!(err.contains(expected), "{expected:?} not in {err:?}");

@@ -6,10 +6,10 @@
 //! they compare correctly across snapshots and regardless of how a snapshot's tables were
 //! interned.
 
+use hashbrown::HashMap;
 use std::cmp::Ordering;
-use std::collections::HashMap;
 
-use crate::analysis::snapshot::Snapshot;
+use crate::analysis::snapshot::{FilenameId, FrameId, Snapshot, TracebackId};
 use crate::error::{Error, Result};
 
 /// What statistics are grouped by, as `tracemalloc`'s `key_type`.
@@ -53,37 +53,160 @@ fn py_repr_str(s: &str) -> String {
     }
 }
 
-/// A group key: frames most recent first, as `(filename, lineno)`. For `Lineno` and `Filename`
-/// keys it holds one frame (lineno 0 for `Filename`), or none for an empty traceback.
-pub type Key<'a> = Vec<(&'a [u8], u32)>;
+/// What a statistic groups by, as ids into the snapshot it came from (filenames and frames
+/// are unique by content within a snapshot, see [`Snapshot`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GroupKey {
+    /// The frames of this traceback (its `total_nframe` is not part of the key).
+    Traceback(TracebackId),
+    /// One frame: `(filename, lineno)`.
+    Frame(FrameId),
+    /// One file: `(filename, 0)`.
+    Filename(FilenameId),
+    /// The key of an empty traceback: no frames.
+    Empty,
+}
+
+/// A key's frames, most recent first, resolved to `(filename bytes, lineno)`.
+pub fn key_frames(snapshot: &Snapshot, key: GroupKey) -> KeyFrames<'_> {
+    let one = |f: FrameId| {
+        let fr = snapshot.frames[f as usize];
+        (&snapshot.filenames[fr.filename as usize][..], fr.lineno)
+    };
+    match key {
+        GroupKey::Traceback(t) => {
+            KeyFrames::Frames(snapshot, snapshot.tracebacks[t as usize].frames.iter())
+        }
+        GroupKey::Frame(f) => KeyFrames::One(Some(one(f))),
+        GroupKey::Filename(n) => KeyFrames::One(Some((&snapshot.filenames[n as usize][..], 0))),
+        GroupKey::Empty => KeyFrames::One(None),
+    }
+}
+
+/// Iterator returned by [`key_frames`].
+pub enum KeyFrames<'a> {
+    Frames(&'a Snapshot, std::slice::Iter<'a, FrameId>),
+    One(Option<(&'a [u8], u32)>),
+}
+
+impl<'a> KeyFrames<'a> {
+    fn resolve(snapshot: &'a Snapshot, f: FrameId) -> (&'a [u8], u32) {
+        let fr = snapshot.frames[f as usize];
+        (&snapshot.filenames[fr.filename as usize][..], fr.lineno)
+    }
+}
+
+impl<'a> Iterator for KeyFrames<'a> {
+    type Item = (&'a [u8], u32);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            KeyFrames::Frames(s, it) => it.next().map(|&f| Self::resolve(s, f)),
+            KeyFrames::One(one) => one.take(),
+        }
+    }
+}
+
+impl DoubleEndedIterator for KeyFrames<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        match self {
+            KeyFrames::Frames(s, it) => it.next_back().map(|&f| Self::resolve(s, f)),
+            KeyFrames::One(one) => one.take(),
+        }
+    }
+}
+
+/// A key by content, to match keys across snapshots.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Content<'a> {
+    One(&'a [u8], u32),
+    Many(Vec<(&'a [u8], u32)>),
+}
+
+fn content(snapshot: &Snapshot, key: GroupKey) -> Content<'_> {
+    match key {
+        GroupKey::Traceback(_) | GroupKey::Empty => {
+            Content::Many(key_frames(snapshot, key).collect())
+        }
+        _ => {
+            let (name, line) = key_frames(snapshot, key).next().expect("one frame");
+            Content::One(name, line)
+        }
+    }
+}
+
+/// `Traceback` ordering of two keys: the oldest-first tuples of `(filename, lineno)` compared
+/// lexicographically (keys list frames most recent first, hence the reversal). Filename bytes
+/// compare as the Python strings do (surrogatepass UTF-8 keeps code point order).
+pub fn cmp_keys(a: (&Snapshot, GroupKey), b: (&Snapshot, GroupKey)) -> Ordering {
+    if std::ptr::eq(a.0, b.0) && a.1 == b.1 {
+        return Ordering::Equal;
+    }
+    key_frames(a.0, a.1).rev().cmp(key_frames(b.0, b.1).rev())
+}
 
 /// One row of `statistics()`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Stat<'a> {
-    pub key: Key<'a>,
+pub struct Stat {
+    pub key: GroupKey,
     pub size: u128,
     pub count: u64,
 }
 
-/// One row of `compare_to()`.
+/// One row of `compare_to()`; `in_new` says which snapshot `key` belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StatDiff<'a> {
-    pub key: Key<'a>,
+pub struct StatDiff {
+    pub key: GroupKey,
+    pub in_new: bool,
     pub size: u128,
     pub size_diff: i128,
     pub count: u64,
     pub count_diff: i64,
 }
 
-/// `Traceback` ordering: the oldest-first tuples of `(filename, lineno)` compared
-/// lexicographically. Keys are stored most recent first, hence the reversal; filename bytes
-/// compare as the Python strings do (surrogatepass UTF-8 keeps code point order).
-pub fn cmp_keys(a: &Key<'_>, b: &Key<'_>) -> Ordering {
-    a.iter().rev().cmp(b.iter().rev())
+/// Adds `size`/`count` into the slot of an id, remembering first-seen order.
+struct Accumulator {
+    size: Vec<u128>,
+    count: Vec<u64>,
+    order: Vec<u32>,
+}
+
+impl Accumulator {
+    fn new(n: usize) -> Self {
+        Self {
+            size: vec![0; n],
+            count: vec![0; n],
+            order: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, id: u32, size: u128, count: u64) {
+        let i = id as usize;
+        if self.count[i] == 0 {
+            self.order.push(id);
+        }
+        self.size[i] += size;
+        self.count[i] += count;
+    }
+
+    fn rows(self, key: impl Fn(u32) -> GroupKey) -> Vec<Stat> {
+        self.order
+            .iter()
+            .map(|&id| Stat {
+                key: key(id),
+                size: self.size[id as usize],
+                count: self.count[id as usize],
+            })
+            .collect()
+    }
 }
 
 /// Groups a snapshot's traces; the order of the result is unspecified.
-pub fn group<'a>(snapshot: &'a Snapshot, key_type: KeyType, cumulative: bool) -> Vec<Stat<'a>> {
+///
+/// One pass over the traces sums them per traceback; keys are then derived per traceback and
+/// summed into tables indexed by frame or filename id (no hashing), or, for traceback keys,
+/// merged by frame list (tracebacks differing only by `total_nframe` group together).
+pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<Stat> {
     let ntb = snapshot.tracebacks.len();
     let mut tb_size = vec![0u128; ntb];
     let mut tb_count = vec![0u64; ntb];
@@ -92,87 +215,116 @@ pub fn group<'a>(snapshot: &'a Snapshot, key_type: KeyType, cumulative: bool) ->
         tb_size[t] += tr.size as u128;
         tb_count[t] += 1;
     }
-    let frame = |f: u32, with_line: bool| {
-        let fr = snapshot.frames[f as usize];
-        let line = if with_line { fr.lineno } else { 0 };
-        (&snapshot.filenames[fr.filename as usize][..], line)
-    };
-    let mut index: HashMap<Key<'a>, usize> = HashMap::new();
-    let mut stats: Vec<Stat<'a>> = Vec::new();
-    let mut add = |key: Key<'a>, size: u128, count: u64| match index.get(&key) {
-        Some(&i) => {
-            stats[i].size += size;
-            stats[i].count += count;
-        }
-        None => {
-            index.insert(key.clone(), stats.len());
-            stats.push(Stat { key, size, count });
-        }
-    };
-    for (t, tb) in snapshot.tracebacks.iter().enumerate() {
-        if tb_count[t] == 0 {
-            continue;
-        }
-        let (size, count) = (tb_size[t], tb_count[t]);
-        if cumulative {
-            // Every frame counts, a frame repeated in one traceback as often as it appears.
-            let with_line = key_type == KeyType::Lineno;
-            for &f in tb.frames.iter() {
-                add(vec![frame(f, with_line)], size, count);
+    let live = (0..ntb).filter(|&t| tb_count[t] > 0);
+    let mut empty = (0u128, 0u64);
+    let mut rows = match (key_type, cumulative) {
+        (KeyType::Traceback, _) => {
+            let mut index: HashMap<&[FrameId], usize> = HashMap::new();
+            let mut rows: Vec<Stat> = Vec::new();
+            for t in live {
+                let frames: &[FrameId] = &snapshot.tracebacks[t].frames;
+                match index.get(frames) {
+                    Some(&i) => {
+                        rows[i].size += tb_size[t];
+                        rows[i].count += tb_count[t];
+                    }
+                    None => {
+                        index.insert(frames, rows.len());
+                        rows.push(Stat {
+                            key: GroupKey::Traceback(t as TracebackId),
+                            size: tb_size[t],
+                            count: tb_count[t],
+                        });
+                    }
+                }
             }
-        } else {
-            let key: Key<'a> = match key_type {
-                KeyType::Traceback => tb.frames.iter().map(|&f| frame(f, true)).collect(),
-                KeyType::Lineno => tb
-                    .frames
-                    .first()
-                    .map(|&f| frame(f, true))
-                    .into_iter()
-                    .collect(),
-                KeyType::Filename => tb
-                    .frames
-                    .first()
-                    .map(|&f| frame(f, false))
-                    .into_iter()
-                    .collect(),
-            };
-            add(key, size, count);
+            rows
         }
+        (KeyType::Lineno, _) => {
+            let mut acc = Accumulator::new(snapshot.frames.len());
+            for t in live {
+                let frames = &snapshot.tracebacks[t].frames;
+                // Cumulative: every frame counts, a repeated frame as often as it appears.
+                let used = if cumulative {
+                    &frames[..]
+                } else {
+                    &frames[..frames.len().min(1)]
+                };
+                if used.is_empty() {
+                    empty.0 += tb_size[t];
+                    empty.1 += tb_count[t];
+                }
+                for &f in used {
+                    acc.add(f, tb_size[t], tb_count[t]);
+                }
+            }
+            acc.rows(GroupKey::Frame)
+        }
+        (KeyType::Filename, _) => {
+            let mut acc = Accumulator::new(snapshot.filenames.len());
+            for t in live {
+                let frames = &snapshot.tracebacks[t].frames;
+                let used = if cumulative {
+                    &frames[..]
+                } else {
+                    &frames[..frames.len().min(1)]
+                };
+                if used.is_empty() {
+                    empty.0 += tb_size[t];
+                    empty.1 += tb_count[t];
+                }
+                for &f in used {
+                    acc.add(
+                        snapshot.frames[f as usize].filename,
+                        tb_size[t],
+                        tb_count[t],
+                    );
+                }
+            }
+            acc.rows(GroupKey::Filename)
+        }
+    };
+    if empty.1 > 0 && !cumulative {
+        rows.push(Stat {
+            key: GroupKey::Empty,
+            size: empty.0,
+            count: empty.1,
+        });
     }
-    stats
+    rows
 }
 
 /// `Snapshot.statistics`: grouped and sorted by (size, count, traceback), largest first.
-pub fn statistics(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<Stat<'_>> {
+pub fn statistics(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<Stat> {
     let mut stats = group(snapshot, key_type, cumulative);
     stats.sort_unstable_by(|a, b| {
         b.size
             .cmp(&a.size)
             .then(b.count.cmp(&a.count))
-            .then_with(|| cmp_keys(&b.key, &a.key))
+            .then_with(|| cmp_keys((snapshot, b.key), (snapshot, a.key)))
     });
     stats
 }
 
 /// `Snapshot.compare_to`: `new` against `old`, keys matched by content, sorted by
 /// (|size_diff|, size, |count_diff|, count, traceback), largest first.
-pub fn compare<'a>(
-    new: &'a Snapshot,
-    old: &'a Snapshot,
+pub fn compare(
+    new: &Snapshot,
+    old: &Snapshot,
     key_type: KeyType,
     cumulative: bool,
-) -> Vec<StatDiff<'a>> {
+) -> Vec<StatDiff> {
     let new_stats = group(new, key_type, cumulative);
     let old_stats = group(old, key_type, cumulative);
-    let mut old_index: HashMap<&Key<'a>, usize> = old_stats
+    let mut old_index: HashMap<Content<'_>, usize> = old_stats
         .iter()
         .enumerate()
-        .map(|(i, s)| (&s.key, i))
+        .map(|(i, s)| (content(old, s.key), i))
         .collect();
     let mut seen_old = vec![false; old_stats.len()];
     let mut diffs = Vec::with_capacity(new_stats.len() + old_stats.len());
     for s in &new_stats {
-        let (size_diff, count_diff) = match old_index.remove(&s.key) {
+        let (size_diff, count_diff) = match old_index.remove(&content(new, s.key)) {
             Some(i) => {
                 seen_old[i] = true;
                 let o = &old_stats[i];
@@ -184,7 +336,8 @@ pub fn compare<'a>(
             None => (s.size as i128, s.count as i64),
         };
         diffs.push(StatDiff {
-            key: s.key.clone(),
+            key: s.key,
+            in_new: true,
             size: s.size,
             size_diff,
             count: s.count,
@@ -194,7 +347,8 @@ pub fn compare<'a>(
     for (o, seen) in old_stats.iter().zip(seen_old) {
         if !seen {
             diffs.push(StatDiff {
-                key: o.key.clone(),
+                key: o.key,
+                in_new: false,
                 size: 0,
                 size_diff: -(o.size as i128),
                 count: 0,
@@ -202,6 +356,7 @@ pub fn compare<'a>(
             });
         }
     }
+    let side = |d: &StatDiff| (if d.in_new { new } else { old }, d.key);
     diffs.sort_unstable_by(|a, b| {
         b.size_diff
             .unsigned_abs()
@@ -213,7 +368,7 @@ pub fn compare<'a>(
                     .cmp(&a.count_diff.unsigned_abs()),
             )
             .then(b.count.cmp(&a.count))
-            .then_with(|| cmp_keys(&b.key, &a.key))
+            .then_with(|| cmp_keys(side(b), side(a)))
     });
     diffs
 }
@@ -263,15 +418,15 @@ mod tests {
         ])
     }
 
-    fn rows(stats: &[Stat<'_>]) -> Vec<(String, u128, u64)> {
+    fn rows(snapshot: &Snapshot, stats: &[Stat]) -> Vec<(String, u128, u64)> {
         stats
             .iter()
-            .map(|s| (key_text(&s.key), s.size, s.count))
+            .map(|s| (key_text(snapshot, s.key), s.size, s.count))
             .collect()
     }
 
-    fn key_text(key: &Key<'_>) -> String {
-        key.iter()
+    fn key_text(snapshot: &Snapshot, key: GroupKey) -> String {
+        key_frames(snapshot, key)
             .map(|(n, l)| format!("{}:{l}", String::from_utf8_lossy(n)))
             .collect::<Vec<_>>()
             .join(",")
@@ -280,7 +435,8 @@ mod tests {
     #[test]
     fn statistics_table() {
         let s = first();
-        let cases: Vec<(KeyType, bool, Vec<(&str, u128, u64)>)> = vec![
+        type Case<'k> = (KeyType, bool, Vec<(&'k str, u128, u64)>);
+        let cases: Vec<Case<'_>> = vec![
             (
                 KeyType::Lineno,
                 false,
@@ -324,7 +480,7 @@ mod tests {
             ),
         ];
         for (key, cumulative, expected) in cases {
-            let got = rows(&statistics(&s, key, cumulative));
+            let got = rows(&s, &statistics(&s, key, cumulative));
             let expected: Vec<(String, u128, u64)> = expected
                 .into_iter()
                 .map(|(k, s, c)| (k.to_string(), s, c))
@@ -338,7 +494,16 @@ mod tests {
         let (old, new) = (first(), second());
         let got: Vec<(String, u128, i128, u64, i64)> = compare(&new, &old, KeyType::Lineno, false)
             .iter()
-            .map(|d| (key_text(&d.key), d.size, d.size_diff, d.count, d.count_diff))
+            .map(|d| {
+                let snap = if d.in_new { &new } else { &old };
+                (
+                    key_text(snap, d.key),
+                    d.size,
+                    d.size_diff,
+                    d.count,
+                    d.count_diff,
+                )
+            })
             .collect();
         let expected = vec![
             ("a.py:5", 5002, 5000, 2, 1),
@@ -366,7 +531,7 @@ mod tests {
         ]);
         let got: Vec<String> = statistics(&s, KeyType::Traceback, false)
             .iter()
-            .map(|s| key_text(&s.key))
+            .map(|st| key_text(&s, st.key))
             .collect();
         assert_eq!(
             got,
@@ -385,11 +550,11 @@ mod tests {
         b.trace(0, 4, t2);
         let s = b.finish();
         assert_eq!(
-            rows(&statistics(&s, KeyType::Lineno, true)),
+            rows(&s, &statistics(&s, KeyType::Lineno, true)),
             vec![("a.py:1".into(), 14, 4)]
         );
         assert_eq!(
-            rows(&statistics(&s, KeyType::Traceback, false)),
+            rows(&s, &statistics(&s, KeyType::Traceback, false)),
             vec![("a.py:1,a.py:1".into(), 7, 2)]
         );
     }

@@ -17,7 +17,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyT
 use crate::analysis::filter::{filename_matches, filter_snapshot, FilterSet, FilterSpec};
 use crate::analysis::format::{self, AttrValue, Attributes, MAX_ATTR_DEPTH};
 use crate::analysis::snapshot::{FrameId, Snapshot, SnapshotBuilder, TracebackId};
-use crate::analysis::stats::{self, Key, KeyType};
+use crate::analysis::stats::{self, GroupKey, KeyType};
 
 #[pyclass(name = "SnapshotData", module = "alloctrace._native", frozen)]
 pub struct PySnapshotData {
@@ -106,6 +106,10 @@ fn snapshot_from_raw(traces: &Bound<'_, PyAny>, traceback_limit: u32) -> PyResul
     let mut by_tuple: HashMap<(usize, Option<u32>), TracebackId> = HashMap::new();
     let mut by_name: HashMap<usize, u32> = HashMap::new();
     let mut frame_ids: Vec<FrameId> = Vec::new();
+    // The caches above are keyed by object address; holding a reference to every keyed object
+    // keeps its address from being reused by a new object while the caches live (the traces
+    // may come from a generator whose tuples would otherwise be freed as we go).
+    let mut keep_alive: Vec<Bound<'_, PyAny>> = Vec::new();
     let iter = traces.try_iter().map_err(|_| {
         PyTypeError::new_err(format!(
             "traces must be a sequence of trace tuples, not {}",
@@ -168,6 +172,7 @@ fn snapshot_from_raw(traces: &Bound<'_, PyAny>, traceback_limit: u32) -> PyResul
                         None => {
                             let id = b.filename(&str_bytes(name)?);
                             by_name.insert(name.as_ptr() as usize, id);
+                            keep_alive.push(name.clone().into_any());
                             id
                         }
                     };
@@ -176,13 +181,13 @@ fn snapshot_from_raw(traces: &Bound<'_, PyAny>, traceback_limit: u32) -> PyResul
                 }
                 let tb = b.traceback(&frame_ids, total_nframe);
                 by_tuple.insert(key, tb);
+                keep_alive.push(frames.clone());
                 tb
             }
         };
         b.trace(domain, size, tb);
     }
-    // Pointer keys are only valid while `traces` keeps the tuples alive, which it does for the
-    // whole loop; the maps die here.
+    drop(keep_alive);
     Ok(b.finish())
 }
 
@@ -192,6 +197,7 @@ struct PyTables<'py, 'a> {
     py: Python<'py>,
     snapshot: &'a Snapshot,
     names: Vec<Option<Bound<'py, PyString>>>,
+    frames: Vec<Option<Bound<'py, PyTuple>>>,
     tracebacks: Vec<Option<Bound<'py, PyTuple>>>,
 }
 
@@ -201,6 +207,7 @@ impl<'py, 'a> PyTables<'py, 'a> {
             py,
             snapshot,
             names: vec![None; snapshot.filenames.len()],
+            frames: vec![None; snapshot.frames.len()],
             tracebacks: vec![None; snapshot.tracebacks.len()],
         }
     }
@@ -214,6 +221,37 @@ impl<'py, 'a> PyTables<'py, 'a> {
         Ok(s)
     }
 
+    /// `(filename, lineno)`, one tuple per frame id.
+    fn frame(&mut self, f: FrameId) -> PyResult<Bound<'py, PyTuple>> {
+        if let Some(t) = &self.frames[f as usize] {
+            return Ok(t.clone());
+        }
+        let fr = self.snapshot.frames[f as usize];
+        let name = self.name(fr.filename)?;
+        let t = (name, fr.lineno).into_pyobject(self.py)?;
+        self.frames[f as usize] = Some(t.clone());
+        Ok(t)
+    }
+
+    /// A group key as the frames tuple a `Traceback` stores: oldest first.
+    fn key(&mut self, key: GroupKey) -> PyResult<Bound<'py, PyTuple>> {
+        let py = self.py;
+        match key {
+            GroupKey::Traceback(t) => {
+                let snapshot = self.snapshot;
+                let ids = &snapshot.tracebacks[t as usize].frames;
+                let mut out = Vec::with_capacity(ids.len());
+                for &f in ids.iter().rev() {
+                    out.push(self.frame(f)?);
+                }
+                PyTuple::new(py, out)
+            }
+            GroupKey::Frame(f) => PyTuple::new(py, [self.frame(f)?]),
+            GroupKey::Filename(n) => PyTuple::new(py, [(self.name(n)?, 0).into_pyobject(py)?]),
+            GroupKey::Empty => Ok(PyTuple::empty(py)),
+        }
+    }
+
     fn frames(&mut self, tb: TracebackId) -> PyResult<Bound<'py, PyTuple>> {
         if let Some(t) = &self.tracebacks[tb as usize] {
             return Ok(t.clone());
@@ -221,9 +259,7 @@ impl<'py, 'a> PyTables<'py, 'a> {
         let snapshot = self.snapshot;
         let mut out = Vec::with_capacity(snapshot.tracebacks[tb as usize].frames.len());
         for &f in snapshot.tracebacks[tb as usize].frames.iter() {
-            let fr = snapshot.frames[f as usize];
-            let name = self.name(fr.filename)?;
-            out.push((name, fr.lineno).into_pyobject(self.py)?);
+            out.push(self.frame(f)?);
         }
         let t = PyTuple::new(self.py, out)?;
         self.tracebacks[tb as usize] = Some(t.clone());
@@ -241,12 +277,20 @@ impl<'py, 'a> PyTables<'py, 'a> {
     }
 }
 
-fn key_tuple<'py>(py: Python<'py>, key: &Key<'_>) -> PyResult<Bound<'py, PyTuple>> {
-    let mut out = Vec::with_capacity(key.len());
-    for &(name, line) in key {
-        out.push((bytes_str(py, name)?, line).into_pyobject(py)?);
-    }
-    PyTuple::new(py, out)
+/// A 128-bit total as a Python int, through the cheap 64-bit conversion when it fits (sums
+/// only exceed 64 bits for hand-built snapshots with absurd sizes).
+fn py_uint(py: Python<'_>, v: u128) -> PyResult<Bound<'_, PyAny>> {
+    Ok(match u64::try_from(v) {
+        Ok(small) => small.into_pyobject(py)?.into_any(),
+        Err(_) => v.into_pyobject(py)?.into_any(),
+    })
+}
+
+fn py_int(py: Python<'_>, v: i128) -> PyResult<Bound<'_, PyAny>> {
+    Ok(match i64::try_from(v) {
+        Ok(small) => small.into_pyobject(py)?.into_any(),
+        Err(_) => v.into_pyobject(py)?.into_any(),
+    })
 }
 
 fn key_type(key_type: &Bound<'_, PyAny>, cumulative: bool) -> PyResult<KeyType> {
@@ -297,7 +341,7 @@ fn spec_from_tuple(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<FilterSpec> {
 fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<AttrValue> {
     if depth > MAX_ATTR_DEPTH {
         return Err(PyTypeError::new_err(format!(
-            "cannot store snapshot attribute {name:?}: its value nests deeper than \
+            "cannot store snapshot attribute '{name}': its value nests deeper than \
              {MAX_ATTR_DEPTH} levels"
         )));
     }
@@ -347,7 +391,7 @@ fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<At
         for (k, v) in d.iter() {
             let k = k.cast_exact::<PyString>().map_err(|_| {
                 PyTypeError::new_err(format!(
-                    "cannot store snapshot attribute {name:?}: dict keys must be str, not {}",
+                    "cannot store snapshot attribute '{name}': dict keys must be str, not {}",
                     k.get_type()
                         .name()
                         .map(|n| n.to_string())
@@ -359,7 +403,7 @@ fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<At
         return Ok(AttrValue::Dict(out));
     }
     Err(PyTypeError::new_err(format!(
-        "cannot store snapshot attribute {name:?}: values of type {} are not supported \
+        "cannot store snapshot attribute '{name}': values of type {} are not supported \
          (supported: None, bool, int, float, str, bytes, and list, tuple or str-keyed dict of \
          those)",
         obj.get_type().name()?
@@ -489,7 +533,8 @@ impl PySnapshotData {
         Ok(list)
     }
 
-    /// Sorted `[(frames, size, count), ...]`, frames most recent first.
+    /// Sorted `[(frames, size, count), ...]`, frames OLDEST first (as `Traceback` stores
+    /// them, unlike raw traces).
     #[pyo3(signature = (key_type, cumulative=false))]
     fn statistics<'py>(
         &self,
@@ -500,14 +545,17 @@ impl PySnapshotData {
         let key = self::key_type(key_type, cumulative)?;
         let snap: &Snapshot = &self.inner;
         let rows = py.detach(|| stats::statistics(snap, key, cumulative));
-        let list = PyList::empty(py);
+        let mut tables = PyTables::new(py, snap);
+        let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
-            list.append((key_tuple(py, &r.key)?, r.size, r.count))?;
+            let row = (tables.key(r.key)?, py_uint(py, r.size)?, r.count);
+            out.push(row.into_pyobject(py)?);
         }
-        Ok(list)
+        PyList::new(py, out)
     }
 
-    /// Sorted `[(frames, size, size_diff, count, count_diff), ...]` of self against `old`.
+    /// Sorted `[(frames, size, size_diff, count, count_diff), ...]` of self against `old`,
+    /// frames oldest first.
     #[pyo3(signature = (old, key_type, cumulative=false))]
     fn compare_to<'py>(
         &self,
@@ -519,17 +567,25 @@ impl PySnapshotData {
         let key = self::key_type(key_type, cumulative)?;
         let (new_s, old_s): (&Snapshot, &Snapshot) = (&self.inner, &old.inner);
         let rows = py.detach(|| stats::compare(new_s, old_s, key, cumulative));
-        let list = PyList::empty(py);
+        let mut new_tables = PyTables::new(py, new_s);
+        let mut old_tables = PyTables::new(py, old_s);
+        let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
-            list.append((
-                key_tuple(py, &r.key)?,
-                r.size,
-                r.size_diff,
+            let tables = if r.in_new {
+                &mut new_tables
+            } else {
+                &mut old_tables
+            };
+            let row = (
+                tables.key(r.key)?,
+                py_uint(py, r.size)?,
+                py_int(py, r.size_diff)?,
                 r.count,
                 r.count_diff,
-            ))?;
+            );
+            out.push(row.into_pyobject(py)?);
         }
-        Ok(list)
+        PyList::new(py, out)
     }
 
     /// A new snapshot with the traces the filters keep. `specs` is a sequence of
