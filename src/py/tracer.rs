@@ -1,10 +1,11 @@
 //! Module functions of `alloctrace._native` for the live tracer. Each one converts arguments,
 //! refuses what tracemalloc refuses, and delegates to [`crate::tracer`].
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
+use crate::capture::MAX_NFRAME;
 use crate::py::snapshot::PySnapshotData;
 use crate::tracer;
 
@@ -42,9 +43,32 @@ fn require_main_interpreter(what: &str) -> PyResult<()> {
     }
 }
 
+/// A frame count: any int, so that one too large for a C integer gets the same
+/// "must be in range" ValueError as any other out-of-range count, not an OverflowError about C
+/// types.
+struct FrameCount(i64);
+
+impl<'py> FromPyObject<'_, 'py> for FrameCount {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'_, 'py, PyAny>) -> PyResult<Self> {
+        match obj.extract::<i64>() {
+            Ok(n) => Ok(FrameCount(n)),
+            Err(err) if err.is_instance_of::<PyOverflowError>(obj.py()) => {
+                Err(PyValueError::new_err(format!(
+                    "the number of frames must be in range [1; {MAX_NFRAME}], got {}",
+                    &*obj
+                )))
+            }
+            Err(err) => Err(err),
+        }
+    }
+}
+
 #[pyfunction]
-#[pyo3(signature = (nframe = 1))]
-fn start(py: Python<'_>, nframe: i64) -> PyResult<()> {
+#[pyo3(signature = (nframe = FrameCount(1)))]
+fn start(py: Python<'_>, nframe: FrameCount) -> PyResult<()> {
+    let FrameCount(nframe) = nframe;
     require_main_interpreter("start")?;
     if !tracer::is_tracing() {
         refuse_if_tracemalloc_is_tracing(py)?;
@@ -78,7 +102,8 @@ fn get_traceback_limit() -> PyResult<usize> {
 }
 
 #[pyfunction]
-fn set_traceback_limit(nframe: i64) -> PyResult<()> {
+fn set_traceback_limit(nframe: FrameCount) -> PyResult<()> {
+    let FrameCount(nframe) = nframe;
     require_main_interpreter("set_traceback_limit")?;
     Ok(tracer::set_traceback_limit(nframe)?)
 }
