@@ -18,6 +18,8 @@ use crate::tracer;
 
 struct Hook {
     original: PyMemAllocatorEx,
+    /// The RAW domain may be called without the GIL; MEM and OBJ never are.
+    gil_held: bool,
 }
 
 const DOMAINS: [PyMemAllocatorDomain; 3] = [
@@ -35,17 +37,18 @@ static HOOKS: [AtomicPtr<Hook>; 3] = [
 ];
 
 #[inline(always)]
-unsafe fn original<'a>(ctx: *mut c_void) -> &'a PyMemAllocatorEx {
-    &(*(ctx as *const Hook)).original
+unsafe fn hook<'a>(ctx: *mut c_void) -> &'a Hook {
+    &*(ctx as *const Hook)
 }
 
 extern "C" fn hook_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
     // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
     unsafe {
-        let orig = original(ctx);
+        let hook = hook(ctx);
+        let orig = &hook.original;
         let ptr = (orig.malloc.unwrap_unchecked())(orig.ctx, size);
         if !ptr.is_null() {
-            tracer::on_alloc(ptr as usize, size);
+            tracer::on_alloc(ptr as usize, size, hook.gil_held);
         }
         ptr
     }
@@ -54,11 +57,12 @@ extern "C" fn hook_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
 extern "C" fn hook_calloc(ctx: *mut c_void, nelem: usize, elsize: usize) -> *mut c_void {
     // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
     unsafe {
-        let orig = original(ctx);
+        let hook = hook(ctx);
+        let orig = &hook.original;
         let ptr = (orig.calloc.unwrap_unchecked())(orig.ctx, nelem, elsize);
         if !ptr.is_null() {
             // The allocator refuses products that overflow, so a non-null block means it fits.
-            tracer::on_alloc(ptr as usize, nelem.wrapping_mul(elsize));
+            tracer::on_alloc(ptr as usize, nelem.wrapping_mul(elsize), hook.gil_held);
         }
         ptr
     }
@@ -67,13 +71,14 @@ extern "C" fn hook_calloc(ctx: *mut c_void, nelem: usize, elsize: usize) -> *mut
 extern "C" fn hook_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *mut c_void {
     // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
     unsafe {
-        let orig = original(ctx);
+        let hook = hook(ctx);
+        let orig = &hook.original;
         // The old trace is removed before the block can be freed by realloc: once freed, another
         // thread may get the same address and record it, and removing afterwards would delete
         // that thread's trace.
         let old = tracer::on_realloc_start(ptr as usize);
         let new = (orig.realloc.unwrap_unchecked())(orig.ctx, ptr, size);
-        tracer::on_realloc_end(ptr as usize, new as usize, size, old);
+        tracer::on_realloc_end(ptr as usize, new as usize, size, old, hook.gil_held);
         new
     }
 }
@@ -81,7 +86,7 @@ extern "C" fn hook_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *
 extern "C" fn hook_free(ctx: *mut c_void, ptr: *mut c_void) {
     // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
     unsafe {
-        let orig = original(ctx);
+        let orig = &hook(ctx).original;
         if !ptr.is_null() {
             // Forget before freeing, for the same reason as in realloc.
             tracer::on_free(ptr as usize);
@@ -121,7 +126,10 @@ pub unsafe fn install() {
         }
         let mut hook = slot.load(Ordering::Acquire);
         if hook.is_null() || !same_allocator(&(*hook).original, &current) {
-            hook = Box::into_raw(Box::new(Hook { original: current }));
+            hook = Box::into_raw(Box::new(Hook {
+                original: current,
+                gil_held: !matches!(domain, PyMemAllocatorDomain::PYMEM_DOMAIN_RAW),
+            }));
             slot.store(hook, Ordering::Release);
         }
         let mut ours = PyMemAllocatorEx {

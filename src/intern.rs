@@ -32,20 +32,23 @@ struct Stack {
     len: u16,
     total_nframe: u16,
     hash: u64,
+    /// The trace-time filters' verdict on this stack, valid while the filter set's generation
+    /// is `verdict_generation` (0: never judged).
+    keep: bool,
+    verdict_generation: u32,
 }
 
-#[inline(always)]
-fn mix(h: u64, word: u64) -> u64 {
-    let product = u128::from(h ^ word) * 0x9E37_79B9_7F4A_7C15_u128;
-    (product as u64) ^ ((product >> 64) as u64)
-}
-
+/// One folded 128-bit multiply per frame (a single `mul` on x86-64): code addresses are
+/// 16-byte aligned heap pointers below 2^48 and offsets are small, so `code ^ offset << 48`
+/// keeps both, and the fold spreads every input bit over both ends of the hash (hashbrown
+/// takes buckets from the low bits and tags from the high ones).
 #[inline]
 fn hash_stack(frames: &[RawFrame], total_nframe: u16) -> u64 {
     let mut h = u64::from(total_nframe);
     for frame in frames {
-        h = mix(h, frame.code as u64);
-        h = mix(h, frame.offset as u32 as u64);
+        let word = frame.code as u64 ^ (u64::from(frame.offset as u32) << 48);
+        let product = u128::from(h ^ word) * 0x9E37_79B9_7F4A_7C15_u128;
+        h = (product as u64) ^ ((product >> 64) as u64);
     }
     h
 }
@@ -57,6 +60,9 @@ pub struct Interner {
     index: HashTable<TracebackId>,
     /// Code objects we hold a strong reference to.
     pinned: hashbrown::HashSet<usize, BuildAddressHasher>,
+    /// The last stack interned or found: a loop allocating on one line repeats it, and
+    /// comparing a few frames is cheaper than hashing and probing.
+    last: TracebackId,
 }
 
 impl Default for Interner {
@@ -72,6 +78,7 @@ impl Interner {
             stacks: Vec::new(),
             index: HashTable::new(),
             pinned: hashbrown::HashSet::with_hasher(BuildAddressHasher),
+            last: UNKNOWN_TRACEBACK,
         };
         // tracemalloc reports an unreadable stack as one unknown frame out of one.
         let id = interner.insert_new(&[RawFrame::UNKNOWN], 1, hash_stack(&[RawFrame::UNKNOWN], 1));
@@ -88,6 +95,21 @@ impl Interner {
     /// The GIL is held, and every non-zero `code` in `frames` is a live code object.
     #[inline]
     pub unsafe fn intern(&mut self, frames: &[RawFrame], total_nframe: u16) -> Option<TracebackId> {
+        if self.get(self.last) == (frames, total_nframe) {
+            return Some(self.last);
+        }
+        let id = self.lookup_or_insert(frames, total_nframe)?;
+        self.last = id;
+        Some(id)
+    }
+
+    /// # Safety
+    /// As [`Interner::intern`].
+    unsafe fn lookup_or_insert(
+        &mut self,
+        frames: &[RawFrame],
+        total_nframe: u16,
+    ) -> Option<TracebackId> {
         let hash = hash_stack(frames, total_nframe);
         let Self {
             frames: arena,
@@ -133,6 +155,8 @@ impl Interner {
             len: frames.len() as u16,
             total_nframe,
             hash,
+            keep: true,
+            verdict_generation: 0,
         });
         self.frames.extend_from_slice(frames);
         let stacks = &self.stacks;
@@ -148,6 +172,19 @@ impl Interner {
             &self.frames[stack.start as usize..][..stack.len as usize],
             stack.total_nframe,
         )
+    }
+
+    /// The cached filter verdict for a stack, if judged under filter generation `generation`.
+    #[inline]
+    pub fn verdict(&self, id: TracebackId, generation: u32) -> Option<bool> {
+        let stack = &self.stacks[id as usize];
+        (stack.verdict_generation == generation).then_some(stack.keep)
+    }
+
+    pub fn set_verdict(&mut self, id: TracebackId, generation: u32, keep: bool) {
+        let stack = &mut self.stacks[id as usize];
+        stack.keep = keep;
+        stack.verdict_generation = generation;
     }
 
     pub fn len(&self) -> usize {

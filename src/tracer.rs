@@ -21,6 +21,7 @@ use std::sync::{Once, OnceLock};
 use pyo3::ffi;
 use pyo3::prelude::*;
 
+use crate::analysis::filter::{FilterSet, FilterSpec};
 use crate::analysis::snapshot::{FrameId, Metadata, Snapshot, SnapshotBuilder};
 use crate::capture::{self, Current, Interpreter, RawFrame, MAX_NFRAME};
 use crate::error::{Error, Result};
@@ -74,6 +75,21 @@ struct Live {
 
 static LIVE: GilCell<Option<Live>> = GilCell::new(None);
 static RESOLVER: GilCell<Option<Resolver>> = GilCell::new(None);
+/// Trace-time filters (`add_filter()`): allocations whose traceback they reject are never
+/// stored. Each change bumps `generation`, which invalidates the verdicts cached per interned
+/// traceback, so a filtered hook does no pattern matching for a stack it has judged before.
+struct TraceFilters {
+    set: Option<FilterSet>,
+    generation: u32,
+}
+
+static FILTERS: GilCell<TraceFilters> = GilCell::new(TraceFilters {
+    set: None,
+    generation: 1,
+});
+/// The filters' verdict on the `<unknown>` traceback, for threads without the GIL.
+static KEEP_UNKNOWN: AtomicBool = AtomicBool::new(true);
+
 /// The traceback limit: kept after `stop()` so `get_traceback_limit()` answers as tracemalloc.
 static LIMIT: GilCell<usize> = GilCell::new(1);
 
@@ -84,29 +100,32 @@ thread_local! {
 }
 
 /// Marks this thread as inside the tracer; `None` if it already is.
-struct ReentrancyGuard;
+///
+/// Holds the flag's address so that leaving costs no second thread-local lookup (in a shared
+/// library each lookup is a call into the dynamic loader).
+struct ReentrancyGuard(*const Cell<bool>);
 
 impl ReentrancyGuard {
     #[inline(always)]
     fn enter() -> Option<Self> {
-        IN_TRACER
-            .try_with(|inside| {
-                if inside.get() {
-                    None
-                } else {
-                    inside.set(true);
-                    Some(ReentrancyGuard)
-                }
-            })
-            .ok()
-            .flatten()
+        let flag = IN_TRACER
+            .try_with(|inside| inside as *const Cell<bool>)
+            .ok()?;
+        // SAFETY: a thread-local outlives every frame of its thread, this one included.
+        let inside = unsafe { &*flag };
+        if inside.get() {
+            return None;
+        }
+        inside.set(true);
+        Some(ReentrancyGuard(flag))
     }
 }
 
 impl Drop for ReentrancyGuard {
     #[inline(always)]
     fn drop(&mut self) {
-        let _ = IN_TRACER.try_with(|inside| inside.set(false));
+        // SAFETY: as in `enter`; the guard never leaves its thread (raw pointers are !Send).
+        unsafe { (*self.0).set(false) };
     }
 }
 
@@ -115,36 +134,97 @@ fn table() -> &'static TraceTable {
     TABLE.get_or_init(TraceTable::new)
 }
 
-/// The interned traceback of the calling thread's current stack; `None` if it is new and
-/// there is no memory to intern it.
+/// The interned traceback of the calling thread's current stack: `Ok(None)` if the
+/// trace-time filters reject it, `Err(OutOfMemory)` if it is new and there is no memory to
+/// intern it.
 ///
 /// # Safety
 /// Called from a hook, inside a [`ReentrancyGuard`].
 #[inline(always)]
-unsafe fn current_traceback() -> Option<TracebackId> {
-    let tstate = Current::gil_thread_state();
+unsafe fn current_traceback(
+    gil_held: bool,
+) -> std::result::Result<Option<TracebackId>, OutOfMemory> {
+    let unknown = || Ok(KEEP_UNKNOWN.load(Relaxed).then_some(UNKNOWN_TRACEBACK));
+    let tstate = Current::gil_thread_state(gil_held);
     if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
-        return Some(UNKNOWN_TRACEBACK);
+        return unknown();
     }
     // SAFETY: this thread holds the main interpreter's GIL (checked just above), and the
     // reentrancy guard rules out another borrow on this thread.
     let Some(live) = LIVE.get() else {
-        return Some(UNKNOWN_TRACEBACK);
+        return unknown();
     };
     let (n, total) = Current::walk(tstate, &mut live.scratch);
     if n == 0 {
-        return Some(UNKNOWN_TRACEBACK);
+        return unknown();
     }
-    live.interner.intern(&live.scratch[..n], total)
+    let id = live
+        .interner
+        .intern(&live.scratch[..n], total)
+        .ok_or(OutOfMemory)?;
+    // SAFETY: as above.
+    let filters = FILTERS.get();
+    Ok(match &filters.set {
+        None => Some(id),
+        Some(set) => {
+            let keep = match live.interner.verdict(id, filters.generation) {
+                Some(keep) => keep,
+                None => {
+                    let keep = judge(set, live.interner.get(id).0);
+                    live.interner.set_verdict(id, filters.generation, keep);
+                    keep
+                }
+            };
+            keep.then_some(id)
+        }
+    })
 }
+
+/// Runs the filters on one stack (once per distinct stack and filter set).
+///
+/// # Safety
+/// As [`capture::locate`].
+#[cold]
+unsafe fn judge(set: &FilterSet, frames: &[RawFrame]) -> bool {
+    let located: Vec<(Vec<u8>, u32)> = frames.iter().map(|&f| capture::locate(f)).collect();
+    let frames: Vec<(&[u8], u32)> = located.iter().map(|(f, l)| (f.as_slice(), *l)).collect();
+    set.keep(DEFAULT_DOMAIN, &frames)
+}
+
+/// Replaces the trace-time filters. They apply to allocations made from now on; traces
+/// already stored stay.
+pub fn set_trace_filters(specs: &[FilterSpec]) -> Result<()> {
+    let set = FilterSet::new(specs)?;
+    KEEP_UNKNOWN.store(set.keep(DEFAULT_DOMAIN, &[(b"<unknown>", 0)]), Relaxed);
+    // SAFETY: called with the GIL held, from Python; no hook borrow is live on this thread.
+    let filters = unsafe { FILTERS.get() };
+    filters.set = (!set.is_empty()).then_some(set);
+    filters.generation = filters.generation.wrapping_add(1).max(1);
+    Ok(())
+}
+
+/// The tracer could not get memory for a trace or a new traceback.
+struct OutOfMemory;
 
 /// Records a trace, or counts it as dropped when the tracer is out of memory: the program's
 /// own allocation already succeeded and must not fail (or abort) because ours did.
 #[inline(always)]
-fn record(address: usize, trace: Option<Trace>) {
-    match trace {
-        Some(trace) if table().insert(address, trace) => {}
-        _ => {
+fn record(address: usize, trace: Trace) {
+    if !table().insert(address, trace) {
+        DROPPED.fetch_add(1, Relaxed);
+    }
+}
+
+/// Records a block with the current traceback, unless the trace-time filters reject it.
+///
+/// # Safety
+/// Called from a hook, inside a [`ReentrancyGuard`].
+#[inline(always)]
+unsafe fn record_current(address: usize, size: usize, gil_held: bool) {
+    match current_traceback(gil_held) {
+        Ok(Some(traceback)) => record(address, Trace { size, traceback }),
+        Ok(None) => {}
+        Err(OutOfMemory) => {
             DROPPED.fetch_add(1, Relaxed);
         }
     }
@@ -155,18 +235,14 @@ fn record(address: usize, trace: Option<Trace>) {
 /// # Safety
 /// Called from a hook with the block just returned by the wrapped allocator.
 #[inline(always)]
-pub unsafe fn on_alloc(address: usize, size: usize) {
+pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool) {
     if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) {
         return;
     }
     let Some(_guard) = ReentrancyGuard::enter() else {
         return;
     };
-    let traceback = current_traceback();
-    record(
-        address,
-        traceback.map(|traceback| Trace { size, traceback }),
-    );
+    record_current(address, size, gil_held);
 }
 
 /// A block is about to be freed.
@@ -198,7 +274,13 @@ pub fn on_realloc_start(address: usize) -> Option<Trace> {
 /// # Safety
 /// Called from the realloc hook.
 #[inline(always)]
-pub unsafe fn on_realloc_end(old_address: usize, new: usize, size: usize, old: Option<Trace>) {
+pub unsafe fn on_realloc_end(
+    old_address: usize,
+    new: usize,
+    size: usize,
+    old: Option<Trace>,
+    gil_held: bool,
+) {
     if !TRACING.load(Relaxed) {
         return;
     }
@@ -207,13 +289,12 @@ pub unsafe fn on_realloc_end(old_address: usize, new: usize, size: usize, old: O
     };
     if new == 0 {
         if let Some(old) = old {
-            record(old_address, Some(old));
+            record(old_address, old);
         }
     } else if RECORDING.load(Relaxed) {
-        let traceback = current_traceback();
-        record(new, traceback.map(|traceback| Trace { size, traceback }));
+        record_current(new, size, gil_held);
     } else if let Some(old) = old {
-        record(new, Some(Trace { size, ..old }));
+        record(new, Trace { size, ..old });
     }
 }
 

@@ -433,3 +433,70 @@ def test_tracer_memory_is_reported_and_released():
     assert alloctrace.get_tracemalloc_memory() < grown
     del data
     gc.collect()
+
+
+def _allocate_in_other_file(tmp_path, name, size):
+    """Allocate `size` bytes from code whose co_filename is `tmp_path/name`."""
+    path = tmp_path / name
+    path.write_text("def make(n):\n    return bytearray(n)\n")
+    namespace = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace["make"](size), str(path)
+
+
+def test_trace_time_filters_skip_rejected_allocations(tmp_path):
+    alloctrace.start(3)
+    alloctrace.add_filter(alloctrace.Filter(False, "*/skipped_*.py"))
+    assert [type(f) for f in alloctrace.get_filters()] == [alloctrace.Filter]
+    try:
+        for _ in range(2):  # the second round hits the cached verdicts
+            skipped, _ = _allocate_in_other_file(tmp_path, "skipped_mod.py", 70_001)
+            kept, kept_path = _allocate_in_other_file(tmp_path, "kept_mod.py", 70_002)
+            assert alloctrace.get_object_traceback(skipped) is None
+            tb = alloctrace.get_object_traceback(kept)
+            assert tb is not None and tb[-1].filename == kept_path
+        alloctrace.clear_filters()
+        assert alloctrace.get_filters() == []
+        again, _ = _allocate_in_other_file(tmp_path, "skipped_mod.py", 70_003)
+        assert alloctrace.get_object_traceback(again) is not None
+    finally:
+        alloctrace.clear_filters()
+
+
+def test_trace_time_filters_inclusive_lineno_and_all_frames(tmp_path):
+    alloctrace.start(5)
+    try:
+        # Keep only allocations with this test file anywhere in the stack.
+        alloctrace.add_filter(alloctrace.Filter(True, __file__, all_frames=True))
+        via_other, _ = _allocate_in_other_file(tmp_path, "helper_mod.py", 1234)
+        assert alloctrace.get_object_traceback(via_other) is not None
+        alloctrace.clear_filters()
+        # lineno: keep line 2 of the helper only (the bytearray line) — here, nothing else.
+        alloctrace.add_filter(alloctrace.Filter(True, str(tmp_path / "helper_mod.py"), 2))
+        kept, _ = _allocate_in_other_file(tmp_path, "helper_mod.py", 4321)
+        assert alloctrace.get_object_traceback(kept) is not None
+        assert alloctrace.get_object_traceback(bytearray(999)) is None
+    finally:
+        alloctrace.clear_filters()
+
+
+def test_trace_time_filter_on_unknown_stacks():
+    lib = _libpython()
+    lib.PyMem_RawMalloc.restype = ctypes.c_void_p
+    lib.PyMem_RawMalloc.argtypes = [ctypes.c_size_t]
+    lib.PyMem_RawFree.argtypes = [ctypes.c_void_p]
+    alloctrace.start()
+    alloctrace.add_filter(alloctrace.Filter(False, "<unknown>"))
+    try:
+        ptr = lib.PyMem_RawMalloc(55_555)
+        assert not [t for t in alloctrace._get_traces() if t[1] == 55_555]
+        lib.PyMem_RawFree(ptr)
+    finally:
+        alloctrace.clear_filters()
+
+
+@pytest.mark.parametrize("bad", ["*.py", None, 3, ("filename", True)])
+def test_add_filter_rejects_non_filters(bad):
+    with pytest.raises(TypeError, match="Filter or DomainFilter"):
+        alloctrace.add_filter(bad)
+    assert alloctrace.get_filters() == []

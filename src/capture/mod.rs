@@ -72,9 +72,13 @@ pub trait Interpreter {
     /// frames cannot change under us and GIL-protected tracer state may be touched. Null for
     /// a thread without a Python thread state or one that released the GIL.
     ///
+    /// `gil_held` says the caller already knows the GIL is held (the MEM and OBJ domains
+    /// require it, and pymalloc is not thread-safe without it), which saves the check where
+    /// it costs a thread-specific-data lookup.
+    ///
     /// # Safety
     /// Callable from any thread, with or without the GIL; must not allocate.
-    unsafe fn gil_thread_state() -> *mut ffi::PyThreadState;
+    unsafe fn gil_thread_state(gil_held: bool) -> *mut ffi::PyThreadState;
 
     /// Writes up to `out.len()` frames of `tstate`'s stack into `out`, most recent first,
     /// skipping incomplete frames as `tracemalloc` does. Returns how many were written and the
@@ -105,6 +109,7 @@ pub unsafe fn interpreter_of(tstate: *mut ffi::PyThreadState) -> *mut c_void {
 ///
 /// # Safety
 /// `obj` is null or a live object.
+#[cfg(Py_3_11)]
 #[inline]
 unsafe fn is_code(obj: *mut c_void) -> bool {
     !obj.is_null()
@@ -127,11 +132,14 @@ unsafe fn read_ptr(base: *const c_void, offset: usize) -> *mut c_void {
 /// As [`Interpreter::gil_thread_state`].
 #[cfg(not(Py_3_12))]
 #[inline(always)]
-unsafe fn gil_holder_if_this_thread() -> *mut ffi::PyThreadState {
+unsafe fn gil_holder_if_this_thread(gil_held: bool) -> *mut ffi::PyThreadState {
     extern "C" {
         fn _PyThreadState_UncheckedGet() -> *mut ffi::PyThreadState;
     }
     let holder = _PyThreadState_UncheckedGet();
+    if gil_held {
+        return holder;
+    }
     if holder.is_null() || holder != ffi::PyGILState_GetThisThreadState() {
         return std::ptr::null_mut();
     }
@@ -168,6 +176,70 @@ unsafe fn walk_frame_objects(
     (n, total)
 }
 
+/// Where a raw frame points, read straight from the code object: its filename as lossless
+/// UTF-8 (see [`crate::analysis::snapshot::Filename`]) and its line, as `tracemalloc` reports
+/// them (`<unknown>` for a filename that is not a `str`, 0 for a line it cannot find).
+///
+/// For trace-time filters, which must decide inside a hook: no Python API call that could
+/// allocate, raise or run the GC. `PyCode_Addr2Line` only reads the line table.
+///
+/// # Safety
+/// `frame.code` is 0 or a live code object, and the GIL is held.
+pub unsafe fn locate(frame: RawFrame) -> (Vec<u8>, u32) {
+    if frame.code == 0 {
+        return (b"<unknown>".to_vec(), 0);
+    }
+    let code = frame.code as *mut c_void;
+    let name = read_ptr(code, layout::CODE_FILENAME) as *mut ffi::PyObject;
+    let filename = if !name.is_null() && ffi::PyUnicode_Check(name) != 0 {
+        str_bytes(name)
+    } else {
+        b"<unknown>".to_vec()
+    };
+    let line = ffi::PyCode_Addr2Line(code as *mut ffi::PyCodeObject, frame.offset);
+    (filename, line.max(0) as u32)
+}
+
+/// The code points of a (ready, as every code object's filename is) `str`, encoded as UTF-8
+/// with lone surrogates passed through, without asking the interpreter for anything.
+///
+/// # Safety
+/// `s` is a live `str` and the GIL is held.
+unsafe fn str_bytes(s: *mut ffi::PyObject) -> Vec<u8> {
+    let len = ffi::PyUnicode_GET_LENGTH(s) as usize;
+    let data = ffi::PyUnicode_DATA(s);
+    let kind = ffi::PyUnicode_KIND(s);
+    let mut out = Vec::with_capacity(len);
+    for i in 0..len {
+        let cp = match kind {
+            ffi::PyUnicode_1BYTE_KIND => u32::from(*data.cast::<u8>().add(i)),
+            ffi::PyUnicode_2BYTE_KIND => u32::from(*data.cast::<u16>().add(i)),
+            _ => *data.cast::<u32>().add(i),
+        };
+        push_code_point(&mut out, cp);
+    }
+    out
+}
+
+/// UTF-8 encoding that also accepts surrogates (Python's `surrogatepass`).
+fn push_code_point(out: &mut Vec<u8>, cp: u32) {
+    match cp {
+        0..=0x7f => out.push(cp as u8),
+        0x80..=0x7ff => out.extend_from_slice(&[0xc0 | (cp >> 6) as u8, 0x80 | (cp & 0x3f) as u8]),
+        0x800..=0xffff => out.extend_from_slice(&[
+            0xe0 | (cp >> 12) as u8,
+            0x80 | ((cp >> 6) & 0x3f) as u8,
+            0x80 | (cp & 0x3f) as u8,
+        ]),
+        _ => out.extend_from_slice(&[
+            0xf0 | (cp >> 18) as u8,
+            0x80 | ((cp >> 12) & 0x3f) as u8,
+            0x80 | ((cp >> 6) & 0x3f) as u8,
+            0x80 | (cp & 0x3f) as u8,
+        ]),
+    }
+}
+
 /// Pre-header size of objects of `obj`'s type, shared by the 3.11+ layouts.
 ///
 /// # Safety
@@ -187,7 +259,12 @@ unsafe fn preheader_size(obj: *mut ffi::PyObject, extra_flags: std::os::raw::c_u
 }
 
 /// The frame walk shared by 3.11–3.13, where frames are `_PyInterpreterFrame`s linked by
-/// `previous`; `is_incomplete` is the version's own rule.
+/// `previous`. `skips_cstack` is whether the version has shim frames owned by the C stack
+/// (3.12+), which are always incomplete.
+///
+/// Each field is read once per frame: this loop runs over the whole stack on every
+/// allocation (tracemalloc reports the full depth), so it is most of the hook's cost on deep
+/// stacks.
 ///
 /// # Safety
 /// As [`Interpreter::walk`]; `frame` is the thread's current interpreter frame.
@@ -196,47 +273,63 @@ unsafe fn preheader_size(obj: *mut ffi::PyObject, extra_flags: std::os::raw::c_u
 unsafe fn walk_interpreter_frames(
     mut frame: *mut c_void,
     out: &mut [RawFrame],
-    is_incomplete: unsafe fn(*mut c_void) -> bool,
+    skips_cstack: bool,
 ) -> (usize, u16) {
+    #[cfg(not(Py_3_12))]
+    let _ = skips_cstack;
     let mut n = 0;
     let mut total: u16 = 0;
     while !frame.is_null() {
-        if !is_incomplete(frame) {
-            if n < out.len() {
-                let code = read_ptr(frame, layout::IFRAME_CODE);
-                let instr = read_ptr(frame, layout::IFRAME_INSTR) as usize;
-                let start = code as usize + layout::CODE_ADAPTIVE;
-                out[n] = RawFrame {
-                    code: code as usize,
-                    offset: instr.wrapping_sub(start) as isize as i32,
-                };
-                n += 1;
-            }
-            total = total.saturating_add(1);
+        let owner = *(frame.cast::<u8>().add(layout::IFRAME_OWNER));
+        let next = read_ptr(frame, layout::IFRAME_PREVIOUS);
+        #[cfg(Py_3_12)]
+        if skips_cstack && owner == layout::OWNED_BY_CSTACK {
+            frame = next;
+            continue;
         }
-        frame = read_ptr(frame, layout::IFRAME_PREVIOUS);
+        let code = read_ptr(frame, layout::IFRAME_CODE);
+        if is_code(code) {
+            let start = code as usize + layout::CODE_ADAPTIVE;
+            let instr = read_ptr(frame, layout::IFRAME_INSTR) as usize;
+            // `_PyFrame_IsIncomplete`: a frame that has not yet reached its first traceable
+            // instruction (still setting up cells and the like), unless a generator owns it.
+            let first = *(code.cast::<u8>().add(layout::CODE_FIRSTTRACEABLE) as *const i32);
+            let complete =
+                owner == layout::OWNED_BY_GENERATOR || instr >= start + 2 * first as usize;
+            if complete {
+                if n < out.len() {
+                    out[n] = RawFrame {
+                        code: code as usize,
+                        offset: instr.wrapping_sub(start) as isize as i32,
+                    };
+                    n += 1;
+                }
+                total = total.saturating_add(1);
+            }
+        }
+        frame = next;
     }
     (n, total)
 }
 
-/// `_PyFrame_IsIncomplete` for 3.11–3.13: the frame has not yet reached its first traceable
-/// instruction (it is still setting up cells and the like), unless a generator owns it.
-///
-/// # Safety
-/// `frame` is a live `_PyInterpreterFrame` whose code slot holds a code object or `None`.
-#[cfg(Py_3_11)]
-#[inline(always)]
-unsafe fn before_first_traceable(frame: *mut c_void) -> bool {
-    let owner = *(frame.cast::<u8>().add(layout::IFRAME_OWNER));
-    if owner == layout::OWNED_BY_GENERATOR {
-        return false;
+#[cfg(test)]
+mod tests {
+    use super::push_code_point;
+
+    #[test]
+    fn code_points_encode_like_surrogatepass() {
+        // (code point, Python's "…".encode("utf-8", "surrogatepass"))
+        let cases: &[(u32, &[u8])] = &[
+            (0x41, b"A"),
+            (0xe9, "\u{e9}".as_bytes()),
+            (0x20ac, "\u{20ac}".as_bytes()),
+            (0x1f600, "\u{1f600}".as_bytes()),
+            (0xdc80, &[0xed, 0xb2, 0x80]),
+        ];
+        for &(cp, expected) in cases {
+            let mut out = Vec::new();
+            push_code_point(&mut out, cp);
+            assert_eq!(out, expected, "U+{cp:04X}");
+        }
     }
-    let code = read_ptr(frame, layout::IFRAME_CODE);
-    if !is_code(code) {
-        return true;
-    }
-    let first = *(code.cast::<u8>().add(layout::CODE_FIRSTTRACEABLE) as *const i32);
-    let start = code as usize + layout::CODE_ADAPTIVE;
-    let instr = read_ptr(frame, layout::IFRAME_INSTR) as usize;
-    instr < start + 2 * first as usize
 }

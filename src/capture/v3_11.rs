@@ -14,8 +14,8 @@ const MANAGED_DICT: std::os::raw::c_ulong = 1 << 4;
 impl Interpreter for Python311 {
     const MINOR: u8 = 11;
 
-    unsafe fn gil_thread_state() -> *mut ffi::PyThreadState {
-        super::gil_holder_if_this_thread()
+    unsafe fn gil_thread_state(gil_held: bool) -> *mut ffi::PyThreadState {
+        super::gil_holder_if_this_thread(gil_held)
     }
 
     unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
@@ -24,7 +24,7 @@ impl Interpreter for Python311 {
             return (0, 0);
         }
         let frame = read_ptr(cframe, layout::CFRAME_CURRENT_FRAME);
-        super::walk_interpreter_frames(frame, out, super::before_first_traceable)
+        super::walk_interpreter_frames(frame, out, false)
     }
 
     unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {

@@ -2,8 +2,6 @@
 //! thread-local current thread state that is non-null only while this thread holds the GIL,
 //! and a pre-header for managed weak references too.
 
-use std::ffi::c_void;
-
 use pyo3::ffi;
 
 use super::{layout, read_ptr, Interpreter, RawFrame};
@@ -17,15 +15,11 @@ extern "C" {
     fn _PyThreadState_UncheckedGet() -> *mut ffi::PyThreadState;
 }
 
-unsafe fn is_incomplete(frame: *mut c_void) -> bool {
-    *(frame.cast::<u8>().add(layout::IFRAME_OWNER)) == layout::OWNED_BY_CSTACK
-        || super::before_first_traceable(frame)
-}
-
 impl Interpreter for Python312 {
     const MINOR: u8 = 12;
 
-    unsafe fn gil_thread_state() -> *mut ffi::PyThreadState {
+    unsafe fn gil_thread_state(_gil_held: bool) -> *mut ffi::PyThreadState {
+        // The thread-local current state is set only while this thread holds the GIL.
         _PyThreadState_UncheckedGet()
     }
 
@@ -35,7 +29,7 @@ impl Interpreter for Python312 {
             return (0, 0);
         }
         let frame = read_ptr(cframe, layout::CFRAME_CURRENT_FRAME);
-        super::walk_interpreter_frames(frame, out, is_incomplete)
+        super::walk_interpreter_frames(frame, out, true)
     }
 
     unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {

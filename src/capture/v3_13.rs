@@ -1,8 +1,6 @@
 //! CPython 3.13: the current frame hangs directly from `tstate->current_frame`, the code slot
 //! is `f_executable`, and `instr_ptr` points at the instruction being run.
 
-use std::ffi::c_void;
-
 use pyo3::ffi;
 
 use super::{layout, read_ptr, Interpreter, RawFrame};
@@ -16,21 +14,17 @@ extern "C" {
     fn PyThreadState_GetUnchecked() -> *mut ffi::PyThreadState;
 }
 
-unsafe fn is_incomplete(frame: *mut c_void) -> bool {
-    *(frame.cast::<u8>().add(layout::IFRAME_OWNER)) == layout::OWNED_BY_CSTACK
-        || super::before_first_traceable(frame)
-}
-
 impl Interpreter for Python313 {
     const MINOR: u8 = 13;
 
-    unsafe fn gil_thread_state() -> *mut ffi::PyThreadState {
+    unsafe fn gil_thread_state(_gil_held: bool) -> *mut ffi::PyThreadState {
+        // The thread-local current state is set only while this thread holds the GIL.
         PyThreadState_GetUnchecked()
     }
 
     unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
         let frame = read_ptr(tstate.cast(), layout::TSTATE_CURRENT_FRAME);
-        super::walk_interpreter_frames(frame, out, is_incomplete)
+        super::walk_interpreter_frames(frame, out, true)
     }
 
     unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {

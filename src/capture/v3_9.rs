@@ -10,8 +10,8 @@ pub struct Python39;
 impl Interpreter for Python39 {
     const MINOR: u8 = 9;
 
-    unsafe fn gil_thread_state() -> *mut ffi::PyThreadState {
-        super::gil_holder_if_this_thread()
+    unsafe fn gil_thread_state(gil_held: bool) -> *mut ffi::PyThreadState {
+        super::gil_holder_if_this_thread(gil_held)
     }
 
     unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {

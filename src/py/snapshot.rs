@@ -303,7 +303,7 @@ fn key_type(key_type: &Bound<'_, PyAny>, cumulative: bool) -> PyResult<KeyType> 
     }
 }
 
-fn spec_from_tuple(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<FilterSpec> {
+pub(crate) fn spec_from_tuple(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<FilterSpec> {
     let fields = items(obj, || format!("filter spec {i}"))?;
     let kind: String = fields
         .first()
