@@ -13,8 +13,7 @@
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use dashmap::mapref::entry::Entry as MapEntry;
-use dashmap::DashMap;
+use dashmap::{DashMap, SharedValue};
 
 /// Interned traceback id (see [`crate::intern`]).
 pub type TracebackId = u32;
@@ -85,31 +84,48 @@ impl TraceTable {
 
     /// Records a new block. An entry already at that address (a block freed behind our back,
     /// e.g. by an allocator installed over ours) is replaced, keeping the totals exact.
+    ///
+    /// Returns `false`, leaving the table and totals unchanged, when the table is full and
+    /// cannot get memory to grow: this runs inside an allocator hook, where the process must
+    /// see its own allocation succeed rather than be aborted by ours failing. Growth is only
+    /// attempted when the shard is full, so the common insert costs one comparison more.
     #[inline]
-    pub fn insert(&self, address: usize, trace: Trace) {
-        match self.map.entry(address) {
-            MapEntry::Occupied(mut occupied) => {
-                let old = occupied.insert(trace);
-                self.sub(old.size);
-                self.add(trace.size);
-            }
-            MapEntry::Vacant(vacant) => {
-                let _held = vacant.insert(trace);
-                self.add(trace.size);
-            }
+    #[must_use = "a `false` insert is a dropped trace, to be counted"]
+    pub fn insert(&self, address: usize, trace: Trace) -> bool {
+        let hash = self.map.hash_usize(&address) as u64;
+        let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
+        let mut shard = shard.write();
+        if let Some(bucket) = shard.find(hash, |(key, _)| *key == address) {
+            // SAFETY: the bucket was just found in this shard, whose write lock is held.
+            let value = unsafe { bucket.as_mut() };
+            let old = std::mem::replace(value.1.get_mut(), trace);
+            self.sub(old.size);
+            self.add(trace.size);
+            return true;
         }
+        let rehash = |(key, _): &(usize, SharedValue<Trace>)| self.map.hash_usize(key) as u64;
+        if shard.try_reserve(1, rehash).is_err() {
+            return false;
+        }
+        // SAFETY: room for one more entry was reserved just above, under the same lock.
+        unsafe { shard.insert_no_grow(hash, (address, SharedValue::new(trace))) };
+        self.add(trace.size);
+        true
     }
 
-    /// Forgets a block, returning what was recorded for it.
+    /// Forgets a block, returning what was recorded for it. Never allocates (dashmap's
+    /// `entry()` would reserve room for an insert first, and abort if that failed).
     #[inline]
     pub fn remove(&self, address: usize) -> Option<Trace> {
-        match self.map.entry(address) {
-            MapEntry::Occupied(occupied) => {
-                self.sub(occupied.get().size);
-                Some(occupied.remove())
-            }
-            MapEntry::Vacant(_) => None,
-        }
+        let hash = self.map.hash_usize(&address) as u64;
+        let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
+        let mut shard = shard.write();
+        let bucket = shard.find(hash, |(key, _)| *key == address)?;
+        // SAFETY: the bucket was just found in this shard, whose write lock is held.
+        let ((_, value), _) = unsafe { shard.remove(bucket) };
+        let trace = value.into_inner();
+        self.sub(trace.size);
+        Some(trace)
     }
 
     pub fn get(&self, address: usize) -> Option<Trace> {
@@ -223,7 +239,7 @@ mod tests {
         ];
         for &(op, address, size, current, peak) in steps {
             match op {
-                "insert" => table.insert(address, t(size, 1)),
+                "insert" => assert!(table.insert(address, t(size, 1))),
                 _ => {
                     table.remove(address);
                 }
@@ -248,7 +264,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..20_000usize {
                         let address = (k << 40) | (i << 4);
-                        table.insert(address, t(i % 97 + 1, 0));
+                        assert!(table.insert(address, t(i % 97 + 1, 0)));
                         if i % 3 != 0 {
                             table.remove(address);
                         }
@@ -267,10 +283,10 @@ mod tests {
     #[test]
     fn lock_all_then_unlock_all_leaves_table_usable() {
         let table = TraceTable::new();
-        table.insert(16, t(1, 0));
+        assert!(table.insert(16, t(1, 0)));
         table.lock_all();
         unsafe { table.unlock_all() };
-        table.insert(32, t(2, 0));
+        assert!(table.insert(32, t(2, 0)));
         assert_eq!(table.totals().0, 3);
     }
 
