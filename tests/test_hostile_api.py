@@ -14,12 +14,7 @@ import alloctrace
 HUGE = 2**70
 
 
-@pytest.fixture(autouse=True)
-def _stopped():
-    alloctrace.stop()
-    yield
-    alloctrace.stop()
-    alloctrace.enable()
+pytestmark = pytest.mark.usefixtures("stopped_tracer")
 
 
 @pytest.fixture(scope="module")
