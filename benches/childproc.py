@@ -15,8 +15,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -35,11 +36,11 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_child(python: str, script: str, args: Sequence[str], timeout: float = 1800) -> Any:
-    """Run ``python benches/<script> child ARGS --result FILE`` and return the decoded JSON."""
+def run_child(python: str, part: str, args: Sequence[str], timeout: float = 1800) -> Any:
+    """Run ``python benches/child.py PART ARGS --result FILE`` and return the decoded JSON."""
     fd, result = tempfile.mkstemp(prefix="alloctrace-bench-", suffix=".json")
     os.close(fd)
-    cmd = [python, str(BENCH_DIR / script), "child", *args, "--result", result]
+    cmd = [python, str(BENCH_DIR / "child.py"), part, *args, "--result", result]
     try:
         proc = subprocess.run(
             cmd,

@@ -11,13 +11,13 @@ time per iteration, measured for three call sites:
   that maps bytecode offsets to line numbers by scanning the line table from the start pays
   most.
 
-Run as ``python hook.py child ...`` this file is the child; the parent side is :func:`run`.
+The child side (:func:`child_main`, started through ``child.py``) measures; the parent
+side (:func:`run`) schedules children and aggregates.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import dataclass
 from itertools import repeat
@@ -85,7 +85,7 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
                 str(settings.repeats),
             ]
             try:
-                answer = childproc.run_child(python, "hook.py", args)
+                answer = childproc.run_child(python, "hook", args)
             except childproc.ChildFailed as exc:
                 errors[spec] = str(exc)
                 continue
@@ -164,7 +164,3 @@ def child_main(argv: list[str]) -> None:
     tracers.check(opts.mode)
     tracers.stop(opts.mode)
     childproc.write_result(opts.result, result)
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["child"]:
-    child_main(sys.argv[2:])

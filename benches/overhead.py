@@ -6,7 +6,8 @@ interleaves the modes benchmark by benchmark and round by round, and reports the
 each mode and its slowdown against the untraced median.  Loop counts are calibrated once,
 untraced, so every mode runs exactly the same amount of work.
 
-Run as ``python overhead.py child ...`` this file is the child; the parent side is :func:`run`.
+The child side (:func:`child_main`, started through ``child.py``) measures; the parent
+side (:func:`run`) schedules children and aggregates.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import childproc
+import pyperf_shim
 import tracers
 
 
@@ -104,7 +106,7 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
         try:
             loops[bench.name] = childproc.run_child(
                 python,
-                "overhead.py",
+                "overhead",
                 [*_bench_args(bench), "--mode", "none", "--calibrate", str(settings.min_time)],
             )["loops"]
         except childproc.ChildFailed as exc:
@@ -134,7 +136,7 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
                     str(settings.min_time),
                 ]
                 try:
-                    answer = childproc.run_child(python, "overhead.py", args)
+                    answer = childproc.run_child(python, "overhead", args)
                 except childproc.ChildFailed as exc:
                     errors[f"{bench.name} under {spec}"] = str(exc)
                     continue
@@ -191,9 +193,8 @@ def _calibrate(workload: Any, min_time: float) -> tuple[int, float]:
         loops = min(max(guess, loops * 2), loops * 100)
 
 
-def child_main(argv: list[str]) -> None:
-    """Child side: run one benchmark script under one mode and time its workloads."""
-    parser = argparse.ArgumentParser(prog="overhead.py child")
+def _parse_child(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="child.py overhead")
     parser.add_argument("--bench", required=True)
     parser.add_argument("--argv", default="[]")
     parser.add_argument("--fresh", default="")
@@ -204,51 +205,50 @@ def child_main(argv: list[str]) -> None:
     parser.add_argument("--min-time", type=float, default=0.0)
     parser.add_argument("--warmups", type=int, default=0)
     parser.add_argument("--result", required=True)
-    opts = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def _script(directory: str) -> Path:
     import pyperformance
 
-    import pyperf_shim
-
-    script = Path(pyperformance.__file__).parent / "data-files" / "benchmarks" / opts.bench
+    script = Path(pyperformance.__file__).parent / "data-files" / "benchmarks" / directory
     script = script / "run_benchmark.py"
     if not script.is_file():
         raise SystemExit(f"pyperformance {pyperformance.__version__} has no {script}")
+    return script
 
-    # The tracer starts before the script is even loaded, as it would for a real program
-    # traced from startup, so objects created by the benchmark's setup are traced blocks too.
+
+def _measure(workload: Any, opts: argparse.Namespace, plan: dict[str, Any]) -> list[float]:
+    """Time one workload; kept short because it sits on the stack under the benchmark."""
+    n, value_seconds = plan[workload.name]
+    # A workload whose single loop already lasts several times the target value length needs
+    # no warm-up and gets one value per child; the rounds still give it several.
+    heavy = value_seconds > HEAVY_FACTOR * opts.min_time
+    for _ in range(0 if heavy else opts.warmups):
+        workload.seconds_per_op(n)
+    tracers.check(opts.mode)
+    values = [workload.seconds_per_op(n) for _ in range(1 if heavy else opts.values)]
+    tracers.check(opts.mode)  # the tracer was on (or off) for the whole measurement
+    return values
+
+
+def child_main(argv: list[str]) -> None:
+    """Child side: run one benchmark script under one mode and time its workloads."""
+    opts = _parse_child(argv)
+    script = _script(opts.bench)
+    # The tracer starts before the script is loaded, as for a program traced from startup.
     tracers.start(opts.mode)
     for name in filter(None, opts.fresh.split(",")):
         sys.modules.pop(name, None)
     workloads = pyperf_shim.load(script, json.loads(opts.argv))
-    tracers.check(opts.mode)
-
     if opts.calibrate is not None:
         plan = {w.name: _calibrate(w, opts.calibrate) for w in workloads}
-        childproc.write_result(opts.result, {"loops": plan})
-        return
-
+        return childproc.write_result(opts.result, {"loops": plan})
     plan = json.loads(opts.loops)
-    values: dict[str, list[float]] = {}
-    for workload in workloads:
-        n, value_seconds = plan[workload.name]
-        # A workload whose single loop already lasts several times the target value length
-        # needs no warm-up and gets one value per child; the rounds still give it several.
-        heavy = value_seconds > HEAVY_FACTOR * opts.min_time
-        for _ in range(0 if heavy else opts.warmups):
-            workload.seconds_per_op(n)
-        tracers.check(opts.mode)
-        count = 1 if heavy else opts.values
-        values[workload.name] = [workload.seconds_per_op(n) for _ in range(count)]
-        # Checked again after timing: the tracer was on (or off) for the whole measurement.
-        tracers.check(opts.mode)
+    values = {w.name: _measure(w, opts, plan) for w in workloads}
     mod = tracers.module(opts.mode)
     traced = mod.get_traced_memory()[0] if mod is not None else 0
     if mod is not None and traced <= 0:
         raise RuntimeError(f"{opts.mode} is tracing but recorded no memory")
     tracers.stop(opts.mode)
     childproc.write_result(opts.result, {"values": values, "traced_bytes": traced})
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["child"]:
-    child_main(sys.argv[2:])
