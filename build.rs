@@ -18,14 +18,12 @@ fn main() {
 
     let config = pyo3_build_config::get();
     let python = config
-        .executable
-        .clone()
+        .executable()
+        .map(str::to_owned)
         .expect("pyo3 did not report a Python executable; set PYO3_PYTHON");
-    let include = run(
-        Command::new(&python)
-            .arg("-c")
-            .arg("import sysconfig; print(sysconfig.get_path('include'))"),
-    );
+    let include = run(Command::new(&python)
+        .arg("-c")
+        .arg("import sysconfig; print(sysconfig.get_path('include'))"));
     let include = include.trim();
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());

@@ -1,1 +1,162 @@
-//! (in progress)
+//! The PEP 445 allocator hooks: the hot path.
+//!
+//! Each hook forwards to the allocator it wrapped, then tells the tracer what happened. They do
+//! the least work possible: no Python API call, no line number, one shard lock (see
+//! [`crate::tracer`] for what is recorded).
+//!
+//! Installation wraps whatever allocators are in place at `start()`. The wrapped allocator is
+//! kept in a `Hook` that is never freed: a RAW-domain hook may still be running on another
+//! thread (without the GIL) after `stop()` restored the allocators, and it must still find
+//! the allocator it forwards to.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use pyo3::ffi::{self, PyMemAllocatorDomain, PyMemAllocatorEx};
+
+use crate::tracer;
+
+struct Hook {
+    original: PyMemAllocatorEx,
+}
+
+const DOMAINS: [PyMemAllocatorDomain; 3] = [
+    PyMemAllocatorDomain::PYMEM_DOMAIN_RAW,
+    PyMemAllocatorDomain::PYMEM_DOMAIN_MEM,
+    PyMemAllocatorDomain::PYMEM_DOMAIN_OBJ,
+];
+
+/// The last `Hook` made for each domain; reused while the allocator it wraps stays the same,
+/// so repeated start/stop cycles do not leak.
+static HOOKS: [AtomicPtr<Hook>; 3] = [
+    AtomicPtr::new(std::ptr::null_mut()),
+    AtomicPtr::new(std::ptr::null_mut()),
+    AtomicPtr::new(std::ptr::null_mut()),
+];
+
+#[inline(always)]
+unsafe fn original<'a>(ctx: *mut c_void) -> &'a PyMemAllocatorEx {
+    &(*(ctx as *const Hook)).original
+}
+
+extern "C" fn hook_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
+    unsafe {
+        let orig = original(ctx);
+        let ptr = (orig.malloc.unwrap_unchecked())(orig.ctx, size);
+        if !ptr.is_null() {
+            tracer::on_alloc(ptr as usize, size);
+        }
+        ptr
+    }
+}
+
+extern "C" fn hook_calloc(ctx: *mut c_void, nelem: usize, elsize: usize) -> *mut c_void {
+    // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
+    unsafe {
+        let orig = original(ctx);
+        let ptr = (orig.calloc.unwrap_unchecked())(orig.ctx, nelem, elsize);
+        if !ptr.is_null() {
+            // The allocator refuses products that overflow, so a non-null block means it fits.
+            tracer::on_alloc(ptr as usize, nelem.wrapping_mul(elsize));
+        }
+        ptr
+    }
+}
+
+extern "C" fn hook_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
+    unsafe {
+        let orig = original(ctx);
+        // The old trace is removed before the block can be freed by realloc: once freed, another
+        // thread may get the same address and record it, and removing afterwards would delete
+        // that thread's trace.
+        let old = tracer::on_realloc_start(ptr as usize);
+        let new = (orig.realloc.unwrap_unchecked())(orig.ctx, ptr, size);
+        tracer::on_realloc_end(ptr as usize, new as usize, size, old);
+        new
+    }
+}
+
+extern "C" fn hook_free(ctx: *mut c_void, ptr: *mut c_void) {
+    // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
+    unsafe {
+        let orig = original(ctx);
+        if !ptr.is_null() {
+            // Forget before freeing, for the same reason as in realloc.
+            tracer::on_free(ptr as usize);
+        }
+        (orig.free.unwrap_unchecked())(orig.ctx, ptr)
+    }
+}
+
+/// Function identity by address: our hooks are plain non-generic functions of this one
+/// library, so each has a single address.
+fn address<F: Copy>(f: Option<F>) -> usize {
+    match f {
+        // SAFETY: `F` is always one of the allocator function-pointer types.
+        Some(f) => unsafe { std::mem::transmute_copy::<F, usize>(&f) },
+        None => 0,
+    }
+}
+
+fn is_ours(allocator: &PyMemAllocatorEx) -> bool {
+    address(allocator.malloc)
+        == address(Some(
+            hook_malloc as extern "C" fn(*mut c_void, usize) -> *mut c_void,
+        ))
+}
+
+/// Installs the hooks on the three domains. A domain whose current allocator is already our
+/// hook (left in place by an earlier `stop()`, see [`uninstall`]) keeps it.
+///
+/// # Safety
+/// The GIL is held.
+pub unsafe fn install() {
+    for (domain, slot) in DOMAINS.into_iter().zip(&HOOKS) {
+        let mut current = std::mem::zeroed::<PyMemAllocatorEx>();
+        ffi::PyMem_GetAllocator(domain, &mut current);
+        if is_ours(&current) {
+            continue;
+        }
+        let mut hook = slot.load(Ordering::Acquire);
+        if hook.is_null() || !same_allocator(&(*hook).original, &current) {
+            hook = Box::into_raw(Box::new(Hook { original: current }));
+            slot.store(hook, Ordering::Release);
+        }
+        let mut ours = PyMemAllocatorEx {
+            ctx: hook.cast(),
+            malloc: Some(hook_malloc),
+            calloc: Some(hook_calloc),
+            realloc: Some(hook_realloc),
+            free: Some(hook_free),
+        };
+        ffi::PyMem_SetAllocator(domain, &mut ours);
+    }
+}
+
+/// Restores the wrapped allocators where our hook is still the outermost one. Where someone
+/// installed another hook over ours, ours stays in the chain (inert, since the tracer is off)
+/// rather than cutting that other hook out.
+///
+/// # Safety
+/// The GIL is held.
+pub unsafe fn uninstall() {
+    for (domain, slot) in DOMAINS.into_iter().zip(&HOOKS) {
+        let mut current = std::mem::zeroed::<PyMemAllocatorEx>();
+        ffi::PyMem_GetAllocator(domain, &mut current);
+        let hook = slot.load(Ordering::Acquire);
+        if is_ours(&current) && current.ctx == hook.cast() {
+            let mut original = (*hook).original;
+            ffi::PyMem_SetAllocator(domain, &mut original);
+        }
+    }
+}
+
+fn same_allocator(a: &PyMemAllocatorEx, b: &PyMemAllocatorEx) -> bool {
+    a.ctx == b.ctx
+        && address(a.malloc) == address(b.malloc)
+        && address(a.calloc) == address(b.calloc)
+        && address(a.realloc) == address(b.realloc)
+        && address(a.free) == address(b.free)
+}

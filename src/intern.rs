@@ -1,1 +1,294 @@
-//! (in progress)
+//! Traceback interning, and the lazy resolution of raw frames to `(filename, lineno)`.
+//!
+//! A million blocks allocated from one line share one interned traceback: the trace table
+//! stores a 32-bit id, not frames. Tracebacks are interned by their raw frames (code object
+//! address, byte offset), hashed as plain words, so the hook never computes a line number.
+//!
+//! Raw frames name code objects by address, and an address is only meaningful while the object
+//! lives. So interning a traceback takes a strong reference to each code object it names (the
+//! "pins"); they are released together with the tracebacks, by `clear_traces()` or `stop()`.
+//! The cost is that code objects created and dropped while tracing (e.g. by `exec` in a loop)
+//! stay alive until then.
+//!
+//! All of this is GIL-protected state: only a thread holding the main interpreter's GIL may
+//! intern (threads without it record the `<unknown>` traceback), exactly as `tracemalloc`
+//! protects its own traceback table.
+
+use std::collections::HashMap;
+
+use hashbrown::HashTable;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+use crate::capture::RawFrame;
+use crate::table::{BuildAddressHasher, TracebackId};
+
+/// The id of the `('<unknown>', 0)` traceback, used where no stack could be read.
+pub const UNKNOWN_TRACEBACK: TracebackId = 0;
+
+struct Stack {
+    start: u32,
+    len: u16,
+    total_nframe: u16,
+    hash: u64,
+}
+
+#[inline(always)]
+fn mix(h: u64, word: u64) -> u64 {
+    let product = u128::from(h ^ word) * 0x9E37_79B9_7F4A_7C15_u128;
+    (product as u64) ^ ((product >> 64) as u64)
+}
+
+#[inline]
+fn hash_stack(frames: &[RawFrame], total_nframe: u16) -> u64 {
+    let mut h = u64::from(total_nframe);
+    for frame in frames {
+        h = mix(h, frame.code as u64);
+        h = mix(h, frame.offset as u32 as u64);
+    }
+    h
+}
+
+pub struct Interner {
+    /// Every interned traceback's frames, back to back.
+    frames: Vec<RawFrame>,
+    stacks: Vec<Stack>,
+    index: HashTable<TracebackId>,
+    /// Code objects we hold a strong reference to.
+    pinned: hashbrown::HashSet<usize, BuildAddressHasher>,
+}
+
+impl Default for Interner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Interner {
+    pub fn new() -> Self {
+        let mut interner = Self {
+            frames: Vec::new(),
+            stacks: Vec::new(),
+            index: HashTable::new(),
+            pinned: hashbrown::HashSet::with_hasher(BuildAddressHasher),
+        };
+        // tracemalloc reports an unreadable stack as one unknown frame out of one.
+        let id = interner.insert_new(&[RawFrame::UNKNOWN], 1, hash_stack(&[RawFrame::UNKNOWN], 1));
+        debug_assert_eq!(id, UNKNOWN_TRACEBACK);
+        interner
+    }
+
+    /// The id of this stack, interning it (and pinning its code objects) if it is new.
+    ///
+    /// # Safety
+    /// The GIL is held, and every non-zero `code` in `frames` is a live code object.
+    #[inline]
+    pub unsafe fn intern(&mut self, frames: &[RawFrame], total_nframe: u16) -> TracebackId {
+        let hash = hash_stack(frames, total_nframe);
+        let Self {
+            frames: arena,
+            stacks,
+            index,
+            ..
+        } = self;
+        let found = index.find(hash, |&id| {
+            let stack = &stacks[id as usize];
+            stack.hash == hash
+                && stack.total_nframe == total_nframe
+                && &arena[stack.start as usize..][..stack.len as usize] == frames
+        });
+        if let Some(&id) = found {
+            return id;
+        }
+        for frame in frames {
+            if frame.code != 0 && self.pinned.insert(frame.code) {
+                ffi::Py_INCREF(frame.code as *mut ffi::PyObject);
+            }
+        }
+        self.insert_new(frames, total_nframe, hash)
+    }
+
+    fn insert_new(&mut self, frames: &[RawFrame], total_nframe: u16, hash: u64) -> TracebackId {
+        let id = self.stacks.len() as TracebackId;
+        self.stacks.push(Stack {
+            start: self.frames.len() as u32,
+            len: frames.len() as u16,
+            total_nframe,
+            hash,
+        });
+        self.frames.extend_from_slice(frames);
+        let stacks = &self.stacks;
+        self.index
+            .insert_unique(hash, id, |&other| stacks[other as usize].hash);
+        id
+    }
+
+    /// The frames (most recent first) and full stack depth of an interned traceback.
+    pub fn get(&self, id: TracebackId) -> (&[RawFrame], u16) {
+        let stack = &self.stacks[id as usize];
+        (
+            &self.frames[stack.start as usize..][..stack.len as usize],
+            stack.total_nframe,
+        )
+    }
+
+    pub fn len(&self) -> usize {
+        self.stacks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stacks.is_empty()
+    }
+
+    /// Hands over the pinned code objects, for the caller to release once it no longer holds
+    /// any borrow of tracer state (releasing may run arbitrary code through weakref callbacks).
+    pub fn take_pins(&mut self) -> Vec<usize> {
+        self.pinned.drain().collect()
+    }
+
+    pub fn memory_usage(&self) -> usize {
+        self.frames.capacity() * std::mem::size_of::<RawFrame>()
+            + self.stacks.capacity() * std::mem::size_of::<Stack>()
+            + self.index.capacity() * (std::mem::size_of::<TracebackId>() + 1)
+            + self.pinned.capacity() * (std::mem::size_of::<usize>() + 1)
+    }
+}
+
+/// A filename as both the `str` Python gave us and its lossless bytes (see
+/// [`crate::analysis::snapshot::Filename`]).
+pub struct ResolvedFilename {
+    pub object: Py<PyString>,
+    pub bytes: Box<[u8]>,
+}
+
+/// Maps raw frames to `(filename, lineno)`, once per distinct (code, offset), when someone
+/// looks: a snapshot, `_get_traces()`, `get_object_traceback()`. Only called from Python-facing
+/// functions, never from a hook, so it may use the Python API freely.
+pub struct Resolver {
+    filenames: Vec<ResolvedFilename>,
+    by_code: HashMap<usize, u32>,
+    lines: HashMap<RawFrame, u32>,
+}
+
+impl Resolver {
+    pub fn new(py: Python<'_>) -> Self {
+        let mut resolver = Self {
+            filenames: Vec::new(),
+            by_code: HashMap::new(),
+            lines: HashMap::new(),
+        };
+        resolver.push_filename(
+            PyString::new(py, "<unknown>").unbind(),
+            b"<unknown>".as_slice(),
+        );
+        resolver
+    }
+
+    fn push_filename(&mut self, object: Py<PyString>, bytes: &[u8]) -> u32 {
+        self.filenames.push(ResolvedFilename {
+            object,
+            bytes: bytes.into(),
+        });
+        (self.filenames.len() - 1) as u32
+    }
+
+    pub fn filename(&self, index: u32) -> &ResolvedFilename {
+        &self.filenames[index as usize]
+    }
+
+    /// `(filename index, lineno)` of a raw frame, as `tracemalloc` would have reported it: a
+    /// filename that is not a `str` is `<unknown>`, a line that cannot be found is 0.
+    ///
+    /// # Safety
+    /// `frame.code` is 0 or a code object pinned by the live interner.
+    pub unsafe fn resolve(&mut self, py: Python<'_>, frame: RawFrame) -> (u32, u32) {
+        if frame.code == 0 {
+            return (0, 0);
+        }
+        let filename = match self.by_code.get(&frame.code) {
+            Some(&index) => index,
+            None => {
+                let index = self.resolve_filename(py, frame.code);
+                self.by_code.insert(frame.code, index);
+                index
+            }
+        };
+        let lineno = *self.lines.entry(frame).or_insert_with(|| {
+            let line = ffi::PyCode_Addr2Line(frame.code as *mut ffi::PyCodeObject, frame.offset);
+            line.max(0) as u32
+        });
+        (filename, lineno)
+    }
+
+    unsafe fn resolve_filename(&mut self, py: Python<'_>, code: usize) -> u32 {
+        let code = Bound::from_borrowed_ptr(py, code as *mut ffi::PyObject);
+        let name = code
+            .getattr("co_filename")
+            .ok()
+            .and_then(|name| name.cast_into::<PyString>().ok());
+        let Some(name) = name else {
+            return 0;
+        };
+        let bytes = name
+            .call_method1("encode", ("utf-8", "surrogatepass"))
+            .ok()
+            .and_then(|b| b.cast_into::<PyBytes>().ok());
+        match bytes {
+            Some(bytes) => {
+                let bytes = bytes.as_bytes().to_vec();
+                self.push_filename(name.unbind(), &bytes)
+            }
+            None => 0,
+        }
+    }
+
+    pub fn memory_usage(&self) -> usize {
+        self.filenames
+            .iter()
+            .map(|f| f.bytes.len() + std::mem::size_of::<ResolvedFilename>())
+            .sum::<usize>()
+            + self.by_code.capacity() * 16
+            + self.lines.capacity() * 24
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(code: usize, offset: i32) -> RawFrame {
+        RawFrame { code, offset }
+    }
+
+    #[test]
+    fn equal_stacks_share_an_id_and_different_ones_do_not() {
+        let mut interner = Interner::new();
+        // Code address 0 only: no pinning (no interpreter needed).
+        let cases: &[(&[RawFrame], u16)] = &[
+            (&[f(0, 2), f(0, 4)], 3),
+            (&[f(0, 2), f(0, 4)], 4), // same frames, other depth
+            (&[f(0, 4), f(0, 2)], 3), // other order
+            (&[f(0, 2)], 1),
+        ];
+        let ids: Vec<_> = cases
+            .iter()
+            .map(|(frames, total)| unsafe { interner.intern(frames, *total) })
+            .collect();
+        let again: Vec<_> = cases
+            .iter()
+            .map(|(frames, total)| unsafe { interner.intern(frames, *total) })
+            .collect();
+        assert_eq!(ids, again);
+        let distinct: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(distinct.len(), cases.len());
+        assert!(!ids.contains(&UNKNOWN_TRACEBACK));
+        for ((frames, total), id) in cases.iter().zip(&ids) {
+            assert_eq!(interner.get(*id), (*frames, *total));
+        }
+        assert_eq!(
+            interner.get(UNKNOWN_TRACEBACK),
+            (&[RawFrame::UNKNOWN][..], 1)
+        );
+    }
+}

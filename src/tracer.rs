@@ -1,1 +1,577 @@
-//! (in progress)
+//! The tracer: what the hooks record, and the runtime API (`start`, `stop`, `clear_traces`,
+//! snapshots) over the live state.
+//!
+//! State and who may touch it:
+//! - flags and the trace table: any thread, any time (atomics, and one shard lock per hook);
+//! - the interner and the frame scratch buffer: only a thread holding the main interpreter's
+//!   GIL ([`GilCell`]). A hook decides that from the interpreter's own thread state; threads
+//!   without the GIL record the `<unknown>` traceback instead of waiting for it (taking the GIL
+//!   in a hook has deadlocked the standard module);
+//! - the resolver: only the Python-facing functions here, never a hook.
+//!
+//! Nothing a hook can reach is ever freed: the table and hook records are process-lifetime, and
+//! `stop()` empties them instead.
+
+use std::cell::{Cell, UnsafeCell};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
+use std::sync::{Once, OnceLock};
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+
+use crate::analysis::snapshot::{FrameId, Metadata, Snapshot, SnapshotBuilder};
+use crate::capture::{self, Current, Interpreter, RawFrame, MAX_NFRAME};
+use crate::error::{Error, Result};
+use crate::hooks;
+use crate::intern::{Interner, Resolver, UNKNOWN_TRACEBACK};
+use crate::table::{Trace, TraceTable, TracebackId};
+
+/// All PEP 445 allocations land in tracemalloc's default domain 0.
+pub const DEFAULT_DOMAIN: u32 = 0;
+
+static TRACING: AtomicBool = AtomicBool::new(false);
+/// Cleared by `disable()`: new blocks are not recorded, frees still are.
+static RECORDING: AtomicBool = AtomicBool::new(true);
+static TABLE: OnceLock<TraceTable> = OnceLock::new();
+static MAIN_INTERPRETER: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// State only a thread holding the main interpreter's GIL may touch.
+///
+/// The GIL is the lock: this is how the standard module protects its traceback table too, and
+/// it lets the hook intern without a second lock. Every access goes through [`GilCell::get`],
+/// whose callers state why the GIL is held and why no other borrow is live.
+pub struct GilCell<T>(UnsafeCell<T>);
+
+// SAFETY: access is serialised by the GIL, per the contract of `GilCell::get`.
+unsafe impl<T> Sync for GilCell<T> {}
+
+impl<T> GilCell<T> {
+    pub const fn new(value: T) -> Self {
+        Self(UnsafeCell::new(value))
+    }
+
+    /// # Safety
+    /// The calling thread holds the main interpreter's GIL and no other borrow of this cell
+    /// is live (no re-entry while the returned reference is used).
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    pub unsafe fn get(&self) -> &mut T {
+        &mut *self.0.get()
+    }
+}
+
+struct Live {
+    interner: Interner,
+    /// Room for `traceback_limit` frames: the walk writes here, then interns.
+    scratch: Vec<RawFrame>,
+}
+
+static LIVE: GilCell<Option<Live>> = GilCell::new(None);
+static RESOLVER: GilCell<Option<Resolver>> = GilCell::new(None);
+/// The traceback limit: kept after `stop()` so `get_traceback_limit()` answers as tracemalloc.
+static LIMIT: GilCell<usize> = GilCell::new(1);
+
+thread_local! {
+    /// Set while this thread is inside the tracer, so nothing the tracer does is traced and no
+    /// hook re-enters tracer state it already holds (e.g. a shard lock held across `fork()`).
+    static IN_TRACER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks this thread as inside the tracer; `None` if it already is.
+struct ReentrancyGuard;
+
+impl ReentrancyGuard {
+    #[inline(always)]
+    fn enter() -> Option<Self> {
+        IN_TRACER
+            .try_with(|inside| {
+                if inside.get() {
+                    None
+                } else {
+                    inside.set(true);
+                    Some(ReentrancyGuard)
+                }
+            })
+            .ok()
+            .flatten()
+    }
+}
+
+impl Drop for ReentrancyGuard {
+    #[inline(always)]
+    fn drop(&mut self) {
+        let _ = IN_TRACER.try_with(|inside| inside.set(false));
+    }
+}
+
+#[inline(always)]
+fn table() -> &'static TraceTable {
+    TABLE.get_or_init(TraceTable::new)
+}
+
+/// The interned traceback of the calling thread's current stack.
+///
+/// # Safety
+/// Called from a hook, inside a [`ReentrancyGuard`].
+#[inline(always)]
+unsafe fn current_traceback() -> TracebackId {
+    let tstate = Current::gil_thread_state();
+    if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
+        return UNKNOWN_TRACEBACK;
+    }
+    // SAFETY: this thread holds the main interpreter's GIL (checked just above), and the
+    // reentrancy guard rules out another borrow on this thread.
+    let Some(live) = LIVE.get() else {
+        return UNKNOWN_TRACEBACK;
+    };
+    let (n, total) = Current::walk(tstate, &mut live.scratch);
+    if n == 0 {
+        return UNKNOWN_TRACEBACK;
+    }
+    live.interner.intern(&live.scratch[..n], total)
+}
+
+/// A block was allocated.
+///
+/// # Safety
+/// Called from a hook with the block just returned by the wrapped allocator.
+#[inline(always)]
+pub unsafe fn on_alloc(address: usize, size: usize) {
+    if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) {
+        return;
+    }
+    let Some(_guard) = ReentrancyGuard::enter() else {
+        return;
+    };
+    let traceback = current_traceback();
+    table().insert(address, Trace { size, traceback });
+}
+
+/// A block is about to be freed.
+#[inline(always)]
+pub fn on_free(address: usize) {
+    if !TRACING.load(Relaxed) {
+        return;
+    }
+    if let Some(_guard) = ReentrancyGuard::enter() {
+        table().remove(address);
+    }
+}
+
+/// A block is about to be reallocated: its trace is taken out (see the hook for why).
+#[inline(always)]
+pub fn on_realloc_start(address: usize) -> Option<Trace> {
+    if address == 0 || !TRACING.load(Relaxed) {
+        return None;
+    }
+    let _guard = ReentrancyGuard::enter()?;
+    table().remove(address)
+}
+
+/// A reallocation finished: `new` is null if it failed, in which case the old block is intact
+/// and gets its trace back. Otherwise the new block is traced like a new allocation (with the
+/// current traceback, as tracemalloc does), or keeps its old traceback while recording is
+/// disabled, since it is still the same live block.
+///
+/// # Safety
+/// Called from the realloc hook.
+#[inline(always)]
+pub unsafe fn on_realloc_end(old_address: usize, new: usize, size: usize, old: Option<Trace>) {
+    if !TRACING.load(Relaxed) {
+        return;
+    }
+    let Some(_guard) = ReentrancyGuard::enter() else {
+        return;
+    };
+    if new == 0 {
+        if let Some(old) = old {
+            table().insert(old_address, old);
+        }
+    } else if RECORDING.load(Relaxed) {
+        let traceback = current_traceback();
+        table().insert(new, Trace { size, traceback });
+    } else if let Some(old) = old {
+        table().insert(new, Trace { size, ..old });
+    }
+}
+
+fn check_nframe(nframe: i64) -> Result<usize> {
+    if nframe < 1 || nframe > MAX_NFRAME as i64 {
+        return Err(Error::InvalidArgument(format!(
+            "the number of frames must be in range [1; {MAX_NFRAME}], got {nframe}"
+        )));
+    }
+    Ok(nframe as usize)
+}
+
+pub fn is_tracing() -> bool {
+    TRACING.load(Relaxed)
+}
+
+/// Starts tracing with tracebacks of at most `nframe` frames. A no-op while tracing, as in
+/// tracemalloc (the limit then stays what it was).
+pub fn start(py: Python<'_>, nframe: i64) -> Result<()> {
+    let nframe = check_nframe(nframe)?;
+    if is_tracing() {
+        return Ok(());
+    }
+    // SAFETY: `py` proves the GIL is held; reading the interpreter pointers has no effect.
+    let here = unsafe { ffi::PyInterpreterState_Get() };
+    if here != unsafe { ffi::PyInterpreterState_Main() } {
+        return Err(Error::State(
+            "alloctrace can only be started from the main interpreter".into(),
+        ));
+    }
+    register_fork_handlers();
+    table().clear();
+    // SAFETY: the GIL is held and no hook is recording yet (TRACING is false), so nothing else
+    // borrows these cells.
+    unsafe {
+        *LIVE.get() = Some(Live {
+            interner: Interner::new(),
+            scratch: vec![RawFrame::UNKNOWN; nframe],
+        });
+        *RESOLVER.get() = Some(Resolver::new(py));
+        *LIMIT.get() = nframe;
+    }
+    MAIN_INTERPRETER.store(here.cast(), Relaxed);
+    RECORDING.store(true, Relaxed);
+    TRACING.store(true, Relaxed);
+    // SAFETY: the GIL is held.
+    unsafe { hooks::install() };
+    Ok(())
+}
+
+/// Stops tracing and forgets every trace. Hooks still running on other threads only find an
+/// empty, still-valid table.
+pub fn stop(py: Python<'_>) {
+    if !is_tracing() {
+        return;
+    }
+    TRACING.store(false, Relaxed);
+    // SAFETY: the GIL is held.
+    unsafe { hooks::uninstall() };
+    table().clear();
+    // SAFETY: the GIL is held; hooks on this thread are off (TRACING is false) and no borrow
+    // of the cells is live here.
+    let (live, resolver) = unsafe { (LIVE.get().take(), RESOLVER.get().take()) };
+    release(py, live, resolver);
+}
+
+/// Forgets every trace but keeps tracing.
+pub fn clear_traces(py: Python<'_>) {
+    if !is_tracing() {
+        return;
+    }
+    // SAFETY: the GIL is held, so no hook is interning concurrently; the replacement is done
+    // before anything that could run Python code (the release below).
+    let (live, resolver) = unsafe {
+        let limit = *LIMIT.get();
+        let live = LIVE.get().replace(Live {
+            interner: Interner::new(),
+            scratch: vec![RawFrame::UNKNOWN; limit],
+        });
+        table().clear();
+        (live, RESOLVER.get().replace(Resolver::new(py)))
+    };
+    release(py, live, resolver);
+}
+
+/// Drops the references the old state held. Last, because dropping a code object can run
+/// arbitrary Python code (weakref callbacks), which may call back into alloctrace.
+fn release(_py: Python<'_>, live: Option<Live>, resolver: Option<Resolver>) {
+    drop(resolver);
+    if let Some(mut live) = live {
+        for code in live.interner.take_pins() {
+            // SAFETY: the GIL is held and each pin is a strong reference we took.
+            unsafe { ffi::Py_DECREF(code as *mut ffi::PyObject) };
+        }
+    }
+}
+
+pub fn traceback_limit() -> usize {
+    // SAFETY: called from Python-facing functions only, with the GIL held.
+    unsafe { *LIMIT.get() }
+}
+
+/// Changes the traceback limit while tracing (or for the next `start()`).
+pub fn set_traceback_limit(nframe: i64) -> Result<()> {
+    let nframe = check_nframe(nframe)?;
+    // SAFETY: the GIL is held; a hook on this thread cannot run while we hold these borrows
+    // (no Python call in between).
+    unsafe {
+        *LIMIT.get() = nframe;
+        if let Some(live) = LIVE.get() {
+            live.scratch = vec![RawFrame::UNKNOWN; nframe];
+        }
+    }
+    Ok(())
+}
+
+pub fn set_recording(on: bool) {
+    RECORDING.store(on, Relaxed);
+}
+
+pub fn is_recording() -> bool {
+    RECORDING.load(Relaxed)
+}
+
+/// `(current, peak)` traced bytes; `(0, 0)` when not tracing.
+pub fn traced_memory() -> (usize, usize) {
+    if is_tracing() {
+        table().totals()
+    } else {
+        (0, 0)
+    }
+}
+
+pub fn reset_peak() {
+    if is_tracing() {
+        table().reset_peak();
+    }
+}
+
+/// Bytes the tracer itself uses: the table, the interned tracebacks and the resolution caches.
+pub fn tracer_memory() -> usize {
+    let mut total = table().memory_usage();
+    // SAFETY: the GIL is held and no borrow is live.
+    unsafe {
+        if let Some(live) = LIVE.get() {
+            total += live.interner.memory_usage()
+                + live.scratch.capacity() * std::mem::size_of::<RawFrame>();
+        }
+        if let Some(resolver) = RESOLVER.get() {
+            total += resolver.memory_usage();
+        }
+    }
+    total
+}
+
+/// A resolved traceback: `(filename index in the resolver, lineno)` per frame, most recent
+/// first, and the stack's full depth.
+type ResolvedStack = (Vec<(u32, u32)>, u16);
+
+/// Resolves the given interned tracebacks. Copies their raw frames out of the interner first,
+/// because resolving calls Python code, which may allocate and so intern on this thread.
+fn resolve_stacks(py: Python<'_>, ids: &[TracebackId]) -> Vec<ResolvedStack> {
+    // SAFETY: the GIL is held; the interner borrow ends before any Python call.
+    let raw: Vec<(Vec<RawFrame>, u16)> = unsafe {
+        match LIVE.get() {
+            Some(live) => ids
+                .iter()
+                .map(|&id| {
+                    let (frames, total) = live.interner.get(id);
+                    (frames.to_vec(), total)
+                })
+                .collect(),
+            None => return Vec::new(),
+        }
+    };
+    // SAFETY: the resolver is only used from here and the Python-facing functions; it is not
+    // re-entered because resolving runs no code that calls back into alloctrace (it reads
+    // attributes of code objects and encodes strings).
+    let Some(resolver) = (unsafe { RESOLVER.get() }) else {
+        return Vec::new();
+    };
+    raw.into_iter()
+        .map(|(frames, total)| {
+            let resolved = frames
+                .into_iter()
+                // SAFETY: every code object named by the live interner is pinned.
+                .map(|frame| unsafe { resolver.resolve(py, frame) })
+                .collect();
+            (resolved, total)
+        })
+        .collect()
+}
+
+/// Runs `f` with the resolver (for turning filename indexes into objects or bytes).
+fn with_resolver<R>(f: impl FnOnce(&Resolver) -> R) -> Option<R> {
+    // SAFETY: the GIL is held by the Python-facing caller and no other borrow is live.
+    unsafe { RESOLVER.get().as_ref().map(f) }
+}
+
+/// The live traces and the distinct tracebacks they use, with ids densely renumbered.
+struct Collected {
+    /// `(size, index into stacks)` per live block.
+    traces: Vec<(usize, u32)>,
+    stacks: Vec<ResolvedStack>,
+}
+
+fn collect(py: Python<'_>) -> Collected {
+    let live = table().collect();
+    let mut dense: HashMap<TracebackId, u32> = HashMap::new();
+    let mut ids = Vec::new();
+    let traces = live
+        .iter()
+        .map(|(_, trace)| {
+            let next = ids.len() as u32;
+            let index = *dense.entry(trace.traceback).or_insert_with(|| {
+                ids.push(trace.traceback);
+                next
+            });
+            (trace.size, index)
+        })
+        .collect();
+    Collected {
+        traces,
+        stacks: resolve_stacks(py, &ids),
+    }
+}
+
+/// A snapshot of every live trace, resolved and interned for analysis.
+pub fn take_snapshot(py: Python<'_>) -> Result<Snapshot> {
+    if !is_tracing() {
+        return Err(Error::State(
+            "the tracemalloc module must be tracing memory allocations to take a snapshot".into(),
+        ));
+    }
+    let collected = collect(py);
+    let limit = traceback_limit() as u32;
+    let snapshot = with_resolver(|resolver| {
+        let mut builder = SnapshotBuilder::new(limit);
+        let mut filename_ids: HashMap<u32, u32> = HashMap::new();
+        let tracebacks: Vec<_> = collected
+            .stacks
+            .iter()
+            .map(|(frames, total)| {
+                let ids: Vec<FrameId> = frames
+                    .iter()
+                    .map(|&(filename, lineno)| {
+                        let id = *filename_ids.entry(filename).or_insert_with(|| {
+                            builder.filename(&resolver.filename(filename).bytes)
+                        });
+                        builder.frame(id, lineno)
+                    })
+                    .collect();
+                builder.traceback(&ids, Some(u32::from(*total)))
+            })
+            .collect();
+        builder.reserve_traces(collected.traces.len());
+        for &(size, stack) in &collected.traces {
+            builder.trace(DEFAULT_DOMAIN, size as u64, tracebacks[stack as usize]);
+        }
+        builder.metadata(metadata(py));
+        builder.finish()
+    });
+    Ok(snapshot.unwrap_or_default())
+}
+
+fn metadata(py: Python<'_>) -> Metadata {
+    let version = py.version_info();
+    let argv = py
+        .import("sys")
+        .and_then(|sys| sys.getattr("argv"))
+        .and_then(|argv| argv.extract::<Vec<String>>())
+        .unwrap_or_default();
+    Metadata {
+        python_version: Some((version.major, version.minor, version.patch)),
+        timestamp: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_secs_f64()),
+        pid: Some(std::process::id()),
+        argv,
+    }
+}
+
+/// Python-facing raw traces, as `_tracemalloc._get_traces()` returns them.
+pub struct RawTraces<'py> {
+    pub traces: Vec<(usize, u32)>,
+    /// Frames tuple per distinct traceback, shared by every trace that uses it.
+    pub frames: Vec<(Bound<'py, pyo3::types::PyTuple>, u16)>,
+}
+
+fn frames_tuple<'py>(
+    py: Python<'py>,
+    resolver: &Resolver,
+    frames: &[(u32, u32)],
+) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+    let items = frames
+        .iter()
+        .map(|&(filename, lineno)| {
+            (resolver.filename(filename).object.clone_ref(py), lineno).into_pyobject(py)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    pyo3::types::PyTuple::new(py, items)
+}
+
+pub fn raw_traces(py: Python<'_>) -> PyResult<RawTraces<'_>> {
+    if !is_tracing() {
+        return Ok(RawTraces {
+            traces: Vec::new(),
+            frames: Vec::new(),
+        });
+    }
+    let collected = collect(py);
+    let frames = with_resolver(|resolver| {
+        collected
+            .stacks
+            .iter()
+            .map(|(frames, total)| Ok((frames_tuple(py, resolver, frames)?, *total)))
+            .collect::<PyResult<Vec<_>>>()
+    })
+    .transpose()?
+    .unwrap_or_default();
+    Ok(RawTraces {
+        traces: collected.traces,
+        frames,
+    })
+}
+
+/// The frames (most recent first) of the traceback where `obj` was allocated, if traced.
+pub fn object_traceback<'py>(
+    py: Python<'py>,
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
+    if !is_tracing() {
+        return Ok(None);
+    }
+    // SAFETY: `obj` is alive for the call and the GIL is held.
+    let address = unsafe { Current::object_block(obj.as_ptr()) };
+    let Some(trace) = table().get(address) else {
+        return Ok(None);
+    };
+    let stacks = resolve_stacks(py, &[trace.traceback]);
+    let Some((frames, _)) = stacks.first() else {
+        return Ok(None);
+    };
+    with_resolver(|resolver| frames_tuple(py, resolver, frames)).transpose()
+}
+
+fn register_fork_handlers() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the handlers are plain functions that only touch process-lifetime statics.
+        unsafe {
+            libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork));
+        }
+    });
+}
+
+/// Whether `before_fork` took the table's locks (so the matching handler releases them).
+static LOCKED_FOR_FORK: AtomicBool = AtomicBool::new(false);
+
+/// Takes every shard lock so that the child never inherits one held mid-update by a thread
+/// that does not exist in the child. The guard keeps hooks on this thread (from other fork
+/// handlers' allocations) away from the locks we now hold.
+extern "C" fn before_fork() {
+    let Some(table) = TABLE.get() else {
+        return;
+    };
+    let _ = IN_TRACER.try_with(|inside| inside.set(true));
+    table.lock_all();
+    LOCKED_FOR_FORK.store(true, Relaxed);
+}
+
+extern "C" fn after_fork() {
+    if LOCKED_FOR_FORK.swap(false, Relaxed) {
+        if let Some(table) = TABLE.get() {
+            // SAFETY: `before_fork` locked every shard on this (the forking) thread.
+            unsafe { table.unlock_all() };
+        }
+        let _ = IN_TRACER.try_with(|inside| inside.set(false));
+    }
+}

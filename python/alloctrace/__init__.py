@@ -1,1 +1,157 @@
-"""alloctrace (in progress)."""
+"""Trace memory allocations, like :mod:`tracemalloc`, at a fraction of its cost.
+
+``alloctrace`` is a drop-in replacement for the standard :mod:`tracemalloc`
+module: the same functions, classes, results, reprs and sort orders. Where a
+program says ``import tracemalloc``, it can say ``import alloctrace as
+tracemalloc`` and get the same answers, many times faster::
+
+    import alloctrace
+    alloctrace.start(25)
+    ...
+    snapshot = alloctrace.take_snapshot()
+    for stat in snapshot.statistics("lineno")[:10]:
+        print(stat)
+
+The hooks record raw stacks and resolve line numbers only when a snapshot or
+traceback is requested; the analysis (grouping, diffing, filtering, dump and
+load) runs in Rust.
+"""
+
+import linecache  # noqa: F401  (tracemalloc exposes it; tests patch linecache.getline through it)
+
+from alloctrace import _native
+from alloctrace._native import (
+    SnapshotFormatError,
+    clear_traces,
+    disable,
+    enable,
+    get_traceback_limit,
+    get_traced_memory,
+    get_tracemalloc_memory,
+    is_enabled,
+    is_tracing,
+    reset_peak,
+    set_traceback_limit,
+    stop,
+)
+from alloctrace._native import get_object_traceback as _get_object_traceback
+from alloctrace._native import get_traces as _get_traces
+from alloctrace._snapshot import (
+    BaseFilter,
+    DomainFilter,
+    Filter,
+    Frame,
+    Snapshot,
+    Statistic,
+    StatisticDiff,
+    Trace,
+    Traceback,
+    _format_size,
+    _Frame,
+)
+
+__all__ = [
+    "BaseFilter",
+    "DomainFilter",
+    "Filter",
+    "Frame",
+    "Snapshot",
+    "SnapshotFormatError",
+    "Statistic",
+    "StatisticDiff",
+    "Trace",
+    "Traceback",
+    "clear_traces",
+    "disable",
+    "enable",
+    "get_object_traceback",
+    "get_traceback_limit",
+    "get_traced_memory",
+    "get_tracemalloc_memory",
+    "is_enabled",
+    "is_tracing",
+    "reset_peak",
+    "set_traceback_limit",
+    "start",
+    "stop",
+    "take_snapshot",
+]
+
+__version__ = "0.1.0"
+
+# Re-exported for code written against tracemalloc's private names.
+_format_size = _format_size
+_Frame = _Frame
+
+
+def start(nframe: int = 1) -> None:
+    """Start tracing Python memory allocations.
+
+    Install hooks on the Python memory allocators. Collected tracebacks of
+    traces are limited to *nframe* frames (1 to 65535). Does nothing if
+    tracing is already on. Raises :exc:`RuntimeError` while the standard
+    :mod:`tracemalloc` module is tracing: the two cannot trace together.
+    """
+    _native.start(nframe)
+
+
+def get_object_traceback(obj):
+    """Get the traceback where the Python object *obj* was allocated.
+
+    Return a :class:`Traceback` instance, or ``None`` if the module is not
+    tracing memory allocations or did not trace the allocation of the object.
+    """
+    frames = _get_object_traceback(obj)
+    if frames is None:
+        return None
+    return Traceback(frames)
+
+
+def take_snapshot() -> Snapshot:
+    """Take a snapshot of the traces of memory blocks allocated by Python.
+
+    Raises :exc:`RuntimeError` if the module is not tracing.
+    """
+    if not is_tracing():
+        raise RuntimeError(
+            "the tracemalloc module must be tracing memory allocations to take a snapshot"
+        )
+    if _get_traces is _native.get_traces:
+        # The fast path: traces go from the live table to the snapshot without ever
+        # becoming Python tuples.
+        return Snapshot._from_data(_native.take_snapshot())
+    # `_get_traces` was replaced (as tracemalloc's own tests do): honour the replacement.
+    return Snapshot(_get_traces(), get_traceback_limit())
+
+
+def _refuse_tracemalloc_while_tracing() -> None:
+    """Make the standard ``tracemalloc.start()`` refuse while alloctrace traces.
+
+    Both modules wrap the same allocators; whichever stopped first would cut
+    the other out of the chain and leave it with a stale view of memory.
+    """
+    import _tracemalloc
+
+    original = _tracemalloc.start
+    if getattr(original, "_alloctrace_guard", False):
+        return
+
+    def start(*args, **kwargs):
+        if is_tracing():
+            raise RuntimeError(
+                "alloctrace is tracing: call alloctrace.stop() before tracemalloc.start() "
+                "(the two cannot trace at the same time)"
+            )
+        return original(*args, **kwargs)
+
+    start._alloctrace_guard = True
+    start.__doc__ = original.__doc__
+    _tracemalloc.start = start
+    import sys
+
+    stdlib = sys.modules.get("tracemalloc")
+    if stdlib is not None and getattr(stdlib, "start", None) is original:
+        stdlib.start = start
+
+
+_refuse_tracemalloc_while_tracing()

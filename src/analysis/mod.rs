@@ -2,4 +2,7 @@
 //! format. Plain Rust with no interpreter in sight, so every rule here is unit-tested directly;
 //! the pyo3 layer (`crate::py`) only converts to and from Python objects.
 
+pub mod filter;
+pub mod format;
 pub mod snapshot;
+pub mod stats;

@@ -1,1 +1,242 @@
-//! (in progress)
+//! Reading the Python stack from inside an allocator hook.
+//!
+//! A hook cannot call the Python API (it may allocate, run the GC, or take the GIL), so it reads
+//! the interpreter's own frame chain directly. That chain is private and changes shape between
+//! minor versions, hence one file per version behind the small [`Interpreter`] trait, and one
+//! dispatch point ([`Current`]) chosen at build time: a build of alloctrace targets exactly one
+//! interpreter (maturin builds one wheel per interpreter), and the field offsets come from that
+//! interpreter's headers (`layout.c`, compiled and run by `build.rs`).
+//!
+//! The walker records raw frames — a code object and a byte offset into its bytecode — and
+//! never computes a line number: that is what makes the standard module slow, and it can wait
+//! until someone looks at a snapshot (see [`crate::intern`]).
+
+use std::ffi::c_void;
+
+use pyo3::ffi;
+
+#[allow(dead_code)]
+mod layout {
+    include!(concat!(env!("OUT_DIR"), "/layout.rs"));
+}
+
+#[cfg(all(Py_3_10, not(Py_3_11)))]
+mod v3_10;
+#[cfg(all(Py_3_11, not(Py_3_12)))]
+mod v3_11;
+#[cfg(all(Py_3_12, not(Py_3_13)))]
+mod v3_12;
+#[cfg(all(Py_3_13, not(Py_3_14)))]
+mod v3_13;
+#[cfg(not(Py_3_10))]
+mod v3_9;
+
+/// The one dispatch point: the interpreter this build targets.
+#[cfg(not(Py_3_10))]
+pub type Current = v3_9::Python39;
+#[cfg(all(Py_3_10, not(Py_3_11)))]
+pub type Current = v3_10::Python310;
+#[cfg(all(Py_3_11, not(Py_3_12)))]
+pub type Current = v3_11::Python311;
+#[cfg(all(Py_3_12, not(Py_3_13)))]
+pub type Current = v3_12::Python312;
+#[cfg(all(Py_3_13, not(Py_3_14)))]
+pub type Current = v3_13::Python313;
+
+// pyo3's cfgs and the headers build.rs compiled against must agree on the minor version.
+const _: () = assert!(layout::PY_VERSION_HEX >> 16 == (Current::MINOR as u32) | 0x0300);
+
+/// The most frames a traceback may hold, as in `tracemalloc` (its frame count is 16-bit).
+pub const MAX_NFRAME: usize = u16::MAX as usize;
+
+/// A frame as the hook sees it: which code object, and where in its bytecode.
+///
+/// `offset` is the byte offset `PyCode_Addr2Line` expects. `code == 0` is the placeholder frame
+/// `('<unknown>', 0)` that stands for a stack that could not be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct RawFrame {
+    pub code: usize,
+    pub offset: i32,
+}
+
+impl RawFrame {
+    pub const UNKNOWN: RawFrame = RawFrame { code: 0, offset: 0 };
+}
+
+/// What differs between CPython versions, and nothing else.
+pub trait Interpreter {
+    /// The minor version (`9` for 3.9) this implementation reads.
+    const MINOR: u8;
+
+    /// The calling thread's state if — and only if — this thread holds the GIL, so that its
+    /// frames cannot change under us and GIL-protected tracer state may be touched. Null for
+    /// a thread without a Python thread state or one that released the GIL.
+    ///
+    /// # Safety
+    /// Callable from any thread, with or without the GIL; must not allocate.
+    unsafe fn gil_thread_state() -> *mut ffi::PyThreadState;
+
+    /// Writes up to `out.len()` frames of `tstate`'s stack into `out`, most recent first,
+    /// skipping incomplete frames as `tracemalloc` does. Returns how many were written and the
+    /// stack's full depth (capped at [`MAX_NFRAME`]).
+    ///
+    /// # Safety
+    /// `tstate` comes from [`Interpreter::gil_thread_state`] on this thread, and the GIL is
+    /// still held.
+    unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16);
+
+    /// The address of the memory block that holds `obj`: objects tracked by the GC (and, from
+    /// 3.11, objects with a managed dict or weak-reference slot) start after a pre-header.
+    ///
+    /// # Safety
+    /// `obj` is a live object and the GIL is held.
+    unsafe fn object_block(obj: *mut ffi::PyObject) -> usize;
+}
+
+/// The interpreter a thread state belongs to (to tell the main interpreter's threads apart).
+///
+/// # Safety
+/// `tstate` is a live thread state.
+pub unsafe fn interpreter_of(tstate: *mut ffi::PyThreadState) -> *mut c_void {
+    read_ptr(tstate.cast(), layout::TSTATE_INTERP)
+}
+
+/// Whether `obj` is a code object, by its type pointer alone (no API call).
+///
+/// # Safety
+/// `obj` is null or a live object.
+#[inline]
+unsafe fn is_code(obj: *mut c_void) -> bool {
+    !obj.is_null()
+        && (*(obj as *mut ffi::PyObject)).ob_type == std::ptr::addr_of_mut!(ffi::PyCode_Type)
+}
+
+/// Reads the pointer stored `offset` bytes into `base`.
+///
+/// # Safety
+/// `base + offset` is a readable, aligned pointer field.
+#[inline(always)]
+unsafe fn read_ptr(base: *const c_void, offset: usize) -> *mut c_void {
+    *(base.cast::<u8>().add(offset) as *const *mut c_void)
+}
+
+/// `gil_thread_state` before 3.12: the "current" thread state is the GIL holder's, whichever
+/// thread that is; it is ours only if it is also the state bound to this OS thread.
+///
+/// # Safety
+/// As [`Interpreter::gil_thread_state`].
+#[cfg(not(Py_3_12))]
+#[inline(always)]
+unsafe fn gil_holder_if_this_thread() -> *mut ffi::PyThreadState {
+    extern "C" {
+        fn _PyThreadState_UncheckedGet() -> *mut ffi::PyThreadState;
+    }
+    let holder = _PyThreadState_UncheckedGet();
+    if holder.is_null() || holder != ffi::PyGILState_GetThisThreadState() {
+        return std::ptr::null_mut();
+    }
+    holder
+}
+
+/// The frame-object walk of 3.9 and 3.10: `PyFrameObject`s linked by `f_back`, hung from
+/// `tstate->frame`; `lasti_unit` converts `f_lasti` to bytes.
+///
+/// # Safety
+/// As [`Interpreter::walk`].
+#[cfg(not(Py_3_11))]
+#[inline(always)]
+unsafe fn walk_frame_objects(
+    tstate: *mut ffi::PyThreadState,
+    out: &mut [RawFrame],
+    lasti_unit: i32,
+) -> (usize, u16) {
+    let mut frame = read_ptr(tstate.cast(), layout::TSTATE_FRAME);
+    let mut n = 0;
+    let mut total: u16 = 0;
+    while !frame.is_null() {
+        if n < out.len() {
+            let lasti = *(frame.cast::<u8>().add(layout::FRAME_LASTI) as *const i32);
+            out[n] = RawFrame {
+                code: read_ptr(frame, layout::FRAME_CODE) as usize,
+                offset: lasti.wrapping_mul(lasti_unit),
+            };
+            n += 1;
+        }
+        total = total.saturating_add(1);
+        frame = read_ptr(frame, layout::FRAME_BACK);
+    }
+    (n, total)
+}
+
+/// Pre-header size of objects of `obj`'s type, shared by the 3.11+ layouts.
+///
+/// # Safety
+/// `obj` is a live object; `extra_flags` are the type flags that add two pointers.
+#[allow(dead_code)]
+#[inline]
+unsafe fn preheader_size(obj: *mut ffi::PyObject, extra_flags: std::os::raw::c_ulong) -> usize {
+    let flags = ffi::PyType_GetFlags((*obj).ob_type);
+    let mut size = 0;
+    if flags & ffi::Py_TPFLAGS_HAVE_GC != 0 {
+        size += layout::GC_HEAD_SIZE;
+    }
+    if flags & extra_flags != 0 {
+        size += 2 * std::mem::size_of::<*mut c_void>();
+    }
+    size
+}
+
+/// The frame walk shared by 3.11–3.13, where frames are `_PyInterpreterFrame`s linked by
+/// `previous`; `is_incomplete` is the version's own rule.
+///
+/// # Safety
+/// As [`Interpreter::walk`]; `frame` is the thread's current interpreter frame.
+#[cfg(Py_3_11)]
+#[inline(always)]
+unsafe fn walk_interpreter_frames(
+    mut frame: *mut c_void,
+    out: &mut [RawFrame],
+    is_incomplete: unsafe fn(*mut c_void) -> bool,
+) -> (usize, u16) {
+    let mut n = 0;
+    let mut total: u16 = 0;
+    while !frame.is_null() {
+        if !is_incomplete(frame) {
+            if n < out.len() {
+                let code = read_ptr(frame, layout::IFRAME_CODE);
+                let instr = read_ptr(frame, layout::IFRAME_INSTR) as usize;
+                let start = code as usize + layout::CODE_ADAPTIVE;
+                out[n] = RawFrame {
+                    code: code as usize,
+                    offset: instr.wrapping_sub(start) as isize as i32,
+                };
+                n += 1;
+            }
+            total = total.saturating_add(1);
+        }
+        frame = read_ptr(frame, layout::IFRAME_PREVIOUS);
+    }
+    (n, total)
+}
+
+/// `_PyFrame_IsIncomplete` for 3.11–3.13: the frame has not yet reached its first traceable
+/// instruction (it is still setting up cells and the like), unless a generator owns it.
+///
+/// # Safety
+/// `frame` is a live `_PyInterpreterFrame` whose code slot holds a code object or `None`.
+#[cfg(Py_3_11)]
+#[inline(always)]
+unsafe fn before_first_traceable(frame: *mut c_void) -> bool {
+    let owner = *(frame.cast::<u8>().add(layout::IFRAME_OWNER));
+    if owner == layout::OWNED_BY_GENERATOR {
+        return false;
+    }
+    let code = read_ptr(frame, layout::IFRAME_CODE);
+    if !is_code(code) {
+        return true;
+    }
+    let first = *(code.cast::<u8>().add(layout::CODE_FIRSTTRACEABLE) as *const i32);
+    let start = code as usize + layout::CODE_ADAPTIVE;
+    let instr = read_ptr(frame, layout::IFRAME_INSTR) as usize;
+    instr < start + 2 * first as usize
+}

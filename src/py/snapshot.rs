@@ -1,12 +1,23 @@
 //! `alloctrace._native.SnapshotData`: an immutable, interned snapshot held in Rust, which the
 //! Python `Snapshot` class wraps. Grouping, diffing, filtering, dump and load are methods here
-//! that delegate to `crate::analysis`.
+//! that delegate to `crate::analysis`; this file only converts between Python objects and the
+//! model, and releases the GIL around the heavy parts.
+//!
+//! Filenames cross the boundary as surrogatepass UTF-8, so any Python `str` (lone surrogates
+//! from `surrogateescape`-decoded paths included) survives a round trip unchanged.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use crate::analysis::snapshot::Snapshot;
+use crate::analysis::filter::{filename_matches, filter_snapshot, FilterSet, FilterSpec};
+use crate::analysis::format::{self, AttrValue, Attributes, MAX_ATTR_DEPTH};
+use crate::analysis::snapshot::{FrameId, Snapshot, SnapshotBuilder, TracebackId};
+use crate::analysis::stats::{self, Key, KeyType};
 
 #[pyclass(name = "SnapshotData", module = "alloctrace._native", frozen)]
 pub struct PySnapshotData {
@@ -21,6 +32,581 @@ impl PySnapshotData {
     }
 }
 
+/// A `str` as surrogatepass UTF-8.
+fn str_bytes(s: &Bound<'_, PyString>) -> PyResult<Vec<u8>> {
+    if let Ok(text) = s.to_str() {
+        return Ok(text.as_bytes().to_vec());
+    }
+    // SAFETY: `s` is a live str; the codec and error handler names are NUL-terminated.
+    let encoded = unsafe {
+        Bound::from_owned_ptr_or_err(
+            s.py(),
+            pyo3::ffi::PyUnicode_AsEncodedString(
+                s.as_ptr(),
+                c"utf-8".as_ptr(),
+                c"surrogatepass".as_ptr(),
+            ),
+        )?
+    };
+    Ok(encoded.cast_into::<PyBytes>()?.as_bytes().to_vec())
+}
+
+/// surrogatepass UTF-8 back to a `str`.
+fn bytes_str<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyString>> {
+    match std::str::from_utf8(b) {
+        Ok(s) => Ok(PyString::new(py, s)),
+        Err(_) => PyString::from_encoded_object(
+            &PyBytes::new(py, b),
+            Some(c"utf-8"),
+            Some(c"surrogatepass"),
+        ),
+    }
+}
+
+fn int_in<T: TryFrom<i128>>(obj: &Bound<'_, PyAny>, what: impl Fn() -> String) -> PyResult<T> {
+    if !obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{} must be an int, not {}",
+            what(),
+            obj.get_type().name()?
+        )));
+    }
+    let v: i128 = obj.extract().map_err(|_| {
+        PyValueError::new_err(format!(
+            "{} is out of range: {}",
+            what(),
+            obj.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    })?;
+    T::try_from(v).map_err(|_| PyValueError::new_err(format!("{} is out of range: {v}", what())))
+}
+
+/// Items of a tuple or list, without copying for tuples.
+fn items<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: impl Fn() -> String,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return Ok(t.iter().collect());
+    }
+    if let Ok(l) = obj.cast::<PyList>() {
+        return Ok(l.iter().collect());
+    }
+    Err(PyTypeError::new_err(format!(
+        "{} must be a tuple, not {}",
+        what(),
+        obj.get_type().name()?
+    )))
+}
+
+/// Builds the model from tracemalloc's raw traces, sharing work between traces that share
+/// their frames tuple (as `_get_traces()` results and pickled snapshots do).
+fn snapshot_from_raw(traces: &Bound<'_, PyAny>, traceback_limit: u32) -> PyResult<Snapshot> {
+    let mut b = SnapshotBuilder::new(traceback_limit);
+    let mut by_tuple: HashMap<(usize, Option<u32>), TracebackId> = HashMap::new();
+    let mut by_name: HashMap<usize, u32> = HashMap::new();
+    let mut frame_ids: Vec<FrameId> = Vec::new();
+    let iter = traces.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "traces must be a sequence of trace tuples, not {}",
+            traces
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })?;
+    if let Ok(n) = traces.len() {
+        b.reserve_traces(n);
+    }
+    for (i, trace) in iter.enumerate() {
+        let trace = trace?;
+        let fields = items(&trace, || format!("traces[{i}]"))?;
+        if fields.len() != 3 && fields.len() != 4 {
+            return Err(PyValueError::new_err(format!(
+                "traces[{i}] must be (domain, size, frames) or (domain, size, frames, \
+                 total_nframe), got {} items",
+                fields.len()
+            )));
+        }
+        let domain: u32 = int_in(&fields[0], || format!("traces[{i}] domain"))?;
+        let size: u64 = int_in(&fields[1], || format!("traces[{i}] size"))?;
+        let total_nframe: Option<u32> = match fields.get(3) {
+            None => None,
+            Some(t) if t.is_none() => None,
+            Some(t) => Some(int_in(t, || format!("traces[{i}] total_nframe"))?),
+        };
+        let frames = &fields[2];
+        let key = (frames.as_ptr() as usize, total_nframe);
+        let tb = match by_tuple.get(&key) {
+            Some(&tb) => tb,
+            None => {
+                frame_ids.clear();
+                for (k, frame) in items(frames, || format!("traces[{i}] frames"))?
+                    .iter()
+                    .enumerate()
+                {
+                    let pair = items(frame, || format!("traces[{i}] frame {k}"))?;
+                    if pair.len() != 2 {
+                        return Err(PyValueError::new_err(format!(
+                            "traces[{i}] frame {k} must be (filename, lineno), got {} items",
+                            pair.len()
+                        )));
+                    }
+                    let name = pair[0].cast::<PyString>().map_err(|_| {
+                        PyTypeError::new_err(format!(
+                            "traces[{i}] frame {k}: filename must be a str, not {}",
+                            pair[0]
+                                .get_type()
+                                .name()
+                                .map(|n| n.to_string())
+                                .unwrap_or_default()
+                        ))
+                    })?;
+                    let name_id = match by_name.get(&(name.as_ptr() as usize)) {
+                        Some(&id) => id,
+                        None => {
+                            let id = b.filename(&str_bytes(name)?);
+                            by_name.insert(name.as_ptr() as usize, id);
+                            id
+                        }
+                    };
+                    let lineno: u32 = int_in(&pair[1], || format!("traces[{i}] frame {k} lineno"))?;
+                    frame_ids.push(b.frame(name_id, lineno));
+                }
+                let tb = b.traceback(&frame_ids, total_nframe);
+                by_tuple.insert(key, tb);
+                tb
+            }
+        };
+        b.trace(domain, size, tb);
+    }
+    // Pointer keys are only valid while `traces` keeps the tuples alive, which it does for the
+    // whole loop; the maps die here.
+    Ok(b.finish())
+}
+
+/// Python objects for one snapshot's tables, made once each and shared: equal tracebacks get
+/// the very same frames tuple, as `tracemalloc`'s `_get_traces()` gives them.
+struct PyTables<'py, 'a> {
+    py: Python<'py>,
+    snapshot: &'a Snapshot,
+    names: Vec<Option<Bound<'py, PyString>>>,
+    tracebacks: Vec<Option<Bound<'py, PyTuple>>>,
+}
+
+impl<'py, 'a> PyTables<'py, 'a> {
+    fn new(py: Python<'py>, snapshot: &'a Snapshot) -> Self {
+        Self {
+            py,
+            snapshot,
+            names: vec![None; snapshot.filenames.len()],
+            tracebacks: vec![None; snapshot.tracebacks.len()],
+        }
+    }
+
+    fn name(&mut self, id: u32) -> PyResult<Bound<'py, PyString>> {
+        if let Some(s) = &self.names[id as usize] {
+            return Ok(s.clone());
+        }
+        let s = bytes_str(self.py, &self.snapshot.filenames[id as usize])?;
+        self.names[id as usize] = Some(s.clone());
+        Ok(s)
+    }
+
+    fn frames(&mut self, tb: TracebackId) -> PyResult<Bound<'py, PyTuple>> {
+        if let Some(t) = &self.tracebacks[tb as usize] {
+            return Ok(t.clone());
+        }
+        let snapshot = self.snapshot;
+        let mut out = Vec::with_capacity(snapshot.tracebacks[tb as usize].frames.len());
+        for &f in snapshot.tracebacks[tb as usize].frames.iter() {
+            let fr = snapshot.frames[f as usize];
+            let name = self.name(fr.filename)?;
+            out.push((name, fr.lineno).into_pyobject(self.py)?);
+        }
+        let t = PyTuple::new(self.py, out)?;
+        self.tracebacks[tb as usize] = Some(t.clone());
+        Ok(t)
+    }
+
+    fn trace(&mut self, i: usize) -> PyResult<Bound<'py, PyTuple>> {
+        let tr = self.snapshot.traces[i];
+        let frames = self.frames(tr.traceback)?;
+        let py = self.py;
+        match self.snapshot.tracebacks[tr.traceback as usize].total_nframe {
+            Some(n) => (tr.domain, tr.size, frames, n).into_pyobject(py),
+            None => (tr.domain, tr.size, frames).into_pyobject(py),
+        }
+    }
+}
+
+fn key_tuple<'py>(py: Python<'py>, key: &Key<'_>) -> PyResult<Bound<'py, PyTuple>> {
+    let mut out = Vec::with_capacity(key.len());
+    for &(name, line) in key {
+        out.push((bytes_str(py, name)?, line).into_pyobject(py)?);
+    }
+    PyTuple::new(py, out)
+}
+
+fn key_type(key_type: &Bound<'_, PyAny>, cumulative: bool) -> PyResult<KeyType> {
+    match key_type.cast::<PyString>() {
+        Ok(s) => Ok(KeyType::parse(s.to_str()?, cumulative)?),
+        Err(_) => Err(PyValueError::new_err(format!(
+            "unknown key_type: {}",
+            key_type.repr()?
+        ))),
+    }
+}
+
+fn spec_from_tuple(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<FilterSpec> {
+    let fields = items(obj, || format!("filter spec {i}"))?;
+    let kind: String = fields
+        .first()
+        .ok_or_else(|| PyValueError::new_err(format!("filter spec {i} is empty")))?
+        .extract()?;
+    let bool_at = |k: usize| -> PyResult<bool> { fields[k].is_truthy() };
+    let opt_u32 = |k: usize, what: &str| -> PyResult<Option<u32>> {
+        if fields[k].is_none() {
+            Ok(None)
+        } else {
+            int_in(&fields[k], || format!("filter {i} {what}")).map(Some)
+        }
+    };
+    match (kind.as_str(), fields.len()) {
+        ("filename", 6) => Ok(FilterSpec::Filename {
+            inclusive: bool_at(1)?,
+            pattern: str_bytes(fields[2].cast::<PyString>().map_err(|_| {
+                PyTypeError::new_err(format!("filter {i}: filename_pattern must be a str"))
+            })?)?,
+            lineno: opt_u32(3, "lineno")?,
+            all_frames: bool_at(4)?,
+            domain: opt_u32(5, "domain")?,
+        }),
+        ("domain", 3) => Ok(FilterSpec::Domain {
+            inclusive: bool_at(1)?,
+            domain: int_in(&fields[2], || format!("filter {i} domain"))?,
+        }),
+        _ => Err(PyValueError::new_err(format!(
+            "filter spec {i} must be ('filename', inclusive, pattern, lineno, all_frames, \
+             domain) or ('domain', inclusive, domain)"
+        ))),
+    }
+}
+
+fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<AttrValue> {
+    if depth > MAX_ATTR_DEPTH {
+        return Err(PyTypeError::new_err(format!(
+            "cannot store snapshot attribute {name:?}: its value nests deeper than \
+             {MAX_ATTR_DEPTH} levels"
+        )));
+    }
+    let py = obj.py();
+    if obj.is_none() {
+        return Ok(AttrValue::None);
+    }
+    if obj.is_exact_instance_of::<PyBool>() {
+        return Ok(AttrValue::Bool(obj.is_truthy()?));
+    }
+    if obj.is_exact_instance_of::<PyInt>() {
+        if let Ok(v) = obj.extract::<i64>() {
+            return Ok(AttrValue::Int(v));
+        }
+        let bits: usize = obj.call_method0("bit_length")?.extract()?;
+        let len = bits / 8 + 1;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("signed", true)?;
+        let b = obj.call_method("to_bytes", (len, "little"), Some(&kwargs))?;
+        return Ok(AttrValue::BigInt(b.cast::<PyBytes>()?.as_bytes().to_vec()));
+    }
+    if obj.is_exact_instance_of::<PyFloat>() {
+        return Ok(AttrValue::Float(obj.extract()?));
+    }
+    if let Ok(s) = obj.cast_exact::<PyString>() {
+        return Ok(AttrValue::Str(str_bytes(s)?));
+    }
+    if let Ok(b) = obj.cast_exact::<PyBytes>() {
+        return Ok(AttrValue::Bytes(b.as_bytes().to_vec()));
+    }
+    if let Ok(l) = obj.cast_exact::<PyList>() {
+        let v: PyResult<Vec<_>> = l
+            .iter()
+            .map(|x| attr_from_py(&x, name, depth + 1))
+            .collect();
+        return Ok(AttrValue::List(v?));
+    }
+    if let Ok(t) = obj.cast_exact::<PyTuple>() {
+        let v: PyResult<Vec<_>> = t
+            .iter()
+            .map(|x| attr_from_py(&x, name, depth + 1))
+            .collect();
+        return Ok(AttrValue::Tuple(v?));
+    }
+    if let Ok(d) = obj.cast_exact::<PyDict>() {
+        let mut out = Vec::with_capacity(d.len());
+        for (k, v) in d.iter() {
+            let k = k.cast_exact::<PyString>().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "cannot store snapshot attribute {name:?}: dict keys must be str, not {}",
+                    k.get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                ))
+            })?;
+            out.push((str_bytes(k)?, attr_from_py(&v, name, depth + 1)?));
+        }
+        return Ok(AttrValue::Dict(out));
+    }
+    Err(PyTypeError::new_err(format!(
+        "cannot store snapshot attribute {name:?}: values of type {} are not supported \
+         (supported: None, bool, int, float, str, bytes, and list, tuple or str-keyed dict of \
+         those)",
+        obj.get_type().name()?
+    )))
+}
+
+fn attr_to_py<'py>(py: Python<'py>, v: &AttrValue) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        AttrValue::None => py.None().into_bound(py),
+        AttrValue::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        AttrValue::Int(i) => i.into_pyobject(py)?.into_any(),
+        AttrValue::BigInt(b) => {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("signed", true)?;
+            py.get_type::<PyInt>().call_method(
+                "from_bytes",
+                (PyBytes::new(py, b), "little"),
+                Some(&kwargs),
+            )?
+        }
+        AttrValue::Float(f) => f.into_pyobject(py)?.into_any(),
+        AttrValue::Str(s) => bytes_str(py, s)?.into_any(),
+        AttrValue::Bytes(b) => PyBytes::new(py, b).into_any(),
+        AttrValue::List(items) => {
+            let v: PyResult<Vec<_>> = items.iter().map(|x| attr_to_py(py, x)).collect();
+            PyList::new(py, v?)?.into_any()
+        }
+        AttrValue::Tuple(items) => {
+            let v: PyResult<Vec<_>> = items.iter().map(|x| attr_to_py(py, x)).collect();
+            PyTuple::new(py, v?)?.into_any()
+        }
+        AttrValue::Dict(items) => {
+            let d = PyDict::new(py);
+            for (k, x) in items {
+                d.set_item(bytes_str(py, k)?, attr_to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
+}
+
+/// Whether two snapshots hold the same traces in the same order, by content.
+fn same_traces<'s>(a: &'s Snapshot, b: &'s Snapshot) -> bool {
+    if a.traces.len() != b.traces.len() {
+        return false;
+    }
+    // Give every distinct traceback content of both snapshots one shared id.
+    let mut ids: HashMap<TracebackContent<'s>, u32> = HashMap::new();
+    let ca = canonical_ids(a, &mut ids);
+    let cb = canonical_ids(b, &mut ids);
+    a.traces.iter().zip(&b.traces).all(|(x, y)| {
+        x.domain == y.domain
+            && x.size == y.size
+            && ca[x.traceback as usize] == cb[y.traceback as usize]
+    })
+}
+
+type TracebackContent<'s> = (Vec<(&'s [u8], u32)>, Option<u32>);
+
+fn canonical_ids<'s>(s: &'s Snapshot, ids: &mut HashMap<TracebackContent<'s>, u32>) -> Vec<u32> {
+    s.tracebacks
+        .iter()
+        .map(|tb| {
+            let frames = tb
+                .frames
+                .iter()
+                .map(|&f| {
+                    let fr = s.frames[f as usize];
+                    (&s.filenames[fr.filename as usize][..], fr.lineno)
+                })
+                .collect();
+            let next = ids.len() as u32;
+            *ids.entry((frames, tb.total_nframe)).or_insert(next)
+        })
+        .collect()
+}
+
+#[pymethods]
+impl PySnapshotData {
+    /// Builds a snapshot from `tracemalloc`-style raw traces: an iterable of
+    /// `(domain, size, frames[, total_nframe])` with frames most recent first.
+    #[staticmethod]
+    fn from_raw(traces: &Bound<'_, PyAny>, traceback_limit: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let limit: u32 = int_in(traceback_limit, || "traceback_limit".to_string())?;
+        Ok(Self::new(snapshot_from_raw(traces, limit)?))
+    }
+
+    #[getter]
+    fn traceback_limit(&self) -> u32 {
+        self.inner.traceback_limit
+    }
+
+    /// `{"python_version": (3, 11, 7) | None, "timestamp": float | None, "pid": int | None,
+    /// "argv": [str, ...]}`, a new dict each time.
+    #[getter]
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let md = &self.inner.metadata;
+        let d = PyDict::new(py);
+        d.set_item("python_version", md.python_version)?;
+        d.set_item("timestamp", md.timestamp)?;
+        d.set_item("pid", md.pid)?;
+        d.set_item("argv", PyList::new(py, &md.argv)?)?;
+        Ok(d)
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.traces.len()
+    }
+
+    /// Raw tuple of trace `index` (negative indexes count from the end).
+    fn trace<'py>(&self, py: Python<'py>, index: isize) -> PyResult<Bound<'py, PyTuple>> {
+        let n = self.inner.traces.len() as isize;
+        let i = if index < 0 { index + n } else { index };
+        if i < 0 || i >= n {
+            return Err(PyIndexError::new_err("trace index out of range"));
+        }
+        PyTables::new(py, &self.inner).trace(i as usize)
+    }
+
+    /// All raw traces as a new list; traces with the same traceback share one frames tuple.
+    fn raw_traces<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let mut tables = PyTables::new(py, &self.inner);
+        let list = PyList::empty(py);
+        for i in 0..self.inner.traces.len() {
+            list.append(tables.trace(i)?)?;
+        }
+        Ok(list)
+    }
+
+    /// Sorted `[(frames, size, count), ...]`, frames most recent first.
+    #[pyo3(signature = (key_type, cumulative=false))]
+    fn statistics<'py>(
+        &self,
+        py: Python<'py>,
+        key_type: &Bound<'py, PyAny>,
+        cumulative: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let key = self::key_type(key_type, cumulative)?;
+        let snap: &Snapshot = &self.inner;
+        let rows = py.detach(|| stats::statistics(snap, key, cumulative));
+        let list = PyList::empty(py);
+        for r in &rows {
+            list.append((key_tuple(py, &r.key)?, r.size, r.count))?;
+        }
+        Ok(list)
+    }
+
+    /// Sorted `[(frames, size, size_diff, count, count_diff), ...]` of self against `old`.
+    #[pyo3(signature = (old, key_type, cumulative=false))]
+    fn compare_to<'py>(
+        &self,
+        py: Python<'py>,
+        old: &PySnapshotData,
+        key_type: &Bound<'py, PyAny>,
+        cumulative: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let key = self::key_type(key_type, cumulative)?;
+        let (new_s, old_s): (&Snapshot, &Snapshot) = (&self.inner, &old.inner);
+        let rows = py.detach(|| stats::compare(new_s, old_s, key, cumulative));
+        let list = PyList::empty(py);
+        for r in &rows {
+            list.append((
+                key_tuple(py, &r.key)?,
+                r.size,
+                r.size_diff,
+                r.count,
+                r.count_diff,
+            ))?;
+        }
+        Ok(list)
+    }
+
+    /// A new snapshot with the traces the filters keep. `specs` is a sequence of
+    /// `("filename", inclusive, pattern, lineno, all_frames, domain)` and
+    /// `("domain", inclusive, domain)` tuples.
+    fn filter(&self, py: Python<'_>, specs: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let specs: Vec<FilterSpec> = specs
+            .try_iter()?
+            .enumerate()
+            .map(|(i, s)| spec_from_tuple(&s?, i))
+            .collect::<PyResult<_>>()?;
+        let set = FilterSet::new(&specs)?;
+        let snap: &Snapshot = &self.inner;
+        Ok(Self::new(py.detach(|| filter_snapshot(snap, &set))))
+    }
+
+    /// Writes the snapshot and `attributes` (a dict of plain values) to `path` atomically.
+    fn dump(&self, py: Python<'_>, path: PathBuf, attributes: &Bound<'_, PyDict>) -> PyResult<()> {
+        let mut attrs: Attributes = Vec::with_capacity(attributes.len());
+        for (k, v) in attributes.iter() {
+            let name = k
+                .cast::<PyString>()
+                .map_err(|_| PyTypeError::new_err("snapshot attribute names must be str"))?;
+            let label = name.to_string_lossy().into_owned();
+            attrs.push((str_bytes(name)?, attr_from_py(&v, &label, 0)?));
+        }
+        let snap: &Snapshot = &self.inner;
+        py.detach(|| format::dump(&path, snap, &attrs))?;
+        Ok(())
+    }
+
+    /// Reads a snapshot file: `(SnapshotData, attributes dict)`.
+    #[staticmethod]
+    fn load<'py>(py: Python<'py>, path: PathBuf) -> PyResult<(Self, Bound<'py, PyDict>)> {
+        let (snapshot, attrs) = py.detach(|| format::load(&path))?;
+        let d = PyDict::new(py);
+        for (k, v) in &attrs {
+            d.set_item(bytes_str(py, k)?, attr_to_py(py, v)?)?;
+        }
+        Ok((Self::new(snapshot), d))
+    }
+
+    /// True if both hold the same traces in the same order (tables may be interned
+    /// differently).
+    fn traces_equal(&self, py: Python<'_>, other: &PySnapshotData) -> bool {
+        let (a, b): (&Snapshot, &Snapshot) = (&self.inner, &other.inner);
+        py.detach(|| same_traces(a, b))
+    }
+
+    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> bool {
+        match other.cast::<PySnapshotData>() {
+            Ok(o) => {
+                let o = o.get();
+                self.inner.traceback_limit == o.inner.traceback_limit && self.traces_equal(py, o)
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<SnapshotData traces={} tracebacks={} traceback_limit={}>",
+            self.inner.traces.len(),
+            self.inner.tracebacks.len(),
+            self.inner.traceback_limit
+        )
+    }
+}
+
+/// `fnmatch_filename(filename, pattern)`: the filename test of `Filter._match_frame`, done
+/// by the same matcher `SnapshotData.filter` uses, so Python-side checks cannot disagree.
+#[pyfunction]
+fn fnmatch_filename(filename: &Bound<'_, PyString>, pattern: &Bound<'_, PyString>) -> PyResult<bool> {
+    Ok(filename_matches(&str_bytes(pattern)?, &str_bytes(filename)?)?)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PySnapshotData>()
+    m.add_class::<PySnapshotData>()?;
+    m.add_function(wrap_pyfunction!(fnmatch_filename, m)?)
 }

@@ -1,0 +1,575 @@
+"""Snapshot value types with the same interface and behaviour as :mod:`tracemalloc`'s.
+
+:class:`Snapshot`, :class:`Trace`, :class:`Traceback`, :class:`Frame`, :class:`Statistic`,
+:class:`StatisticDiff`, :class:`Filter` and :class:`DomainFilter` answer, print, compare and
+sort exactly as their :mod:`tracemalloc` namesakes. The difference is underneath: a snapshot's
+traces live in Rust (``alloctrace._native.SnapshotData``), interned by traceback, so grouping,
+diffing, filtering, dumping and loading never loop over traces in Python. Python objects are
+made only for what is indexed or iterated and for result rows.
+
+Snapshot files are a compact, versioned, checksummed binary format (never pickle);
+``Snapshot.load(filename, allow_pickle=True)`` also reads files written by
+``tracemalloc.Snapshot.dump``.
+"""
+
+import linecache
+import os
+import pickle
+from collections.abc import Iterable, Sequence
+from functools import total_ordering
+
+from alloctrace._native import SnapshotData, SnapshotFormatError, fnmatch_filename
+
+__all__ = [
+    "BaseFilter",
+    "DomainFilter",
+    "Filter",
+    "Frame",
+    "Snapshot",
+    "SnapshotFormatError",
+    "Statistic",
+    "StatisticDiff",
+    "Trace",
+    "Traceback",
+]
+
+
+def _format_size(size, sign):
+    """Human-readable size as tracemalloc prints it (``"12.3 KiB"``, ``"+5 B"``)."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    for index, unit in enumerate(units):
+        last = index == len(units) - 1
+        if unit != "B" and abs(size) < 100:
+            return ("%+.1f %s" if sign else "%.1f %s") % (size, unit)
+        if last or abs(size) < 10 * 1024:
+            return ("%+.0f %s" if sign else "%.0f %s") % (size, unit)
+        size /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@total_ordering
+class Frame:
+    """One frame of a traceback: a ``(filename, lineno)`` pair."""
+
+    __slots__ = ("_frame",)
+
+    def __init__(self, frame):
+        # frame is the raw (filename, lineno) tuple
+        self._frame = frame
+
+    @property
+    def filename(self):
+        return self._frame[0]
+
+    @property
+    def lineno(self):
+        return self._frame[1]
+
+    def __eq__(self, other):
+        if not isinstance(other, Frame):
+            return NotImplemented
+        return self._frame == other._frame
+
+    def __lt__(self, other):
+        if not isinstance(other, Frame):
+            return NotImplemented
+        return self._frame < other._frame
+
+    def __hash__(self):
+        return hash(self._frame)
+
+    def __str__(self):
+        return f"{self.filename}:{self.lineno}"
+
+    def __repr__(self):
+        return f"<Frame filename={self.filename!r} lineno={self.lineno!r}>"
+
+
+@total_ordering
+class Traceback(Sequence):
+    """Frames of one allocation, from the oldest call to the most recent one.
+
+    *frames* is given most recent first (the order of raw traces) and stored reversed.
+    *total_nframe* is the depth of the stack the frames were cut from, or ``None``.
+    """
+
+    __slots__ = ("_frames", "_total_nframe")
+
+    def __init__(self, frames, total_nframe=None):
+        Sequence.__init__(self)
+        self._frames = tuple(reversed(frames))
+        self._total_nframe = total_nframe
+
+    @property
+    def total_nframe(self):
+        return self._total_nframe
+
+    def __len__(self):
+        return len(self._frames)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(Frame(frame) for frame in self._frames[index])
+        return Frame(self._frames[index])
+
+    def __contains__(self, frame):
+        return frame._frame in self._frames
+
+    def __hash__(self):
+        return hash(self._frames)
+
+    def __eq__(self, other):
+        if not isinstance(other, Traceback):
+            return NotImplemented
+        return self._frames == other._frames
+
+    def __lt__(self, other):
+        if not isinstance(other, Traceback):
+            return NotImplemented
+        return self._frames < other._frames
+
+    def __str__(self):
+        return str(self[0])
+
+    def __repr__(self):
+        frames = tuple(self)
+        if self._total_nframe is None:
+            return f"<Traceback {frames}>"
+        return f"<Traceback {frames} total_nframe={self._total_nframe}>"
+
+    def format(self, limit=None, most_recent_first=False):
+        """Lines like the interpreter's tracebacks, with source lines from :mod:`linecache`.
+
+        A positive *limit* keeps the *limit* most recent frames, a negative one the oldest.
+        """
+        if limit is None:
+            frames = list(self)
+        elif limit > 0:
+            frames = list(self[-limit:])
+        else:
+            frames = list(self[:limit])
+        if most_recent_first:
+            frames.reverse()
+        lines = []
+        for frame in frames:
+            lines.append(f'  File "{frame.filename}", line {frame.lineno}')
+            # looked up at call time so that patching linecache.getline takes effect
+            source = linecache.getline(frame.filename, frame.lineno).strip()
+            if source:
+                lines.append(f"    {source}")
+        return lines
+
+
+class Trace:
+    """One traced memory block: its domain, size and traceback."""
+
+    __slots__ = ("_trace",)
+
+    def __init__(self, trace):
+        # trace is the raw (domain, size, frames[, total_nframe]) tuple
+        self._trace = trace
+
+    @property
+    def domain(self):
+        return self._trace[0]
+
+    @property
+    def size(self):
+        return self._trace[1]
+
+    @property
+    def traceback(self):
+        return Traceback(*self._trace[2:])
+
+    def __eq__(self, other):
+        if not isinstance(other, Trace):
+            return NotImplemented
+        return self._trace == other._trace
+
+    def __hash__(self):
+        return hash(self._trace)
+
+    def __str__(self):
+        return f"{self.traceback}: {_format_size(self.size, False)}"
+
+    def __repr__(self):
+        return (
+            f"<Trace domain={self.domain} size={_format_size(self.size, False)}, "
+            f"traceback={self.traceback!r}>"
+        )
+
+
+class _Traces(Sequence):
+    """The traces of a snapshot as a sequence of :class:`Trace`, made on access."""
+
+    def __init__(self, data):
+        Sequence.__init__(self)
+        self._data = data
+        self._raw = None
+
+    @property
+    def _traces(self):
+        """The raw trace tuples (a list, built once); equal tracebacks share one tuple."""
+        if self._raw is None:
+            self._raw = self._data.raw_traces()
+        return self._raw
+
+    def __len__(self):
+        return len(self._data)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            if self._raw is not None:
+                return tuple(Trace(trace) for trace in self._raw[index])
+            return tuple(Trace(self._data.trace(i)) for i in range(len(self._data))[index])
+        if self._raw is not None:
+            return Trace(self._raw[index])
+        return Trace(self._data.trace(index))
+
+    def __iter__(self):
+        for trace in self._traces:
+            yield Trace(trace)
+
+    def __contains__(self, trace):
+        return trace._trace in self._traces
+
+    def __eq__(self, other):
+        if not isinstance(other, _Traces):
+            return NotImplemented
+        return self._data.traces_equal(other._data)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"<Traces len={len(self)}>"
+
+
+def _normalize_filename(filename):
+    filename = os.path.normcase(filename)
+    if filename.endswith(".pyc"):
+        filename = filename[:-1]
+    return filename
+
+
+class BaseFilter:
+    """Base class of trace filters; subclasses define ``_match(trace)`` on raw traces."""
+
+    def __init__(self, inclusive):
+        self.inclusive = inclusive
+
+
+class Filter(BaseFilter):
+    """Keep (*inclusive*) or drop traces whose filename matches an :mod:`fnmatch` pattern.
+
+    *lineno* restricts the match to one line; with *all_frames* any frame of the traceback
+    may match, otherwise only the most recent one; *domain* restricts it to one address space.
+    """
+
+    def __init__(self, inclusive, filename_pattern, lineno=None, all_frames=False, domain=None):
+        super().__init__(inclusive)
+        self.inclusive = inclusive
+        self._filename_pattern = _normalize_filename(filename_pattern)
+        self.lineno = lineno
+        self.all_frames = all_frames
+        self.domain = domain
+
+    @property
+    def filename_pattern(self):
+        return self._filename_pattern
+
+    def _spec(self):
+        return (
+            "filename",
+            bool(self.inclusive),
+            self._filename_pattern,
+            self.lineno,
+            bool(self.all_frames),
+            self.domain,
+        )
+
+    def _match_frame_impl(self, filename, lineno):
+        if not fnmatch_filename(_normalize_filename(filename), self._filename_pattern):
+            return False
+        return self.lineno is None or lineno == self.lineno
+
+    def _match_frame(self, filename, lineno):
+        return self._match_frame_impl(filename, lineno) ^ (not self.inclusive)
+
+    def _match_traceback(self, traceback):
+        if self.all_frames:
+            hit = any(self._match_frame_impl(name, line) for name, line in traceback)
+            return hit if self.inclusive else not hit
+        filename, lineno = traceback[0]
+        return self._match_frame(filename, lineno)
+
+    def _match(self, trace):
+        domain, traceback = trace[0], trace[2]
+        res = self._match_traceback(traceback)
+        if self.domain is None:
+            return res
+        if self.inclusive:
+            return res and domain == self.domain
+        return res or domain != self.domain
+
+
+class DomainFilter(BaseFilter):
+    """Keep (*inclusive*) or drop the traces of one address space *domain*."""
+
+    def __init__(self, inclusive, domain):
+        super().__init__(inclusive)
+        self._domain = domain
+
+    @property
+    def domain(self):
+        return self._domain
+
+    def _spec(self):
+        return ("domain", bool(self.inclusive), self._domain)
+
+    def _match(self, trace):
+        return (trace[0] == self._domain) ^ (not self.inclusive)
+
+
+def _is_native_filter(trace_filter):
+    """True for filters the Rust matcher can evaluate (their ``_match`` is ours)."""
+    cls = type(trace_filter)
+    if isinstance(trace_filter, Filter):
+        return cls._match is Filter._match and cls._match_traceback is Filter._match_traceback
+    if isinstance(trace_filter, DomainFilter):
+        return cls._match is DomainFilter._match
+    return False
+
+
+class Statistic:
+    """Memory allocated at one place (a traceback, a line or a file): total size and count."""
+
+    __slots__ = ("traceback", "size", "count")
+
+    def __init__(self, traceback, size, count):
+        self.traceback = traceback
+        self.size = size
+        self.count = count
+
+    def __hash__(self):
+        return hash((self.traceback, self.size, self.count))
+
+    def __eq__(self, other):
+        if not isinstance(other, Statistic):
+            return NotImplemented
+        return (self.traceback, self.size, self.count) == (
+            other.traceback,
+            other.size,
+            other.count,
+        )
+
+    def __str__(self):
+        text = f"{self.traceback}: size={_format_size(self.size, False)}, count={self.count:d}"
+        if self.count:
+            text += f", average={_format_size(self.size / self.count, False)}"
+        return text
+
+    def __repr__(self):
+        return f"<Statistic traceback={self.traceback!r} size={self.size:d} count={self.count:d}>"
+
+    def _sort_key(self):
+        return (self.size, self.count, self.traceback)
+
+
+class StatisticDiff:
+    """How the memory allocated at one place changed between an old and a new snapshot."""
+
+    __slots__ = ("traceback", "size", "size_diff", "count", "count_diff")
+
+    def __init__(self, traceback, size, size_diff, count, count_diff):
+        self.traceback = traceback
+        self.size = size
+        self.size_diff = size_diff
+        self.count = count
+        self.count_diff = count_diff
+
+    def _fields(self):
+        return (self.traceback, self.size, self.size_diff, self.count, self.count_diff)
+
+    def __hash__(self):
+        return hash(self._fields())
+
+    def __eq__(self, other):
+        if not isinstance(other, StatisticDiff):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __str__(self):
+        text = (
+            f"{self.traceback}: size={_format_size(self.size, False)} "
+            f"({_format_size(self.size_diff, True)}), "
+            f"count={self.count:d} ({self.count_diff:+d})"
+        )
+        if self.count:
+            text += f", average={_format_size(self.size / self.count, False)}"
+        return text
+
+    def __repr__(self):
+        return (
+            f"<StatisticDiff traceback={self.traceback!r} size={self.size:d} "
+            f"({self.size_diff:+d}) count={self.count:d} ({self.count_diff:+d})>"
+        )
+
+    def _sort_key(self):
+        return (
+            abs(self.size_diff),
+            self.size,
+            abs(self.count_diff),
+            self.count,
+            self.traceback,
+        )
+
+
+# Instance attributes that are the snapshot itself, not user attributes to dump.
+_INTERNAL_ATTRIBUTES = frozenset({"_data", "_traces_view"})
+_PICKLE_PROTOCOL_BYTES = {b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"}
+
+
+class Snapshot:
+    """Traces of the memory blocks allocated by Python at one moment.
+
+    *traces* are raw ``(domain, size, frames[, total_nframe])`` tuples with frames most
+    recent first, as ``tracemalloc._get_traces()`` returns them.
+    """
+
+    def __init__(self, traces, traceback_limit):
+        self._data = SnapshotData.from_raw(traces, traceback_limit)
+
+    @classmethod
+    def _from_data(cls, data):
+        """Wrap a native ``SnapshotData`` (as ``take_snapshot`` and ``load`` make them)."""
+        snapshot = cls.__new__(cls)
+        snapshot._data = data
+        return snapshot
+
+    @property
+    def traces(self):
+        """The traces, a sequence of :class:`Trace`."""
+        view = self.__dict__.get("_traces_view")
+        if view is None:
+            view = self._traces_view = _Traces(self._data)
+        return view
+
+    @property
+    def traceback_limit(self):
+        """The maximum number of frames stored in a traceback when the snapshot was taken."""
+        return self._data.traceback_limit
+
+    @property
+    def metadata(self):
+        """Where and when the snapshot was taken: a dict with ``python_version``,
+        ``timestamp``, ``pid`` and ``argv`` (``None`` or ``[]`` where unknown)."""
+        return self._data.metadata
+
+    def _attributes(self):
+        return {k: v for k, v in vars(self).items() if k not in _INTERNAL_ATTRIBUTES}
+
+    def __reduce__(self):
+        return (Snapshot, (self.traces._traces, self.traceback_limit), self._attributes())
+
+    def dump(self, filename):
+        """Write the snapshot, with its plain-valued attributes, into a file.
+
+        The file is replaced atomically: a failed dump leaves any previous file intact.
+        """
+        self._data.dump(filename, self._attributes())
+
+    @staticmethod
+    def load(filename, *, allow_pickle=False):
+        """Load a snapshot written by :meth:`dump`.
+
+        With *allow_pickle*, a snapshot written by ``tracemalloc.Snapshot.dump`` is loaded
+        too; unpickling can execute arbitrary code, so only use it on trusted files.
+        """
+        if allow_pickle:
+            with open(filename, "rb") as fp:
+                head = fp.read(2)
+            if head in _PICKLE_PROTOCOL_BYTES:
+                return _load_pickle(filename)
+        data, attributes = SnapshotData.load(filename)
+        snapshot = Snapshot._from_data(data)
+        for name, value in attributes.items():
+            setattr(snapshot, name, value)
+        return snapshot
+
+    def _filter_trace(self, include_filters, exclude_filters, trace):
+        if include_filters and not any(f._match(trace) for f in include_filters):
+            return False
+        return all(f._match(trace) for f in exclude_filters)
+
+    def filter_traces(self, filters):
+        """A new snapshot with the traces kept by *filters*, a sequence of
+        :class:`Filter` and :class:`DomainFilter`: kept when it matches any inclusive
+        filter (if there is one) and every exclusive filter."""
+        if not isinstance(filters, Iterable):
+            raise TypeError(f"filters must be a list of filters, not {type(filters).__name__}")
+        filters = list(filters)
+        if all(_is_native_filter(f) for f in filters):
+            return Snapshot._from_data(self._data.filter([f._spec() for f in filters]))
+        # A user-defined filter: its _match has to see every raw trace.
+        include = [f for f in filters if f.inclusive]
+        exclude = [f for f in filters if not f.inclusive]
+        kept = [t for t in self.traces._traces if self._filter_trace(include, exclude, t)]
+        return Snapshot(kept, self.traceback_limit)
+
+    def statistics(self, key_type, cumulative=False):
+        """Statistics grouped by *key_type* (``'traceback'``, ``'lineno'`` or
+        ``'filename'``), largest first. *cumulative* counts every frame of a traceback,
+        not only the most recent one."""
+        rows = self._data.statistics(key_type, bool(cumulative))
+        return [Statistic(Traceback(frames), size, count) for frames, size, count in rows]
+
+    def compare_to(self, old_snapshot, key_type, cumulative=False):
+        """Differences against *old_snapshot*, grouped by *key_type*, biggest change
+        first."""
+        old = old_snapshot._data if isinstance(old_snapshot, Snapshot) else None
+        if old is None:
+            old = SnapshotData.from_raw(old_snapshot.traces._traces, old_snapshot.traceback_limit)
+        rows = self._data.compare_to(old, key_type, bool(cumulative))
+        return [StatisticDiff(Traceback(frames), *numbers) for frames, *numbers in rows]
+
+
+class _PickledTraces:
+    """Stands in for ``tracemalloc._Traces`` while unpickling; keeps the raw list."""
+
+    def __setstate__(self, state):
+        self.state = state
+
+
+class _PickledSnapshot:
+    """Stands in for ``tracemalloc.Snapshot`` while unpickling; keeps its ``__dict__``."""
+
+    def __setstate__(self, state):
+        self.state = state
+
+
+class _TracemallocUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module == "tracemalloc" and name == "Snapshot":
+            return _PickledSnapshot
+        if module == "tracemalloc" and name == "_Traces":
+            return _PickledTraces
+        return super().find_class(module, name)
+
+
+def _load_pickle(filename):
+    with open(filename, "rb") as fp:
+        loaded = _TracemallocUnpickler(fp).load()
+    if not isinstance(loaded, _PickledSnapshot):
+        raise SnapshotFormatError(
+            f"{filename} is a pickle, but not of a tracemalloc.Snapshot "
+            f"(it holds a {type(loaded).__name__})"
+        )
+    state = dict(loaded.state)
+    traces = state.pop("traces", None)
+    limit = state.pop("traceback_limit", None)
+    if not isinstance(traces, _PickledTraces) or limit is None:
+        raise SnapshotFormatError(f"{filename} is a pickled tracemalloc.Snapshot without traces")
+    snapshot = Snapshot(traces.state.get("_traces", ()), limit)
+    for name, value in state.items():
+        setattr(snapshot, name, value)
+    return snapshot

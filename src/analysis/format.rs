@@ -1,0 +1,899 @@
+//! The snapshot file format: compact, versioned, checksummed, and safe to read from untrusted
+//! files (no pickle, no code execution, no allocation sized by a number read from the file).
+//!
+//! Layout (all fixed-width integers little-endian):
+//!
+//! ```text
+//! magic            8 bytes  b"ALCTRSNP"
+//! format version   u32      FORMAT_VERSION; bumped only for changes old readers cannot skip
+//! section*         tag u32, length u64, payload[length]
+//! end section      tag 0, length 4, CRC-32 (IEEE) of every byte before the CRC itself
+//! ```
+//!
+//! Sections: 1 metadata (bincode + serde), 2 filenames, 3 frames, 4 tracebacks, 5 traces,
+//! 6 user attributes. Tables are written once and referenced by index; integers inside the
+//! tables are unsigned LEB128, and traces are stored by column (run-length domains, sizes,
+//! traceback ids) because that is what makes a 1M-trace dump a few MB.
+//!
+//! Extending: a reader skips section tags it does not know, so new information (function
+//! names for pprof export, say) goes in a new section and old readers still load the file.
+//! The version is bumped only if an existing section changes meaning; a reader refuses a file
+//! with a newer version and names both versions.
+//!
+//! Reading checks the structure (truncation, trailing bytes), then the checksum, then decodes
+//! every section against its own length: every count is checked against the bytes left before
+//! anything is reserved, every id against the table it indexes, nesting of attribute values is
+//! bounded. Any failure is an `Err` with a reason, never a panic.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::analysis::filter::is_surrogatepass_utf8;
+use crate::analysis::snapshot::{Frame, Metadata, Snapshot, Trace, Traceback};
+use crate::error::{Error, Result};
+
+pub const MAGIC: &[u8; 8] = b"ALCTRSNP";
+/// The version this build writes and the newest it reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+const TAG_END: u32 = 0;
+const TAG_META: u32 = 1;
+const TAG_FILENAMES: u32 = 2;
+const TAG_FRAMES: u32 = 3;
+const TAG_TRACEBACKS: u32 = 4;
+const TAG_TRACES: u32 = 5;
+const TAG_ATTRS: u32 = 6;
+const HEADER_LEN: usize = 12;
+const SECTION_HEADER_LEN: usize = 12;
+/// Deepest nesting of list/tuple/dict attribute values accepted, when storing and loading.
+pub const MAX_ATTR_DEPTH: usize = 64;
+
+/// A user attribute's value (`snapshot.some_name = value`), stored as a tagged tree rather
+/// than pickled so that loading a file can never run code.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttrValue {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An int outside i64: signed little-endian two's complement bytes.
+    BigInt(Vec<u8>),
+    Float(f64),
+    /// surrogatepass UTF-8.
+    Str(Vec<u8>),
+    Bytes(Vec<u8>),
+    List(Vec<AttrValue>),
+    Tuple(Vec<AttrValue>),
+    /// Keys are surrogatepass UTF-8 strings; insertion order is kept.
+    Dict(Vec<(Vec<u8>, AttrValue)>),
+}
+
+/// Named attributes in the order they were set.
+pub type Attributes = Vec<(Vec<u8>, AttrValue)>;
+
+/// Section 1. A new field means a new section, never a change here (bincode is not
+/// self-describing).
+#[derive(Serialize, Deserialize)]
+struct MetaSection {
+    traceback_limit: u32,
+    python_version: Option<(u8, u8, u8)>,
+    timestamp: Option<f64>,
+    pid: Option<u32>,
+    argv: Vec<String>,
+}
+
+const CRC_TABLE: [u32; 256] = {
+    let mut table = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 {
+                0xEDB8_8320 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
+            k += 1;
+        }
+        table[i] = c;
+        i += 1;
+    }
+    table
+};
+
+/// CRC-32 (IEEE 802.3): detects every single-byte change and every burst up to 32 bits.
+pub fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc = CRC_TABLE[((crc ^ b as u32) & 0xFF) as usize] ^ (crc >> 8);
+    }
+    !crc
+}
+
+fn put_uleb(out: &mut Vec<u8>, mut v: u64) {
+    loop {
+        let byte = (v & 0x7F) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_uleb(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn section(out: &mut Vec<u8>, tag: u32, payload: &[u8]) {
+    out.extend_from_slice(&tag.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+fn put_attr(out: &mut Vec<u8>, v: &AttrValue) {
+    match v {
+        AttrValue::None => out.push(0),
+        AttrValue::Bool(false) => out.push(1),
+        AttrValue::Bool(true) => out.push(2),
+        AttrValue::Int(i) => {
+            out.push(3);
+            // zigzag, so small negative numbers stay small
+            put_uleb(out, ((*i << 1) ^ (*i >> 63)) as u64);
+        }
+        AttrValue::BigInt(b) => {
+            out.push(4);
+            put_bytes(out, b);
+        }
+        AttrValue::Float(f) => {
+            out.push(5);
+            out.extend_from_slice(&f.to_le_bytes());
+        }
+        AttrValue::Str(s) => {
+            out.push(6);
+            put_bytes(out, s);
+        }
+        AttrValue::Bytes(b) => {
+            out.push(7);
+            put_bytes(out, b);
+        }
+        AttrValue::List(items) | AttrValue::Tuple(items) => {
+            out.push(if matches!(v, AttrValue::List(_)) {
+                8
+            } else {
+                9
+            });
+            put_uleb(out, items.len() as u64);
+            for item in items {
+                put_attr(out, item);
+            }
+        }
+        AttrValue::Dict(items) => {
+            out.push(10);
+            put_uleb(out, items.len() as u64);
+            for (k, item) in items {
+                put_bytes(out, k);
+                put_attr(out, item);
+            }
+        }
+    }
+}
+
+/// Encodes a snapshot and its user attributes.
+pub fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + snapshot.traces.len() * 5);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+
+    let md = &snapshot.metadata;
+    let meta = MetaSection {
+        traceback_limit: snapshot.traceback_limit,
+        python_version: md.python_version,
+        timestamp: md.timestamp,
+        pid: md.pid,
+        argv: md.argv.clone(),
+    };
+    let meta = bincode::serde::encode_to_vec(&meta, bincode::config::standard())
+        .expect("encoding plain data into a Vec cannot fail");
+    section(&mut out, TAG_META, &meta);
+
+    let mut buf = Vec::new();
+    put_uleb(&mut buf, snapshot.filenames.len() as u64);
+    for name in &snapshot.filenames {
+        put_bytes(&mut buf, name);
+    }
+    section(&mut out, TAG_FILENAMES, &buf);
+
+    buf.clear();
+    put_uleb(&mut buf, snapshot.frames.len() as u64);
+    for f in &snapshot.frames {
+        put_uleb(&mut buf, f.filename as u64);
+        put_uleb(&mut buf, f.lineno as u64);
+    }
+    section(&mut out, TAG_FRAMES, &buf);
+
+    buf.clear();
+    put_uleb(&mut buf, snapshot.tracebacks.len() as u64);
+    for tb in &snapshot.tracebacks {
+        put_uleb(&mut buf, tb.total_nframe.map_or(0, |n| n as u64 + 1));
+        put_uleb(&mut buf, tb.frames.len() as u64);
+        for &f in tb.frames.iter() {
+            put_uleb(&mut buf, f as u64);
+        }
+    }
+    section(&mut out, TAG_TRACEBACKS, &buf);
+
+    buf.clear();
+    let traces = &snapshot.traces;
+    put_uleb(&mut buf, traces.len() as u64);
+    let mut runs: Vec<(u32, u64)> = Vec::new();
+    for t in traces {
+        match runs.last_mut() {
+            Some((d, n)) if *d == t.domain => *n += 1,
+            _ => runs.push((t.domain, 1)),
+        }
+    }
+    put_uleb(&mut buf, runs.len() as u64);
+    for (d, n) in runs {
+        put_uleb(&mut buf, d as u64);
+        put_uleb(&mut buf, n);
+    }
+    for t in traces {
+        put_uleb(&mut buf, t.size);
+    }
+    for t in traces {
+        put_uleb(&mut buf, t.traceback as u64);
+    }
+    section(&mut out, TAG_TRACES, &buf);
+
+    if !attrs.is_empty() {
+        buf.clear();
+        put_uleb(&mut buf, attrs.len() as u64);
+        for (name, v) in attrs {
+            put_bytes(&mut buf, name);
+            put_attr(&mut buf, v);
+        }
+        section(&mut out, TAG_ATTRS, &buf);
+    }
+
+    out.extend_from_slice(&TAG_END.to_le_bytes());
+    out.extend_from_slice(&4u64.to_le_bytes());
+    let crc = crc32(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// A bounds-checked cursor over one section's payload.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    what: &'static str,
+}
+
+type Reason = String;
+
+impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8], what: &'static str) -> Self {
+        Self { buf, pos: 0, what }
+    }
+
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    fn uleb(&mut self) -> std::result::Result<u64, Reason> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let Some(&b) = self.buf.get(self.pos) else {
+                return Err(format!("{} section ends inside a number", self.what));
+            };
+            self.pos += 1;
+            let bits = (b & 0x7F) as u64;
+            if shift == 63 && bits > 1 {
+                break;
+            }
+            v |= bits << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(format!("{} section holds an oversized number", self.what))
+    }
+
+    fn u32(&mut self, field: &str) -> std::result::Result<u32, Reason> {
+        let v = self.uleb()?;
+        u32::try_from(v).map_err(|_| format!("{} section: {field} {v} is out of range", self.what))
+    }
+
+    /// A count of items each taking at least `min_each` bytes: checked against what is left
+    /// so that a forged count cannot make us reserve memory.
+    fn count(&mut self, min_each: usize, field: &str) -> std::result::Result<usize, Reason> {
+        let n = self.uleb()?;
+        let left = self.remaining() as u64;
+        if n.saturating_mul(min_each as u64) > left {
+            return Err(format!(
+                "{} section declares {n} {field} but only {left} bytes remain (truncated or corrupted)",
+                self.what
+            ));
+        }
+        Ok(n as usize)
+    }
+
+    fn bytes(&mut self, field: &str) -> std::result::Result<&'a [u8], Reason> {
+        let n = self.uleb()?;
+        if n > self.remaining() as u64 {
+            return Err(format!(
+                "{} section: {field} declares {n} bytes but only {} remain",
+                self.what,
+                self.remaining()
+            ));
+        }
+        let s = &self.buf[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(s)
+    }
+
+    fn byte(&mut self) -> std::result::Result<u8, Reason> {
+        let b = *self
+            .buf
+            .get(self.pos)
+            .ok_or_else(|| format!("{} section is truncated", self.what))?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    fn finish(&self) -> std::result::Result<(), Reason> {
+        if self.pos != self.buf.len() {
+            return Err(format!(
+                "{} section has {} unexpected bytes at its end",
+                self.what,
+                self.remaining()
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn read_attr(r: &mut Reader<'_>, depth: usize) -> std::result::Result<AttrValue, Reason> {
+    if depth > MAX_ATTR_DEPTH {
+        return Err(format!(
+            "attribute values nest deeper than {MAX_ATTR_DEPTH} levels"
+        ));
+    }
+    Ok(match r.byte()? {
+        0 => AttrValue::None,
+        1 => AttrValue::Bool(false),
+        2 => AttrValue::Bool(true),
+        3 => {
+            let z = r.uleb()?;
+            AttrValue::Int(((z >> 1) as i64) ^ -((z & 1) as i64))
+        }
+        4 => {
+            let b = r.bytes("integer")?;
+            if b.is_empty() {
+                return Err("attributes section holds an empty integer".into());
+            }
+            AttrValue::BigInt(b.to_vec())
+        }
+        5 => {
+            let mut f = [0u8; 8];
+            for x in &mut f {
+                *x = r.byte()?;
+            }
+            AttrValue::Float(f64::from_le_bytes(f))
+        }
+        6 => {
+            let s = r.bytes("string")?;
+            if !is_surrogatepass_utf8(s) {
+                return Err("attributes section holds a string that is not UTF-8".into());
+            }
+            AttrValue::Str(s.to_vec())
+        }
+        7 => AttrValue::Bytes(r.bytes("bytes")?.to_vec()),
+        tag @ (8 | 9) => {
+            let n = r.count(1, "items")?;
+            let mut items = Vec::with_capacity(n);
+            for _ in 0..n {
+                items.push(read_attr(r, depth + 1)?);
+            }
+            if tag == 8 {
+                AttrValue::List(items)
+            } else {
+                AttrValue::Tuple(items)
+            }
+        }
+        10 => {
+            let n = r.count(2, "dict items")?;
+            let mut items = Vec::with_capacity(n);
+            for _ in 0..n {
+                let k = r.bytes("dict key")?;
+                if !is_surrogatepass_utf8(k) {
+                    return Err("attributes section holds a dict key that is not UTF-8".into());
+                }
+                items.push((k.to_vec(), read_attr(r, depth + 1)?));
+            }
+            AttrValue::Dict(items)
+        }
+        other => {
+            return Err(format!(
+                "attributes section holds unknown value tag {other}"
+            ))
+        }
+    })
+}
+
+/// Looks like a pickle (protocol 2 or later starts with PROTO 0x80, then the protocol).
+fn looks_like_pickle(data: &[u8]) -> bool {
+    data.len() >= 2 && data[0] == 0x80 && (2..=5).contains(&data[1])
+}
+
+/// Decodes a snapshot file's bytes; the error is the reason, for [`Error::Format`].
+pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason> {
+    if data.is_empty() {
+        return Err("the file is empty".into());
+    }
+    if data.len() < MAGIC.len() || &data[..MAGIC.len()] != MAGIC {
+        if looks_like_pickle(data) {
+            return Err("it looks like a tracemalloc (pickle) dump; \
+                 Snapshot.load(filename, allow_pickle=True) loads it, but unpickling can \
+                 execute arbitrary code, so only do that for files you trust"
+                .into());
+        }
+        if data.len() < MAGIC.len() && MAGIC.starts_with(data) {
+            return Err(format!("truncated: only {} bytes", data.len()));
+        }
+        return Err("not an alloctrace snapshot (bad magic number)".into());
+    }
+    if data.len() < HEADER_LEN {
+        return Err(format!("truncated: only {} bytes", data.len()));
+    }
+    let version = u32::from_le_bytes(data[8..12].try_into().unwrap());
+    if version > FORMAT_VERSION {
+        return Err(format!(
+            "format version {version} is newer than this alloctrace supports (version \
+             {FORMAT_VERSION}); upgrade alloctrace to read it"
+        ));
+    }
+    if version == 0 {
+        return Err("unknown format version 0 (corrupted header)".into());
+    }
+
+    // Structure first: sections must tile the file exactly up to the end marker.
+    let mut sections: Vec<(u32, &[u8])> = Vec::new();
+    let mut pos = HEADER_LEN;
+    loop {
+        if data.len() - pos < SECTION_HEADER_LEN {
+            return Err(format!(
+                "truncated: the file ends at byte {} without its end marker",
+                data.len()
+            ));
+        }
+        let tag = u32::from_le_bytes(data[pos..pos + 4].try_into().unwrap());
+        let len = u64::from_le_bytes(data[pos + 4..pos + 12].try_into().unwrap());
+        pos += SECTION_HEADER_LEN;
+        let left = (data.len() - pos) as u64;
+        if len > left {
+            return Err(format!(
+                "truncated: section {tag} at byte {} declares {len} bytes but only {left} remain",
+                pos - SECTION_HEADER_LEN
+            ));
+        }
+        let payload = &data[pos..pos + len as usize];
+        pos += len as usize;
+        if tag == TAG_END {
+            if len != 4 {
+                return Err(format!(
+                    "corrupted: end marker declares {len} bytes instead of 4"
+                ));
+            }
+            if pos != data.len() {
+                return Err(format!(
+                    "{} bytes of trailing garbage after the end marker",
+                    data.len() - pos
+                ));
+            }
+            let stored = u32::from_le_bytes(payload.try_into().unwrap());
+            let actual = crc32(&data[..pos - 4]);
+            if stored != actual {
+                return Err(format!(
+                    "corrupted: checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"
+                ));
+            }
+            break;
+        }
+        if sections.iter().any(|&(t, _)| t == tag) {
+            return Err(format!("corrupted: section {tag} appears twice"));
+        }
+        sections.push((tag, payload));
+    }
+    let find = |tag: u32, name: &str| {
+        sections
+            .iter()
+            .find(|&&(t, _)| t == tag)
+            .map(|&(_, p)| p)
+            .ok_or_else(|| format!("the {name} section is missing"))
+    };
+
+    let meta = find(TAG_META, "metadata")?;
+    let config = bincode::config::standard().with_limit::<{ 1 << 20 }>();
+    let (meta, used): (MetaSection, usize) = bincode::serde::decode_from_slice(meta, config)
+        .map_err(|e| format!("metadata section is unreadable: {e}"))?;
+    if used != find(TAG_META, "metadata")?.len() {
+        return Err("metadata section has unexpected bytes at its end".into());
+    }
+
+    let mut r = Reader::new(find(TAG_FILENAMES, "filenames")?, "filenames");
+    let n = r.count(1, "filenames")?;
+    let mut filenames = Vec::with_capacity(n);
+    for i in 0..n {
+        let name = r.bytes("filename")?;
+        if !is_surrogatepass_utf8(name) {
+            return Err(format!("filename {i} is not valid UTF-8"));
+        }
+        filenames.push(name.into());
+    }
+    r.finish()?;
+
+    let mut r = Reader::new(find(TAG_FRAMES, "frames")?, "frames");
+    let n = r.count(2, "frames")?;
+    let mut frames = Vec::with_capacity(n);
+    for i in 0..n {
+        let filename = r.u32("filename id")?;
+        if filename as usize >= filenames.len() {
+            return Err(format!(
+                "frame {i} refers to filename {filename}, but there are only {}",
+                filenames.len()
+            ));
+        }
+        let lineno = r.u32("line number")?;
+        frames.push(Frame { filename, lineno });
+    }
+    r.finish()?;
+
+    let mut r = Reader::new(find(TAG_TRACEBACKS, "tracebacks")?, "tracebacks");
+    let n = r.count(2, "tracebacks")?;
+    let mut tracebacks = Vec::with_capacity(n);
+    for i in 0..n {
+        let total = r.uleb()?;
+        let total_nframe = match total {
+            0 => None,
+            t => Some(u32::try_from(t - 1).map_err(|_| {
+                format!(
+                    "traceback {i} declares an out-of-range total_nframe {}",
+                    t - 1
+                )
+            })?),
+        };
+        let nf = r.count(1, "frame ids")?;
+        let mut ids = Vec::with_capacity(nf);
+        for _ in 0..nf {
+            let f = r.u32("frame id")?;
+            if f as usize >= frames.len() {
+                return Err(format!(
+                    "traceback {i} refers to frame {f}, but there are only {}",
+                    frames.len()
+                ));
+            }
+            ids.push(f);
+        }
+        tracebacks.push(Traceback {
+            frames: ids.into(),
+            total_nframe,
+        });
+    }
+    r.finish()?;
+
+    let mut r = Reader::new(find(TAG_TRACES, "traces")?, "traces");
+    // Each trace needs at least one byte for its size and one for its traceback id.
+    let n = r.count(2, "traces")?;
+    let runs = r.count(2, "domain runs")?;
+    let mut domains: Vec<(u32, u64)> = Vec::with_capacity(runs);
+    let mut covered = 0u64;
+    for _ in 0..runs {
+        let d = r.u32("domain")?;
+        let len = r.uleb()?;
+        covered = covered.saturating_add(len);
+        domains.push((d, len));
+    }
+    if covered != n as u64 {
+        return Err(format!(
+            "traces section: domain runs cover {covered} traces, expected {n}"
+        ));
+    }
+    let mut traces = Vec::with_capacity(n);
+    for &(domain, len) in &domains {
+        for _ in 0..len {
+            let size = r.uleb()?;
+            traces.push(Trace {
+                domain,
+                size,
+                traceback: 0,
+            });
+        }
+    }
+    for (i, t) in traces.iter_mut().enumerate() {
+        let tb = r.u32("traceback id")?;
+        if tb as usize >= tracebacks.len() {
+            return Err(format!(
+                "trace {i} refers to traceback {tb}, but there are only {}",
+                tracebacks.len()
+            ));
+        }
+        t.traceback = tb;
+    }
+    r.finish()?;
+
+    let mut attrs = Vec::new();
+    if let Some(&(_, payload)) = sections.iter().find(|&&(t, _)| t == TAG_ATTRS) {
+        let mut r = Reader::new(payload, "attributes");
+        let n = r.count(2, "attributes")?;
+        for _ in 0..n {
+            let name = r.bytes("attribute name")?;
+            if !is_surrogatepass_utf8(name) {
+                return Err("an attribute name is not valid UTF-8".into());
+            }
+            attrs.push((name.to_vec(), read_attr(&mut r, 0)?));
+        }
+        r.finish()?;
+    }
+
+    let snapshot = Snapshot {
+        filenames,
+        frames,
+        tracebacks,
+        traces,
+        traceback_limit: meta.traceback_limit,
+        metadata: Metadata {
+            python_version: meta.python_version,
+            timestamp: meta.timestamp,
+            pid: meta.pid,
+            argv: meta.argv,
+        },
+    };
+    Ok((snapshot, attrs))
+}
+
+/// Reads and decodes a snapshot file.
+pub fn load(path: &Path) -> Result<(Snapshot, Attributes)> {
+    let data = fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        action: "read",
+        source,
+    })?;
+    decode(&data).map_err(|reason| Error::Format {
+        path: path.to_path_buf(),
+        reason,
+    })
+}
+
+/// Writes a snapshot file atomically: the bytes go to a temporary file in the same directory,
+/// which is flushed to disk and renamed over `path` only when complete. On any error the
+/// temporary file is removed and an existing file at `path` is left untouched.
+pub fn dump(path: &Path, snapshot: &Snapshot, attrs: &Attributes) -> Result<()> {
+    let data = encode(snapshot, attrs);
+    let tmp = temp_path(path);
+    let io_err = |action: &'static str, p: &Path| {
+        let p = p.to_path_buf();
+        move |source| Error::Io {
+            path: p,
+            action,
+            source,
+        }
+    };
+    let result = (|| {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(io_err("create", &tmp))?;
+        f.write_all(&data).map_err(io_err("write", &tmp))?;
+        f.sync_all().map_err(io_err("write", &tmp))?;
+        drop(f);
+        fs::rename(&tmp, path).map_err(io_err("replace", path))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn temp_path(path: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::snapshot::SnapshotBuilder;
+
+    fn sample() -> (Snapshot, Attributes) {
+        let mut b = SnapshotBuilder::new(3);
+        let a = b.filename(b"a.py");
+        let s = b.filename(b"s\xed\xb3\xbf.py");
+        let f1 = b.frame(a, 2);
+        let f2 = b.frame(s, 70000);
+        let t1 = b.traceback(&[f1, f2], Some(9));
+        let t2 = b.traceback(&[f2], None);
+        b.trace(0, 10, t1);
+        b.trace(0, 300, t2);
+        b.trace(5, u64::MAX, t1);
+        b.metadata(Metadata {
+            python_version: Some((3, 11, 7)),
+            timestamp: Some(1.5e9),
+            pid: Some(42),
+            argv: vec!["x.py".into(), "-v".into()],
+        });
+        let attrs = vec![
+            (b"test_attr".to_vec(), AttrValue::Str(b"new".to_vec())),
+            (
+                b"nested".to_vec(),
+                AttrValue::Dict(vec![(
+                    b"k".to_vec(),
+                    AttrValue::List(vec![
+                        AttrValue::None,
+                        AttrValue::Bool(true),
+                        AttrValue::Int(-5),
+                        AttrValue::Int(i64::MIN),
+                        AttrValue::BigInt(vec![0, 0, 0, 0, 0, 0, 0, 0, 1]),
+                        AttrValue::Float(0.25),
+                        AttrValue::Bytes(vec![0, 255]),
+                        AttrValue::Tuple(vec![]),
+                    ]),
+                )]),
+            ),
+        ];
+        (b.finish(), attrs)
+    }
+
+    #[test]
+    fn round_trip() {
+        let (s, attrs) = sample();
+        let data = encode(&s, &attrs);
+        let (s2, attrs2) = decode(&data).unwrap();
+        assert_eq!(s2, s);
+        assert_eq!(attrs2, attrs);
+        let empty = SnapshotBuilder::new(1).finish();
+        assert_eq!(decode(&encode(&empty, &vec![])).unwrap().0, empty);
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        let (s, attrs) = sample();
+        let data = encode(&s, &attrs);
+        for len in 0..data.len() {
+            assert!(
+                decode(&data[..len]).is_err(),
+                "prefix of {len} bytes accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn every_flipped_byte_is_an_error() {
+        let (s, attrs) = sample();
+        let data = encode(&s, &attrs);
+        for i in 0..data.len() {
+            for mask in [0x01u8, 0x80, 0xFF] {
+                let mut bad = data.clone();
+                bad[i] ^= mask;
+                assert!(decode(&bad).is_err(), "byte {i} ^ {mask:#x} accepted");
+            }
+        }
+    }
+
+    /// Re-seals a modified file so the checksum passes and the decoder's own checks are hit.
+    fn reseal(mut data: Vec<u8>) -> Vec<u8> {
+        let n = data.len();
+        let crc = crc32(&data[..n - 4]);
+        data[n - 4..].copy_from_slice(&crc.to_le_bytes());
+        data
+    }
+
+    fn section_payload_offset(data: &[u8], tag: u32) -> usize {
+        let mut pos = HEADER_LEN;
+        loop {
+            let t = u32::from_le_bytes(data[pos..pos + 4].try_into().unwrap());
+            let len = u64::from_le_bytes(data[pos + 4..pos + 12].try_into().unwrap()) as usize;
+            if t == tag {
+                return pos + 12;
+            }
+            pos += 12 + len;
+        }
+    }
+
+    #[test]
+    fn hostile_files_table() {
+        let (s, attrs) = sample();
+        let good = encode(&s, &attrs);
+        let mut cases: Vec<(Vec<u8>, &str)> = vec![
+            (Vec::new(), "empty"),
+            (b"\x80\x04\x95junk".to_vec(), "tracemalloc (pickle)"),
+            (b"GIF89a.........".to_vec(), "not an alloctrace snapshot"),
+            (b"ALCT".to_vec(), "truncated"),
+        ];
+        let mut future = good.clone();
+        future[8..12].copy_from_slice(&7u32.to_le_bytes());
+        cases.push((future, "format version 7 is newer"));
+        let mut trailing = good.clone();
+        trailing.extend_from_slice(b"xyz");
+        cases.push((trailing, "trailing garbage"));
+        // A section declaring an enormous length.
+        let mut huge = good.clone();
+        huge[HEADER_LEN + 4..HEADER_LEN + 12].copy_from_slice(&u64::MAX.to_le_bytes());
+        cases.push((huge, "declares"));
+        // A resealed file whose trace count claims billions of traces.
+        let mut many = good.clone();
+        let at = section_payload_offset(&many, TAG_TRACES);
+        many[at] = 0xFF;
+        many.insert(at + 1, 0xFF);
+        many.insert(at + 2, 0x7F);
+        // fix the section length (+2 bytes) before resealing
+        let len_at = at - 8;
+        let len = u64::from_le_bytes(many[len_at..at].try_into().unwrap()) + 2;
+        many[len_at..at].copy_from_slice(&len.to_le_bytes());
+        cases.push((reseal(many), "declares"));
+        // A resealed file with a frame pointing past the filename table.
+        let mut bad_id = good.clone();
+        let at = section_payload_offset(&bad_id, TAG_FRAMES);
+        bad_id[at + 1] = 9;
+        cases.push((reseal(bad_id), "refers to filename 9"));
+        for (data, expected) in cases {
+            let err = decode(&data).unwrap_err();
+            assert!(err.contains(expected), "{expected:?} not in {err:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_sections_are_skipped() {
+        let (s, attrs) = sample();
+        let good = encode(&s, &attrs);
+        // Insert a section with tag 99 before the end marker, as a newer writer might.
+        let end = good.len() - 16;
+        let mut data = good[..end].to_vec();
+        section(&mut data, 99, b"future data");
+        data.extend_from_slice(&TAG_END.to_le_bytes());
+        data.extend_from_slice(&4u64.to_le_bytes());
+        let crc = crc32(&data);
+        data.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode(&data).unwrap().0, s);
+    }
+
+    #[test]
+    fn deep_attribute_nesting_is_refused() {
+        let mut v = AttrValue::None;
+        for _ in 0..(MAX_ATTR_DEPTH + 5) {
+            v = AttrValue::List(vec![v]);
+        }
+        let s = SnapshotBuilder::new(1).finish();
+        let data = encode(&s, &vec![(b"deep".to_vec(), v)]);
+        assert!(decode(&data).unwrap_err().contains("nest deeper"));
+    }
+
+    #[test]
+    fn dump_is_atomic_and_cleans_up() {
+        let dir = std::env::temp_dir().join(format!("alloctrace-fmt-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("snap.bin");
+        let (s, attrs) = sample();
+        dump(&path, &s, &attrs).unwrap();
+        assert_eq!(load(&path).unwrap().0, s);
+        // Dumping into a missing directory fails and leaves nothing behind.
+        let missing = dir.join("missing").join("snap.bin");
+        assert!(dump(&missing, &s, &attrs).is_err());
+        let left: Vec<_> = fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(left.len(), 1);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,24 @@
+//! CPython 3.10: the 3.9 frame objects, but `f_lasti` counts 2-byte code units (and is -1
+//! before the first instruction, which `PyCode_Addr2Line` maps to the first line).
+
+use pyo3::ffi;
+
+use super::{Interpreter, RawFrame};
+
+pub struct Python310;
+
+impl Interpreter for Python310 {
+    const MINOR: u8 = 10;
+
+    unsafe fn gil_thread_state() -> *mut ffi::PyThreadState {
+        super::gil_holder_if_this_thread()
+    }
+
+    unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
+        super::walk_frame_objects(tstate, out, 2)
+    }
+
+    unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {
+        obj as usize - super::preheader_size(obj, 0)
+    }
+}

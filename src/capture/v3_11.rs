@@ -1,0 +1,33 @@
+//! CPython 3.11: frames are `_PyInterpreterFrame`s reached through `tstate->cframe`, with
+//! `prev_instr` pointing at the last instruction run; objects with a managed `__dict__` carry
+//! two extra pointers before the GC link.
+
+use pyo3::ffi;
+
+use super::{layout, read_ptr, Interpreter, RawFrame};
+
+pub struct Python311;
+
+/// `Py_TPFLAGS_MANAGED_DICT` (3.11).
+const MANAGED_DICT: std::os::raw::c_ulong = 1 << 4;
+
+impl Interpreter for Python311 {
+    const MINOR: u8 = 11;
+
+    unsafe fn gil_thread_state() -> *mut ffi::PyThreadState {
+        super::gil_holder_if_this_thread()
+    }
+
+    unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
+        let cframe = read_ptr(tstate.cast(), layout::TSTATE_CFRAME);
+        if cframe.is_null() {
+            return (0, 0);
+        }
+        let frame = read_ptr(cframe, layout::CFRAME_CURRENT_FRAME);
+        super::walk_interpreter_frames(frame, out, super::before_first_traceable)
+    }
+
+    unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {
+        obj as usize - super::preheader_size(obj, MANAGED_DICT)
+    }
+}

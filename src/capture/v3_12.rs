@@ -1,0 +1,44 @@
+//! CPython 3.12: as 3.11, plus shim frames owned by the C stack (always incomplete), a
+//! thread-local current thread state that is non-null only while this thread holds the GIL,
+//! and a pre-header for managed weak references too.
+
+use std::ffi::c_void;
+
+use pyo3::ffi;
+
+use super::{layout, read_ptr, Interpreter, RawFrame};
+
+pub struct Python312;
+
+/// `Py_TPFLAGS_MANAGED_DICT | Py_TPFLAGS_MANAGED_WEAKREF` (3.12).
+const PREHEADER_FLAGS: std::os::raw::c_ulong = (1 << 4) | (1 << 3);
+
+extern "C" {
+    fn _PyThreadState_UncheckedGet() -> *mut ffi::PyThreadState;
+}
+
+unsafe fn is_incomplete(frame: *mut c_void) -> bool {
+    *(frame.cast::<u8>().add(layout::IFRAME_OWNER)) == layout::OWNED_BY_CSTACK
+        || super::before_first_traceable(frame)
+}
+
+impl Interpreter for Python312 {
+    const MINOR: u8 = 12;
+
+    unsafe fn gil_thread_state() -> *mut ffi::PyThreadState {
+        _PyThreadState_UncheckedGet()
+    }
+
+    unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
+        let cframe = read_ptr(tstate.cast(), layout::TSTATE_CFRAME);
+        if cframe.is_null() {
+            return (0, 0);
+        }
+        let frame = read_ptr(cframe, layout::CFRAME_CURRENT_FRAME);
+        super::walk_interpreter_frames(frame, out, is_incomplete)
+    }
+
+    unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {
+        obj as usize - super::preheader_size(obj, PREHEADER_FLAGS)
+    }
+}

@@ -1,0 +1,24 @@
+//! CPython 3.9: frames are `PyFrameObject`s hung from `tstate->frame`; `f_lasti` is already a
+//! byte offset; only GC-tracked objects have a pre-header (the GC link).
+
+use pyo3::ffi;
+
+use super::{Interpreter, RawFrame};
+
+pub struct Python39;
+
+impl Interpreter for Python39 {
+    const MINOR: u8 = 9;
+
+    unsafe fn gil_thread_state() -> *mut ffi::PyThreadState {
+        super::gil_holder_if_this_thread()
+    }
+
+    unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
+        super::walk_frame_objects(tstate, out, 1)
+    }
+
+    unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {
+        obj as usize - super::preheader_size(obj, 0)
+    }
+}

@@ -1,0 +1,415 @@
+"""The live tracer: tracebacks, exact totals, realloc, lifecycle, threads, fork, errors."""
+
+import ctypes
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+import alloctrace
+
+
+@pytest.fixture(autouse=True)
+def _stopped():
+    alloctrace.stop()
+    yield
+    alloctrace.stop()
+    alloctrace.enable()
+
+
+def here():
+    """(filename, lineno) of the caller's line."""
+    frame = sys._getframe(1)
+    return (frame.f_code.co_filename, frame.f_lineno)
+
+
+def exact_totals():
+    """(current, sum of live traces' sizes), read with recording paused so that the
+    objects built to answer are not themselves counted."""
+    alloctrace.disable()
+    try:
+        current = alloctrace.get_traced_memory()[0]
+        total = sum(trace[1] for trace in alloctrace._get_traces())
+    finally:
+        alloctrace.enable()
+    return current, total
+
+
+def make_bytes(n):
+    return b"x" * n, here()
+
+
+def test_object_traceback_names_file_and_line():
+    alloctrace.start(1)
+    data, where = make_bytes(10_000)
+    tb = alloctrace.get_object_traceback(data)
+    assert tb is not None
+    assert len(tb) == 1
+    assert (tb[0].filename, tb[0].lineno) == (where[0], where[1] - 1)
+
+
+def test_object_traceback_with_callers():
+    alloctrace.start(5)
+
+    def outer():
+        return make_bytes(5000), here()
+
+    (data, inner_where), outer_where = outer()
+    tb = alloctrace.get_object_traceback(data)
+    frames = [(f.filename, f.lineno) for f in tb]
+    # Traceback iterates oldest first; the last frame is where the bytes were made.
+    assert frames[-1] == (inner_where[0], inner_where[1] - 1)
+    assert frames[-2] == (outer_where[0], outer_where[1] - 1)
+
+
+def test_object_traceback_of_untraced_object_is_none():
+    early = bytearray(100)
+    alloctrace.start()
+    assert alloctrace.get_object_traceback(early) is None
+    alloctrace.stop()
+    assert alloctrace.get_object_traceback(bytearray(10)) is None
+
+
+@pytest.mark.parametrize("make", [dict, list, set, lambda: type("C", (), {})()])
+def test_object_traceback_of_gc_objects(make):
+    alloctrace.start()
+    obj = make()
+    lineno = sys._getframe().f_lineno - 1
+    tb = alloctrace.get_object_traceback(obj)
+    assert tb is not None and tb[0].lineno in (lineno, lineno - 1 + 1)
+
+
+def test_current_and_peak_follow_allocations_exactly():
+    alloctrace.start()
+    alloctrace.clear_traces()
+    current, total = exact_totals()
+    assert current == total
+    block = bytearray(1_000_000)
+    after, peak = alloctrace.get_traced_memory()
+    assert 1_000_000 <= after - current < 1_000_000 + 4096
+    assert peak >= after
+    del block
+    gone, peak2 = alloctrace.get_traced_memory()
+    assert after - gone >= 1_000_000
+    assert peak2 == peak
+    assert exact_totals()[0] == exact_totals()[1]
+
+
+def test_size_recorded_is_size_requested():
+    alloctrace.start()
+    block = bytearray(123_457)
+    sizes = [t[1] for t in alloctrace._get_traces()]
+    # The buffer is one block of exactly the requested size (+1 for the trailing NUL).
+    assert 123_458 in sizes
+    del block
+
+
+def test_realloc_growth_shrink_and_move():
+    alloctrace.start()
+    buf = bytearray(100)
+    for size in [10, 1_000, 100_000, 3_000_000, 50, 2_000_000, 0]:
+        buf[:] = b"y" * size
+        current, total = exact_totals()
+        assert current == total, size
+    del buf
+
+
+def test_reset_peak():
+    alloctrace.start()
+    big = bytearray(5_000_000)
+    del big
+    current, peak = alloctrace.get_traced_memory()
+    assert peak >= current + 5_000_000
+    alloctrace.reset_peak()
+    current2, peak2 = alloctrace.get_traced_memory()
+    assert peak2 < peak and peak2 >= current2
+    more = bytearray(1_000_000)
+    _, peak3 = alloctrace.get_traced_memory()
+    assert peak3 - peak2 >= 1_000_000
+    del more
+
+
+def test_clear_traces_forgets_everything_and_keeps_tracing():
+    alloctrace.start()
+    obj = bytearray(1000)
+    assert alloctrace.get_object_traceback(obj) is not None
+    memory_before = alloctrace.get_tracemalloc_memory()
+    alloctrace.clear_traces()
+    assert alloctrace.get_object_traceback(obj) is None
+    assert alloctrace.is_tracing()
+    assert alloctrace.get_tracemalloc_memory() <= memory_before
+    obj2 = bytearray(1000)
+    assert alloctrace.get_object_traceback(obj2) is not None
+
+
+def test_start_stop_cycles_and_limits():
+    assert alloctrace.get_traced_memory() == (0, 0)
+    assert alloctrace._get_traces() == []
+    for nframe in (1, 3, 1, 25):
+        alloctrace.start(nframe)
+        assert alloctrace.is_tracing()
+        assert alloctrace.get_traceback_limit() == nframe
+        data = [bytearray(64) for _ in range(10)]
+        assert alloctrace.get_traced_memory()[0] > 0
+        alloctrace.start(nframe + 1)  # no-op while tracing, as tracemalloc
+        assert alloctrace.get_traceback_limit() == nframe
+        alloctrace.stop()
+        assert not alloctrace.is_tracing()
+        assert alloctrace.get_traced_memory() == (0, 0)
+        del data
+    assert alloctrace.get_traceback_limit() == 25
+
+
+def test_set_traceback_limit_while_tracing():
+    alloctrace.start(1)
+    alloctrace.set_traceback_limit(4)
+    assert alloctrace.get_traceback_limit() == 4
+
+    def a():
+        return bytearray(77)
+
+    obj = a()
+    assert len(alloctrace.get_object_traceback(obj)) >= 2
+
+
+def test_disable_pauses_recording_but_not_frees():
+    alloctrace.start()
+    kept = bytearray(4000)
+    alloctrace.disable()
+    assert not alloctrace.is_enabled()
+    skipped = bytearray(4000)
+    assert alloctrace.get_object_traceback(skipped) is None
+    before = alloctrace.get_traced_memory()[0]
+    del kept
+    assert alloctrace.get_traced_memory()[0] <= before - 4000
+    alloctrace.enable()
+    assert alloctrace.get_object_traceback(bytearray(10)) is not None
+
+
+@pytest.mark.parametrize("nframe", [0, -1, 65536, 70000, 2**40])
+def test_start_rejects_bad_nframe(nframe):
+    with pytest.raises(ValueError, match=r"range \[1; 65535\]"):
+        alloctrace.start(nframe)
+    assert not alloctrace.is_tracing()
+
+
+def test_start_rejects_wrong_type():
+    with pytest.raises(TypeError):
+        alloctrace.start("5")
+
+
+def test_take_snapshot_requires_tracing():
+    with pytest.raises(RuntimeError, match="must be tracing"):
+        alloctrace.take_snapshot()
+
+
+def test_refuses_to_trace_together_with_tracemalloc():
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(RuntimeError, match="tracemalloc.stop"):
+            alloctrace.start()
+    finally:
+        tracemalloc.stop()
+    alloctrace.start()
+    with pytest.raises(RuntimeError, match="alloctrace.stop"):
+        tracemalloc.start()
+    assert not tracemalloc.is_tracing()
+
+
+def test_threads_allocating_while_another_snapshots_and_restarts():
+    stop_flag = threading.Event()
+    errors = []
+
+    def worker():
+        try:
+            keep = []
+            while not stop_flag.is_set():
+                keep.append(bytearray(256))
+                if len(keep) > 200:
+                    del keep[:150]
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    alloctrace.start(3)
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(30):
+            snapshot = alloctrace.take_snapshot()
+            assert len(snapshot.traces) > 0
+            if i % 5 == 0:
+                alloctrace.clear_traces()
+            if i % 7 == 0:
+                alloctrace.reset_peak()
+            if i % 10 == 9:
+                alloctrace.stop()
+                alloctrace.start(3)
+    finally:
+        stop_flag.set()
+        for t in threads:
+            t.join()
+    assert not errors
+    current, total = exact_totals()
+    assert current == total
+
+
+def _libpython():
+    return ctypes.CDLL(None)
+
+
+def test_raw_domain_without_gil_records_unknown_stack():
+    lib = _libpython()
+    lib.PyMem_RawMalloc.restype = ctypes.c_void_p
+    lib.PyMem_RawMalloc.argtypes = [ctypes.c_size_t]
+    lib.PyMem_RawFree.argtypes = [ctypes.c_void_p]
+    alloctrace.start()
+    # ctypes.CDLL calls release the GIL: the hook must not read frames or take the GIL.
+    ptr = lib.PyMem_RawMalloc(98_765)
+    try:
+        matches = [t for t in alloctrace._get_traces() if t[1] == 98_765]
+        assert matches and matches[0][2] == (("<unknown>", 0),)
+        before = alloctrace.get_traced_memory()[0]
+    finally:
+        lib.PyMem_RawFree(ptr)
+    assert alloctrace.get_traced_memory()[0] <= before - 98_765
+
+
+def test_raw_domain_with_gil_records_the_stack():
+    fn = ctypes.pythonapi.PyMem_RawMalloc
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_size_t]
+    free = ctypes.pythonapi.PyMem_RawFree
+    free.argtypes = [ctypes.c_void_p]
+    alloctrace.start()
+    ptr = fn(87_654)
+    where = here()
+    try:
+        matches = [t for t in alloctrace._get_traces() if t[1] == 87_654]
+        assert matches and matches[0][2][0] == (where[0], where[1] - 1)
+    finally:
+        free(ptr)
+
+
+def test_raw_domain_from_threads_without_a_thread_state():
+    """C threads (no Python thread state) allocating in the RAW domain."""
+    code = textwrap.dedent(
+        """
+        import ctypes, alloctrace, threading
+        lib = ctypes.CDLL(None)
+        lib.PyMem_RawMalloc.restype = ctypes.c_void_p
+        lib.PyMem_RawMalloc.argtypes = [ctypes.c_size_t]
+        lib.PyMem_RawFree.argtypes = [ctypes.c_void_p]
+        alloctrace.start()
+        # A CFUNCTYPE callback runs on whatever thread calls it; qsort from libc calls it on
+        # this thread but with the GIL released around the C call, which is what we need.
+        ptrs = [lib.PyMem_RawMalloc(1000 + i) for i in range(100)]
+        for p in ptrs:
+            lib.PyMem_RawFree(p)
+        cur, total = alloctrace.get_traced_memory()[0], None
+        alloctrace.disable()
+        total = sum(t[1] for t in alloctrace._get_traces())
+        assert cur == total, (cur, total)
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_child_keeps_tracing_while_parent_threads_allocate():
+    alloctrace.start(2)
+    stop_flag = threading.Event()
+
+    def churn():
+        while not stop_flag.is_set():
+            [bytearray(100) for _ in range(50)]
+
+    threads = [threading.Thread(target=churn) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(5):
+            pid = os.fork()
+            if pid == 0:  # child
+                code = 1
+                try:
+                    obj = bytearray(12345)
+                    ok = alloctrace.is_tracing() and alloctrace.get_object_traceback(obj)
+                    snapshot = alloctrace.take_snapshot()
+                    code = 0 if ok and len(snapshot.traces) > 0 else 3
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    finally:
+        stop_flag.set()
+        for t in threads:
+            t.join()
+    assert alloctrace.get_object_traceback(bytearray(10)) is not None
+
+
+DIFFERENTIAL = textwrap.dedent(
+    """
+    import sys, json
+    mod = __import__(sys.argv[1])
+    mod.start(int(sys.argv[2]))
+    def leaf(n):
+        return [bytes(200 + i % 7) for i in range(n)]
+    def middle(n):
+        return leaf(n), {i: str(i) * 3 for i in range(n)}
+    kept = [middle(300) for _ in range(20)]
+    blobs = [bytearray(50_000) for _ in range(30)]
+    snapshot = mod.take_snapshot()
+    mod.stop()
+    here = __file__ if "__file__" in globals() else "<string>"
+    stats = {}
+    for stat in snapshot.statistics("lineno"):
+        frame = stat.traceback[0]
+        if frame.filename == "<string>":
+            stats[frame.lineno] = [stat.size, stat.count]
+    print(json.dumps(stats))
+    """
+)
+
+
+@pytest.mark.parametrize("nframe", [1, 5])
+def test_per_line_totals_agree_with_tracemalloc(nframe):
+    def run(module):
+        out = subprocess.run(
+            [sys.executable, "-c", DIFFERENTIAL, module, str(nframe)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        import json
+
+        return {int(k): v for k, v in json.loads(out.stdout).items()}
+
+    ours, theirs = run("alloctrace"), run("tracemalloc")
+    assert set(ours) == set(theirs)
+    for line, (size, _count) in theirs.items():
+        if size < 10_000:
+            continue
+        assert abs(ours[line][0] - size) <= 0.03 * size, (line, ours[line], size)
+
+
+def test_tracer_memory_is_reported_and_released():
+    alloctrace.start()
+    base = alloctrace.get_tracemalloc_memory()
+    data = [bytearray(32) for _ in range(50_000)]
+    grown = alloctrace.get_tracemalloc_memory()
+    assert grown > base + 50_000 * 8
+    alloctrace.clear_traces()
+    assert alloctrace.get_tracemalloc_memory() < grown
+    del data
+    gc.collect()
