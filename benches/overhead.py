@@ -245,6 +245,8 @@ def child_main(argv: list[str]) -> None:
         plan = {w.name: _calibrate(w, opts.calibrate) for w in workloads}
         return childproc.write_result(opts.result, {"loops": plan})
     plan = json.loads(opts.loops)
+    if isinstance(plan, int):  # one loop count for every workload (used by profile.sh)
+        plan = {w.name: (plan, 0.0) for w in workloads}
     values = {w.name: _measure(w, opts, plan) for w in workloads}
     mod = tracers.module(opts.mode)
     traced = mod.get_traced_memory()[0] if mod is not None else 0
