@@ -25,8 +25,9 @@ def pyperformance_path(tmp_path_factory: pytest.TempPathFactory) -> str:
         return ""
     target = tmp_path_factory.mktemp("pyperformance")
     try:
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--target", str(target)]
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--target", str(target), "pyperformance"],
+            [*pip, "pyperformance"],
             capture_output=True,
             text=True,
             timeout=300,
