@@ -32,6 +32,10 @@ struct Stack {
     len: u16,
     total_nframe: u16,
     hash: u64,
+    /// The trace-time filters' verdict on this stack, valid while the filter set's generation
+    /// is `verdict_generation` (0: never judged).
+    keep: bool,
+    verdict_generation: u32,
 }
 
 #[inline(always)]
@@ -116,6 +120,8 @@ impl Interner {
             len: frames.len() as u16,
             total_nframe,
             hash,
+            keep: true,
+            verdict_generation: 0,
         });
         self.frames.extend_from_slice(frames);
         let stacks = &self.stacks;
@@ -131,6 +137,19 @@ impl Interner {
             &self.frames[stack.start as usize..][..stack.len as usize],
             stack.total_nframe,
         )
+    }
+
+    /// The cached filter verdict for a stack, if judged under filter generation `generation`.
+    #[inline]
+    pub fn verdict(&self, id: TracebackId, generation: u32) -> Option<bool> {
+        let stack = &self.stacks[id as usize];
+        (stack.verdict_generation == generation).then_some(stack.keep)
+    }
+
+    pub fn set_verdict(&mut self, id: TracebackId, generation: u32, keep: bool) {
+        let stack = &mut self.stacks[id as usize];
+        stack.keep = keep;
+        stack.verdict_generation = generation;
     }
 
     pub fn len(&self) -> usize {

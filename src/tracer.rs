@@ -21,6 +21,7 @@ use std::sync::{Once, OnceLock};
 use pyo3::ffi;
 use pyo3::prelude::*;
 
+use crate::analysis::filter::{FilterSet, FilterSpec};
 use crate::analysis::snapshot::{FrameId, Metadata, Snapshot, SnapshotBuilder};
 use crate::capture::{self, Current, Interpreter, RawFrame, MAX_NFRAME};
 use crate::error::{Error, Result};
@@ -70,6 +71,21 @@ struct Live {
 
 static LIVE: GilCell<Option<Live>> = GilCell::new(None);
 static RESOLVER: GilCell<Option<Resolver>> = GilCell::new(None);
+/// Trace-time filters (`add_filter()`): allocations whose traceback they reject are never
+/// stored. Each change bumps `generation`, which invalidates the verdicts cached per interned
+/// traceback, so a filtered hook does no pattern matching for a stack it has judged before.
+struct TraceFilters {
+    set: Option<FilterSet>,
+    generation: u32,
+}
+
+static FILTERS: GilCell<TraceFilters> = GilCell::new(TraceFilters {
+    set: None,
+    generation: 1,
+});
+/// The filters' verdict on the `<unknown>` traceback, for threads without the GIL.
+static KEEP_UNKNOWN: AtomicBool = AtomicBool::new(true);
+
 /// The traceback limit: kept after `stop()` so `get_traceback_limit()` answers as tracemalloc.
 static LIMIT: GilCell<usize> = GilCell::new(1);
 
@@ -111,26 +127,67 @@ fn table() -> &'static TraceTable {
     TABLE.get_or_init(TraceTable::new)
 }
 
-/// The interned traceback of the calling thread's current stack.
+/// The interned traceback of the calling thread's current stack, or `None` if the trace-time
+/// filters reject it.
 ///
 /// # Safety
 /// Called from a hook, inside a [`ReentrancyGuard`].
 #[inline(always)]
-unsafe fn current_traceback() -> TracebackId {
+unsafe fn current_traceback() -> Option<TracebackId> {
+    let unknown = || KEEP_UNKNOWN.load(Relaxed).then_some(UNKNOWN_TRACEBACK);
     let tstate = Current::gil_thread_state();
     if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
-        return UNKNOWN_TRACEBACK;
+        return unknown();
     }
     // SAFETY: this thread holds the main interpreter's GIL (checked just above), and the
     // reentrancy guard rules out another borrow on this thread.
     let Some(live) = LIVE.get() else {
-        return UNKNOWN_TRACEBACK;
+        return unknown();
     };
     let (n, total) = Current::walk(tstate, &mut live.scratch);
     if n == 0 {
-        return UNKNOWN_TRACEBACK;
+        return unknown();
     }
-    live.interner.intern(&live.scratch[..n], total)
+    let id = live.interner.intern(&live.scratch[..n], total);
+    // SAFETY: as above.
+    let filters = FILTERS.get();
+    match &filters.set {
+        None => Some(id),
+        Some(set) => {
+            let keep = match live.interner.verdict(id, filters.generation) {
+                Some(keep) => keep,
+                None => {
+                    let keep = judge(set, live.interner.get(id).0);
+                    live.interner.set_verdict(id, filters.generation, keep);
+                    keep
+                }
+            };
+            keep.then_some(id)
+        }
+    }
+}
+
+/// Runs the filters on one stack (once per distinct stack and filter set).
+///
+/// # Safety
+/// As [`capture::locate`].
+#[cold]
+unsafe fn judge(set: &FilterSet, frames: &[RawFrame]) -> bool {
+    let located: Vec<(Vec<u8>, u32)> = frames.iter().map(|&f| capture::locate(f)).collect();
+    let frames: Vec<(&[u8], u32)> = located.iter().map(|(f, l)| (f.as_slice(), *l)).collect();
+    set.keep(DEFAULT_DOMAIN, &frames)
+}
+
+/// Replaces the trace-time filters. They apply to allocations made from now on; traces
+/// already stored stay.
+pub fn set_trace_filters(specs: &[FilterSpec]) -> Result<()> {
+    let set = FilterSet::new(specs)?;
+    KEEP_UNKNOWN.store(set.keep(DEFAULT_DOMAIN, &[(b"<unknown>", 0)]), Relaxed);
+    // SAFETY: called with the GIL held, from Python; no hook borrow is live on this thread.
+    let filters = unsafe { FILTERS.get() };
+    filters.set = (!set.is_empty()).then_some(set);
+    filters.generation = filters.generation.wrapping_add(1).max(1);
+    Ok(())
 }
 
 /// A block was allocated.
@@ -145,8 +202,9 @@ pub unsafe fn on_alloc(address: usize, size: usize) {
     let Some(_guard) = ReentrancyGuard::enter() else {
         return;
     };
-    let traceback = current_traceback();
-    table().insert(address, Trace { size, traceback });
+    if let Some(traceback) = current_traceback() {
+        table().insert(address, Trace { size, traceback });
+    }
 }
 
 /// A block is about to be freed.
@@ -190,8 +248,9 @@ pub unsafe fn on_realloc_end(old_address: usize, new: usize, size: usize, old: O
             table().insert(old_address, old);
         }
     } else if RECORDING.load(Relaxed) {
-        let traceback = current_traceback();
-        table().insert(new, Trace { size, traceback });
+        if let Some(traceback) = current_traceback() {
+            table().insert(new, Trace { size, traceback });
+        }
     } else if let Some(old) = old {
         table().insert(new, Trace { size, ..old });
     }
@@ -265,16 +324,20 @@ pub fn clear_traces(py: Python<'_>) {
     if !is_tracing() {
         return;
     }
-    // SAFETY: the GIL is held, so no hook is interning concurrently; the replacement is done
-    // before anything that could run Python code (the release below).
+    // The new state is built first: building it allocates (a Python string), and what is
+    // allocated after the table is emptied would count as traced memory.
+    let fresh_resolver = Resolver::new(py);
+    let fresh_live = Live {
+        interner: Interner::new(),
+        scratch: vec![RawFrame::UNKNOWN; traceback_limit()],
+    };
+    // SAFETY: the GIL is held, so no hook is interning concurrently, and nothing between the
+    // borrows and the swaps calls Python code.
     let (live, resolver) = unsafe {
-        let limit = *LIMIT.get();
-        let live = LIVE.get().replace(Live {
-            interner: Interner::new(),
-            scratch: vec![RawFrame::UNKNOWN; limit],
-        });
+        let live = LIVE.get().replace(fresh_live);
+        let resolver = RESOLVER.get().replace(fresh_resolver);
         table().clear();
-        (live, RESOLVER.get().replace(Resolver::new(py)))
+        (live, resolver)
     };
     release(py, live, resolver);
 }

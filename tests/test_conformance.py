@@ -25,7 +25,17 @@ import alloctrace
 CLASSES = ("TestTraceback", "TestSnapshot", "TestFilters", "TestTracemallocEnabled")
 
 # "Class.test_name": (versions affected as "3.X" strings, reason rooted in CPython)
-KNOWN_FAILURES: dict = {}
+KNOWN_FAILURES: dict = {
+    "TestTracemallocEnabled.test_new_reference": (
+        ("3.9", "3.10", "3.11", "3.12", "3.13"),
+        "An object reused from one of CPython's free lists (here a list) is created without "
+        "calling the allocator, so a PEP 445 hook never sees it: it keeps the traceback of the "
+        "allocation that first made the memory. tracemalloc re-attributes it through an "
+        "interpreter-internal call (_PyTraceMalloc_NewReference, reserved to tracemalloc on "
+        "3.9-3.12) or, on 3.13, the single-slot PyRefTracer, which alloctrace does not use: "
+        "it would cost a table lookup on every object creation.",
+    ),
+}
 
 VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
 TEST_FILE = Path(sysconfig.get_path("stdlib")) / "test" / "test_tracemalloc.py"

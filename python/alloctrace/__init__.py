@@ -47,7 +47,6 @@ from alloctrace._snapshot import (
     Trace,
     Traceback,
     _format_size,
-    _Frame,
 )
 
 __all__ = [
@@ -61,9 +60,12 @@ __all__ = [
     "StatisticDiff",
     "Trace",
     "Traceback",
+    "add_filter",
+    "clear_filters",
     "clear_traces",
     "disable",
     "enable",
+    "get_filters",
     "get_object_traceback",
     "get_traceback_limit",
     "get_traced_memory",
@@ -79,9 +81,9 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-# Re-exported for code written against tracemalloc's private names.
+# tracemalloc's private names, for code (and tests) written against them.
+_Frame = Frame
 _format_size = _format_size
-_Frame = _Frame
 
 
 def start(nframe: int = 1) -> None:
@@ -122,6 +124,42 @@ def take_snapshot() -> Snapshot:
         return Snapshot._from_data(_native.take_snapshot())
     # `_get_traces` was replaced (as tracemalloc's own tests do): honour the replacement.
     return Snapshot(_get_traces(), get_traceback_limit())
+
+
+# Trace-time filters, in the order they were added (the native side holds them compiled).
+_trace_filters: list = []
+
+
+def add_filter(filter) -> None:
+    """Add a trace-time filter: allocations it rejects are never recorded.
+
+    *filter* is a :class:`Filter` or :class:`DomainFilter`, with the same
+    matching rules as :meth:`Snapshot.filter_traces`: a new allocation is
+    recorded if it matches any inclusive filter (when there is one) and every
+    exclusive filter. Filters apply to allocations made from now on, cost no
+    pattern matching for a call stack already judged, and survive
+    :func:`stop`/:func:`start`. This is how to cut the tracer's cost and
+    memory in a large program: ``add_filter(Filter(True, "*/myapp/*",
+    all_frames=True))``.
+    """
+    if not isinstance(filter, BaseFilter):
+        raise TypeError(
+            f"add_filter() expects a Filter or DomainFilter, not {type(filter).__name__}"
+        )
+    specs = [f._spec() for f in _trace_filters] + [filter._spec()]
+    _native.set_trace_filters(specs)
+    _trace_filters.append(filter)
+
+
+def get_filters() -> list:
+    """Return the trace-time filters, as a new list, in the order they were added."""
+    return list(_trace_filters)
+
+
+def clear_filters() -> None:
+    """Remove every trace-time filter: record all allocations again."""
+    _native.set_trace_filters([])
+    _trace_filters.clear()
 
 
 def _refuse_tracemalloc_while_tracing() -> None:

@@ -280,7 +280,8 @@ mod tests {
     #[test]
     fn statistics_table() {
         let s = first();
-        let cases: Vec<(KeyType, bool, Vec<(&str, u128, u64)>)> = vec![
+        type Case<'k> = (KeyType, bool, Vec<(&'k str, u128, u64)>);
+        let cases: Vec<Case<'_>> = vec![
             (
                 KeyType::Lineno,
                 false,

@@ -45,6 +45,7 @@ int main(void) {
 #if PY_VERSION_HEX >= 0x030C0000
     printf("pub const OWNED_BY_CSTACK: u8 = %d;\n", FRAME_OWNED_BY_CSTACK);
 #endif
+    OFF("CODE_FILENAME", PyCodeObject, co_filename);
     printf("pub const GC_HEAD_SIZE: usize = %zu;\n", sizeof(PyGC_Head));
     return 0;
 }

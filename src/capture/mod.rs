@@ -168,6 +168,70 @@ unsafe fn walk_frame_objects(
     (n, total)
 }
 
+/// Where a raw frame points, read straight from the code object: its filename as lossless
+/// UTF-8 (see [`crate::analysis::snapshot::Filename`]) and its line, as `tracemalloc` reports
+/// them (`<unknown>` for a filename that is not a `str`, 0 for a line it cannot find).
+///
+/// For trace-time filters, which must decide inside a hook: no Python API call that could
+/// allocate, raise or run the GC. `PyCode_Addr2Line` only reads the line table.
+///
+/// # Safety
+/// `frame.code` is 0 or a live code object, and the GIL is held.
+pub unsafe fn locate(frame: RawFrame) -> (Vec<u8>, u32) {
+    if frame.code == 0 {
+        return (b"<unknown>".to_vec(), 0);
+    }
+    let code = frame.code as *mut c_void;
+    let name = read_ptr(code, layout::CODE_FILENAME) as *mut ffi::PyObject;
+    let filename = if !name.is_null() && ffi::PyUnicode_Check(name) != 0 {
+        str_bytes(name)
+    } else {
+        b"<unknown>".to_vec()
+    };
+    let line = ffi::PyCode_Addr2Line(code as *mut ffi::PyCodeObject, frame.offset);
+    (filename, line.max(0) as u32)
+}
+
+/// The code points of a (ready, as every code object's filename is) `str`, encoded as UTF-8
+/// with lone surrogates passed through, without asking the interpreter for anything.
+///
+/// # Safety
+/// `s` is a live `str` and the GIL is held.
+unsafe fn str_bytes(s: *mut ffi::PyObject) -> Vec<u8> {
+    let len = ffi::PyUnicode_GET_LENGTH(s) as usize;
+    let data = ffi::PyUnicode_DATA(s);
+    let kind = ffi::PyUnicode_KIND(s);
+    let mut out = Vec::with_capacity(len);
+    for i in 0..len {
+        let cp = match kind {
+            ffi::PyUnicode_1BYTE_KIND => u32::from(*data.cast::<u8>().add(i)),
+            ffi::PyUnicode_2BYTE_KIND => u32::from(*data.cast::<u16>().add(i)),
+            _ => *data.cast::<u32>().add(i),
+        };
+        push_code_point(&mut out, cp);
+    }
+    out
+}
+
+/// UTF-8 encoding that also accepts surrogates (Python's `surrogatepass`).
+fn push_code_point(out: &mut Vec<u8>, cp: u32) {
+    match cp {
+        0..=0x7f => out.push(cp as u8),
+        0x80..=0x7ff => out.extend_from_slice(&[0xc0 | (cp >> 6) as u8, 0x80 | (cp & 0x3f) as u8]),
+        0x800..=0xffff => out.extend_from_slice(&[
+            0xe0 | (cp >> 12) as u8,
+            0x80 | ((cp >> 6) & 0x3f) as u8,
+            0x80 | (cp & 0x3f) as u8,
+        ]),
+        _ => out.extend_from_slice(&[
+            0xf0 | (cp >> 18) as u8,
+            0x80 | ((cp >> 12) & 0x3f) as u8,
+            0x80 | ((cp >> 6) & 0x3f) as u8,
+            0x80 | (cp & 0x3f) as u8,
+        ]),
+    }
+}
+
 /// Pre-header size of objects of `obj`'s type, shared by the 3.11+ layouts.
 ///
 /// # Safety
@@ -239,4 +303,26 @@ unsafe fn before_first_traceable(frame: *mut c_void) -> bool {
     let start = code as usize + layout::CODE_ADAPTIVE;
     let instr = read_ptr(frame, layout::IFRAME_INSTR) as usize;
     instr < start + 2 * first as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_code_point;
+
+    #[test]
+    fn code_points_encode_like_surrogatepass() {
+        // (code point, Python's "…".encode("utf-8", "surrogatepass"))
+        let cases: &[(u32, &[u8])] = &[
+            (0x41, b"A"),
+            (0xe9, "\u{e9}".as_bytes()),
+            (0x20ac, "\u{20ac}".as_bytes()),
+            (0x1f600, "\u{1f600}".as_bytes()),
+            (0xdc80, &[0xed, 0xb2, 0x80]),
+        ];
+        for &(cp, expected) in cases {
+            let mut out = Vec::new();
+            push_code_point(&mut out, cp);
+            assert_eq!(out, expected, "U+{cp:04X}");
+        }
+    }
 }

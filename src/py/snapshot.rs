@@ -259,7 +259,7 @@ fn key_type(key_type: &Bound<'_, PyAny>, cumulative: bool) -> PyResult<KeyType> 
     }
 }
 
-fn spec_from_tuple(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<FilterSpec> {
+pub(crate) fn spec_from_tuple(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<FilterSpec> {
     let fields = items(obj, || format!("filter spec {i}"))?;
     let kind: String = fields
         .first()
@@ -297,7 +297,7 @@ fn spec_from_tuple(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<FilterSpec> {
 fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<AttrValue> {
     if depth > MAX_ATTR_DEPTH {
         return Err(PyTypeError::new_err(format!(
-            "cannot store snapshot attribute {name:?}: its value nests deeper than \
+            "cannot store snapshot attribute '{name}': its value nests deeper than \
              {MAX_ATTR_DEPTH} levels"
         )));
     }
@@ -347,7 +347,7 @@ fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<At
         for (k, v) in d.iter() {
             let k = k.cast_exact::<PyString>().map_err(|_| {
                 PyTypeError::new_err(format!(
-                    "cannot store snapshot attribute {name:?}: dict keys must be str, not {}",
+                    "cannot store snapshot attribute '{name}': dict keys must be str, not {}",
                     k.get_type()
                         .name()
                         .map(|n| n.to_string())
@@ -359,7 +359,7 @@ fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<At
         return Ok(AttrValue::Dict(out));
     }
     Err(PyTypeError::new_err(format!(
-        "cannot store snapshot attribute {name:?}: values of type {} are not supported \
+        "cannot store snapshot attribute '{name}': values of type {} are not supported \
          (supported: None, bool, int, float, str, bytes, and list, tuple or str-keyed dict of \
          those)",
         obj.get_type().name()?
@@ -602,8 +602,14 @@ impl PySnapshotData {
 /// `fnmatch_filename(filename, pattern)`: the filename test of `Filter._match_frame`, done
 /// by the same matcher `SnapshotData.filter` uses, so Python-side checks cannot disagree.
 #[pyfunction]
-fn fnmatch_filename(filename: &Bound<'_, PyString>, pattern: &Bound<'_, PyString>) -> PyResult<bool> {
-    Ok(filename_matches(&str_bytes(pattern)?, &str_bytes(filename)?)?)
+fn fnmatch_filename(
+    filename: &Bound<'_, PyString>,
+    pattern: &Bound<'_, PyString>,
+) -> PyResult<bool> {
+    Ok(filename_matches(
+        &str_bytes(pattern)?,
+        &str_bytes(filename)?,
+    )?)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

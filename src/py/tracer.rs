@@ -111,6 +111,18 @@ fn get_traces(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     PyList::new(py, items)
 }
 
+/// Replaces the trace-time filters with these `Filter`/`DomainFilter` specs (the tuples their
+/// `_spec()` methods build).
+#[pyfunction]
+fn set_trace_filters(specs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+    let specs = specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| crate::py::snapshot::spec_from_tuple(spec, i))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(tracer::set_trace_filters(&specs)?)
+}
+
 #[pyfunction]
 fn take_snapshot(py: Python<'_>) -> PyResult<PySnapshotData> {
     Ok(PySnapshotData::new(tracer::take_snapshot(py)?))
@@ -132,5 +144,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_object_traceback, m)?)?;
     m.add_function(wrap_pyfunction!(get_traces, m)?)?;
     m.add_function(wrap_pyfunction!(take_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(set_trace_filters, m)?)?;
     Ok(())
 }

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Runs every check and test of alloctrace: formatting and lints (Rust and Python), the Rust unit
+# tests, then, for EVERY supported CPython found on this machine (3.9 to 3.13), a release wheel
+# built and installed into a fresh virtual environment and the pytest suite run against it.
+# Installs what it needs (maturin, pytest, ruff) from PyPI. Exit status 0 only if all passed.
+#
+#   tests/run.sh            # everything
+#   PYTHONS="3.11" tests/run.sh   # only some interpreters (for a quicker local run)
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=${ALLOCTRACE_TEST_DIR:-$repo/target/test-run}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
+mkdir -p "$work"
+cd "$repo"
+
+log() { printf '\n==> %s\n' "$*"; }
+
+# Every supported interpreter we can find, once each (by real path).
+find_pythons() {
+    local candidates=() seen=" " py real minor
+    for py in /root/.pyenv/versions/3.*/bin/python3 \
+        "$(command -v python3.9 || true)" "$(command -v python3.10 || true)" \
+        "$(command -v python3.11 || true)" "$(command -v python3.12 || true)" \
+        "$(command -v python3.13 || true)"; do
+        [ -x "$py" ] || continue
+        real=$(readlink -f "$py")
+        case "$seen" in *" $real "*) continue ;; esac
+        minor=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || continue
+        case "$minor" in 3.9 | 3.10 | 3.11 | 3.12 | 3.13) ;; *) continue ;; esac
+        if [ -n "${PYTHONS:-}" ] && [[ " $PYTHONS " != *" $minor "* ]]; then continue; fi
+        seen="$seen$real "
+        candidates+=("$minor=$py")
+    done
+    printf '%s\n' "${candidates[@]}" | sort -t. -k2 -n
+}
+
+mapfile -t pythons < <(find_pythons)
+if [ "${#pythons[@]}" -eq 0 ]; then
+    echo "no supported Python (3.9-3.13) found" >&2
+    exit 1
+fi
+log "interpreters: ${pythons[*]}"
+
+# The tool venv (maturin, ruff) uses the newest interpreter found.
+tool_py=${pythons[-1]#*=}
+tools=$work/tools
+if [ ! -x "$tools/bin/maturin" ] || [ ! -x "$tools/bin/ruff" ]; then
+    log "installing maturin and ruff"
+    "$tool_py" -m venv "$tools"
+    "$tools/bin/pip" install -q --upgrade pip
+    "$tools/bin/pip" install -q "maturin>=1.7,<2" "ruff>=0.6"
+fi
+
+log "cargo fmt --check"
+cargo fmt --check
+log "ruff check / ruff format --check"
+"$tools/bin/ruff" check .
+"$tools/bin/ruff" format --check .
+
+# pyo3 needs an interpreter for lints and Rust tests; any supported one will do.
+rust_py=${pythons[0]#*=}
+rust_libdir=$("$rust_py" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
+log "cargo clippy (-D warnings)"
+PYO3_PYTHON=$rust_py cargo clippy --all-targets -- -D warnings
+log "cargo test"
+PYO3_PYTHON=$rust_py LD_LIBRARY_PATH=$rust_libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} cargo test
+
+failed=()
+for entry in "${pythons[@]}"; do
+    minor=${entry%%=*}
+    py=${entry#*=}
+    venv=$work/venv-$minor
+    log "Python $minor ($py): build wheel, install, pytest"
+    if [ ! -x "$venv/bin/pytest" ]; then
+        "$py" -m venv "$venv"
+        "$venv/bin/pip" install -q --upgrade pip
+        "$venv/bin/pip" install -q "pytest>=7"
+    fi
+    rm -rf "$work/dist-$minor"
+    "$tools/bin/maturin" build --release --quiet -i "$py" -o "$work/dist-$minor"
+    "$venv/bin/pip" install -q --force-reinstall --no-deps "$work/dist-$minor"/alloctrace-*.whl
+    # Run from an empty directory so that only the installed package can be imported.
+    run_dir=$(mktemp -d)
+    if ! (cd "$run_dir" && "$venv/bin/python" -m pytest -p no:cacheprovider -q "$repo/tests"); then
+        failed+=("$minor")
+    fi
+    rm -rf "$run_dir"
+done
+
+if [ "${#failed[@]}" -ne 0 ]; then
+    log "FAILED on Python ${failed[*]}"
+    exit 1
+fi
+log "all checks passed on Python ${pythons[*]%%=*}"
