@@ -43,6 +43,15 @@ def _size(value: float) -> str:
     return f"{value:.0f} B"
 
 
+def _speedup(ratio: float | None) -> str:
+    """Describe tracemalloc time / alloctrace time in words that stay readable below 1."""
+    if ratio is None:
+        return "—"
+    if ratio >= 1:
+        return f"{ratio:.{0 if ratio >= 10 else 1}f}x faster"
+    return f"{1 / ratio:.1f}x slower"
+
+
 def _verdict(ok: bool) -> str:
     return "PASS" if ok else "**MISS**"
 
@@ -232,7 +241,7 @@ def snapshot_rows(part: dict[str, Any], have_at: bool) -> list[str]:
                     nframe,
                     _seconds(tm),
                     _seconds(at) if at is not None else "—",
-                    f"{speedup:.0f}x faster" if speedup is not None else "—",
+                    _speedup(speedup),
                     f"≥{SNAPSHOT_SPEEDUP_MIN:g}x faster",
                     _verdict(speedup >= SNAPSHOT_SPEEDUP_MIN) if speedup is not None else missing,
                 )
