@@ -73,11 +73,14 @@ class Settings:
     warmups: int  # untimed values per child before the timed ones
     min_time: float  # seconds one value should last, untraced (sets the loop count)
     benchmarks: tuple[Benchmark, ...] = BENCHMARKS
+    #: tracemalloc at nframe 25 slows these benchmarks 10-40x, so it dominates the run time;
+    #: the quick preset measures nframe 1 only.
+    nframes: tuple[int, ...] = NFRAMES
 
 
 PRESETS = {
     "full": Settings(rounds=3, values=3, warmups=1, min_time=0.1),
-    "quick": Settings(rounds=1, values=1, warmups=1, min_time=0.01),
+    "quick": Settings(rounds=1, values=1, warmups=0, min_time=0.01, nframes=(1,)),
     "smoke": Settings(
         rounds=1,
         values=1,
@@ -88,17 +91,17 @@ PRESETS = {
 }
 
 
-def modes(with_alloctrace: bool) -> list[str]:
+def modes(nframes: tuple[int, ...], with_alloctrace: bool) -> list[str]:
     """All modes part 1 runs, untraced first."""
-    result = [tracers.UNTRACED] + [tracers.mode("tracemalloc", n) for n in NFRAMES]
+    result = [tracers.UNTRACED] + [tracers.mode("tracemalloc", n) for n in nframes]
     if with_alloctrace:
-        result += [tracers.mode("alloctrace", n) for n in NFRAMES]
+        result += [tracers.mode("alloctrace", n) for n in nframes]
     return result
 
 
 def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any]:
     """Parent side: calibrate, run every (benchmark, mode) child interleaved, take medians."""
-    all_modes = modes(with_alloctrace)
+    all_modes = modes(settings.nframes, with_alloctrace)
     loops: dict[str, dict[str, int]] = {}
     errors: dict[str, str] = {}
     for bench in settings.benchmarks:
@@ -113,7 +116,6 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
             errors[f"{bench.name} (calibration)"] = str(exc)
 
     samples: dict[tuple[str, str, str], list[float]] = {}
-    checked: dict[tuple[str, str], int] = {}
     for round_index in range(settings.rounds):
         for bench_index, bench in enumerate(settings.benchmarks):
             if bench.name not in loops:
@@ -140,7 +142,6 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
                 except childproc.ChildFailed as exc:
                     errors[f"{bench.name} under {spec}"] = str(exc)
                     continue
-                checked[(bench.name, spec)] = answer["traced_bytes"]
                 for workload, values in answer["values"].items():
                     samples.setdefault((workload, bench.name, spec), []).extend(values)
 
@@ -155,9 +156,9 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
         rows.append({"workload": workload, "benchmark": bench_name, "seconds": medians})
     return {
         "modes": all_modes,
+        "nframes": list(settings.nframes),
         "rows": rows,
         "errors": errors,
-        "traced_bytes": {f"{b} {m}": v for (b, m), v in checked.items()},
         "settings": {
             "rounds": settings.rounds,
             "values": settings.values,

@@ -64,7 +64,7 @@ def overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
     """Part 1 rows: slowdown per benchmark and depth, then geometric means."""
     rows = []
     ratios: dict[tuple[str, int], list[float]] = {}
-    for nframe in (1, 25):
+    for nframe in part["nframes"]:
         tm_spec, at_spec = f"tracemalloc:{nframe}", f"alloctrace:{nframe}"
         for entry in part["rows"]:
             secs = entry["seconds"]
@@ -105,7 +105,7 @@ def overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
                     result,
                 )
             )
-    for nframe in (1, 25):
+    for nframe in part["nframes"]:
         tm_list = ratios.get(("tracemalloc", nframe), [])
         at_list = ratios.get(("alloctrace", nframe), [])
         tm = childproc.geomean(tm_list) if tm_list else None
