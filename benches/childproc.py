@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,10 @@ def geomean(values: Sequence[float]) -> float:
     return statistics.geometric_mean(values)
 
 
+_STARTED = time.monotonic()
+
+
 def progress(message: str) -> None:
     """Progress goes to stderr so stdout carries nothing but the markdown report."""
-    print(message, file=sys.stderr, flush=True)
+    elapsed = int(time.monotonic() - _STARTED)
+    print(f"{elapsed // 60:3d}:{elapsed % 60:02d} {message}", file=sys.stderr, flush=True)

@@ -64,6 +64,7 @@ def overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
     """Part 1 rows: slowdown per benchmark and depth, then geometric means."""
     rows = []
     ratios: dict[tuple[str, int], list[float]] = {}
+    bounded_means: set[tuple[str, int]] = set()
     for nframe in part["nframes"]:
         tm_spec, at_spec = f"tracemalloc:{nframe}", f"alloctrace:{nframe}"
         for entry in part["rows"]:
@@ -73,10 +74,19 @@ def overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
                 continue
             tm = secs[tm_spec] / base if tm_spec in secs else None
             at = secs[at_spec] / base if at_spec in secs else None
+            # ">=": a value was cut short by the time budget, so the ratio is a lower bound.
+            bounded = set(entry.get("lower_bound", ()))
+            tm_mark = "≥" if tm_spec in bounded else ""
+            at_mark = "≥" if at_spec in bounded else ""
             if tm is not None:
                 ratios.setdefault(("tracemalloc", nframe), []).append(tm)
             if at is not None:
                 ratios.setdefault(("alloctrace", nframe), []).append(at)
+            bounded_means.update(
+                (name, nframe)
+                for name, mark in (("tracemalloc", tm_mark), ("alloctrace", at_mark))
+                if mark
+            )
             case = f"{entry['workload']} (untraced {_seconds(base)})"
             target = f"overhead ≥{OVERHEAD_CUT_MIN:g}x smaller"
             if nframe == 1:
@@ -90,16 +100,18 @@ def overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
                 else:
                     cut = (tm - 1) / (at - 1) if at - 1 > 0 else float("inf")
                     versus = "no measurable overhead" if cut == float("inf") else f"{cut:.1f}x"
-                    versus = f"overhead {versus} smaller"
+                    versus = f"overhead {tm_mark}{versus} smaller"
                     ok = cut >= OVERHEAD_CUT_MIN and (nframe != 1 or at <= WORST_MAX_NFRAME1)
-                    result = _verdict(ok)
+                    result = _verdict(ok and not at_mark)
+                    if tm_mark and not ok and not at_mark:
+                        versus, result = "unknown: tracemalloc run cut short", "n/a"
             rows.append(
                 _row(
                     "overhead",
                     case,
                     str(nframe),
-                    f"{tm:.2f}x" if tm is not None else "failed",
-                    f"{at:.2f}x" if at is not None else "—",
+                    f"{tm_mark}{tm:.2f}x" if tm is not None else "failed",
+                    f"{at_mark}{at:.2f}x" if at is not None else "—",
                     versus,
                     target,
                     result,
@@ -111,14 +123,16 @@ def overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
         tm = childproc.geomean(tm_list) if tm_list else None
         at = childproc.geomean(at_list) if at_list else None
         result = _verdict(at <= GEOMEAN_MAX[nframe]) if at is not None else "not measured"
+        tm_mark = "≥" if ("tracemalloc", nframe) in bounded_means else ""
+        at_mark = "≥" if ("alloctrace", nframe) in bounded_means else ""
         rows.append(
             _row(
                 "overhead",
                 f"**geometric mean** of {len(tm_list)}",
                 str(nframe),
-                f"{tm:.2f}x" if tm is not None else "—",
-                f"{at:.2f}x" if at is not None else "—",
-                f"overhead {(tm - 1) / (at - 1):.1f}x smaller"
+                f"{tm_mark}{tm:.2f}x" if tm is not None else "—",
+                f"{at_mark}{at:.2f}x" if at is not None else "—",
+                f"overhead {tm_mark}{(tm - 1) / (at - 1):.1f}x smaller"
                 if tm is not None and at is not None and at > 1
                 else "—",
                 f"slowdown ≤{GEOMEAN_MAX[nframe]:g}x",
@@ -293,9 +307,27 @@ def render(facts: dict[str, Any], parts: dict[str, dict[str, Any]]) -> str:
         "round); a slowdown is traced time / untraced time of the same work. The machine is "
         "shared, so single figures carry noise of roughly ±10%; the tracer's state is "
         "checked with is_tracing() inside every child before and after timing.",
-        "",
-        HEADER,
     ]
+    over = parts.get("overhead", {}).get("settings")
+    if over:
+        lines.append(
+            f"- Overhead runs: {over['rounds']} interleaved round(s) of one child per benchmark "
+            f"and mode, {over['values']} value(s) per child (one for workloads whose single "
+            f"loop outlasts 5x the {over['min_time']:g} s target)"
+            + (
+                f"; tracemalloc at nframe 25 (10-40x slowdowns) only in the first "
+                f"{over['reference_rounds']} round(s)"
+                if over["reference_rounds"] < over["rounds"] and 25 in parts["overhead"]["nframes"]
+                else ""
+            )
+            + (
+                f"; a value still running after {over['budget']:g} s is cut short, which "
+                "makes its figure a lower bound, marked ≥"
+                if over.get("budget")
+                else ""
+            )
+        )
+    lines += ["", HEADER]
     for name, part in parts.items():
         lines.extend(RENDERERS[name](part, have_at))
     problems = [
