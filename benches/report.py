@@ -99,8 +99,11 @@ def overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
                     result = _verdict(ok) if nframe == 1 else "n/a"
                 else:
                     cut = (tm - 1) / (at - 1) if at - 1 > 0 else float("inf")
-                    versus = "no measurable overhead" if cut == float("inf") else f"{cut:.1f}x"
-                    versus = f"overhead {tm_mark}{versus} smaller"
+                    versus = (
+                        "alloctrace: no measurable overhead"
+                        if cut == float("inf")
+                        else f"overhead {tm_mark}{cut:.1f}x smaller"
+                    )
                     ok = cut >= OVERHEAD_CUT_MIN and (nframe != 1 or at <= WORST_MAX_NFRAME1)
                     result = _verdict(ok and not at_mark)
                     if tm_mark and not ok and not at_mark:
