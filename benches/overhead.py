@@ -99,7 +99,7 @@ PRESETS = {
         warmups=0,
         min_time=0.002,
         budget=20.0,
-        benchmarks=tuple(b for b in BENCHMARKS if b.name in ("float", "json_dumps")),
+        benchmarks=tuple(b for b in BENCHMARKS if b.name in ("deepcopy", "json_loads")),
     ),
 }
 

@@ -65,12 +65,12 @@ def test_smoke_run_reports_every_part(pyperformance_path: str, tmp_path: Path) -
     parts = {line.split(" | ")[0].strip("| ") for line in rows}
     assert parts == {"overhead", "hook", "memory", "snapshot"}
     # Every benchmark in the smoke preset got a slowdown under tracemalloc at both depths.
-    for name in ("float", "json_dumps"):
+    for name in ("deepcopy", "deepcopy_memo", "deepcopy_reduce", "json_loads"):
         assert sum(f"| overhead | {name} (untraced" in line for line in rows) == 2, table
     if importlib.util.find_spec("alloctrace") is not None:
         # alloctrace is installed, so its column must hold figures, not the absent marker.
         assert "alloctrace column absent" not in table
-        overhead_rows = [line for line in rows if line.startswith("| overhead | float")]
+        overhead_rows = [line for line in rows if line.startswith("| overhead | json_loads")]
         assert all(line.split(" | ")[4].endswith("x") for line in overhead_rows), table
 
 
