@@ -9,6 +9,7 @@ a benchmark run never measures a debug build or whatever happens to be installed
 from __future__ import annotations
 
 import glob
+import json
 import os
 import platform
 import shutil
@@ -99,7 +100,7 @@ def interpreter_facts(python: str) -> dict[str, str]:
         "    try:\n"
         "        from importlib.metadata import version\n"
         "        facts[name] = version(name)\n"
-        "    except Exception as exc:\n"
+        "    except Exception:\n"
         "        facts[name] = 'not installed'\n"
         "sys.path.insert(0, sys.argv[1])\n"
         "import tracers\n"
@@ -113,8 +114,6 @@ def interpreter_facts(python: str) -> dict[str, str]:
         check=True,
         env=childproc.child_env(),
     ).stdout
-    import json
-
     return json.loads(out)
 
 
