@@ -15,6 +15,7 @@ stderr.  This is not part of the test suite's pass/fail: a MISS is a finding, no
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 import time
@@ -58,6 +59,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--only",
         default=",".join(PARTS),
         help=f"comma-separated parts to run, from {', '.join(PARTS)}",
+    )
+    parser.add_argument(
+        "--nframes",
+        help="comma-separated frame limits for the overhead part, overriding the preset's "
+        "(e.g. --quick --nframes 1,25 for both depths in one round)",
     )
     parser.add_argument("--out", type=Path, help="also write the markdown to this file")
     parser.add_argument(
@@ -128,7 +134,11 @@ def main(argv: list[str]) -> int:
         results = {}
         for name in opts.only.split(","):
             module = PARTS[name]
-            results[name] = module.run(python, module.PRESETS[preset], with_at)
+            settings = module.PRESETS[preset]
+            if opts.nframes and name == "overhead":
+                nframes = tuple(int(n) for n in opts.nframes.split(","))
+                settings = dataclasses.replace(settings, nframes=nframes)
+            results[name] = module.run(python, settings, with_at)
         facts["load_after"] = environments.load_average()
         facts["wall"] = f"{(time.monotonic() - started) / 60:.1f} min"
         sections.append(report.render(facts, results))
