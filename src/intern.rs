@@ -86,23 +86,30 @@ impl Interner {
         interner
     }
 
-    /// The id of this stack, interning it (and pinning its code objects) if it is new.
+    /// The id of this stack, interning it (and pinning its code objects) if it is new; `None`
+    /// if it is new and the interner cannot get memory to store it. Called from allocator
+    /// hooks, so every growth is a fallible reservation made before anything changes: a
+    /// failure leaves the interner as it was and the caller drops the trace.
     ///
     /// # Safety
     /// The GIL is held, and every non-zero `code` in `frames` is a live code object.
     #[inline]
-    pub unsafe fn intern(&mut self, frames: &[RawFrame], total_nframe: u16) -> TracebackId {
+    pub unsafe fn intern(&mut self, frames: &[RawFrame], total_nframe: u16) -> Option<TracebackId> {
         if self.get(self.last) == (frames, total_nframe) {
-            return self.last;
+            return Some(self.last);
         }
-        let id = self.lookup_or_insert(frames, total_nframe);
+        let id = self.lookup_or_insert(frames, total_nframe)?;
         self.last = id;
-        id
+        Some(id)
     }
 
     /// # Safety
     /// As [`Interner::intern`].
-    unsafe fn lookup_or_insert(&mut self, frames: &[RawFrame], total_nframe: u16) -> TracebackId {
+    unsafe fn lookup_or_insert(
+        &mut self,
+        frames: &[RawFrame],
+        total_nframe: u16,
+    ) -> Option<TracebackId> {
         let hash = hash_stack(frames, total_nframe);
         let Self {
             frames: arena,
@@ -117,16 +124,30 @@ impl Interner {
                 && &arena[stack.start as usize..][..stack.len as usize] == frames
         });
         if let Some(&id) = found {
-            return id;
+            return Some(id);
         }
+        self.reserve_for(frames.len())?;
         for frame in frames {
             if frame.code != 0 && self.pinned.insert(frame.code) {
                 ffi::Py_INCREF(frame.code as *mut ffi::PyObject);
             }
         }
-        self.insert_new(frames, total_nframe, hash)
+        Some(self.insert_new(frames, total_nframe, hash))
     }
 
+    /// Makes room for one more stack of `nframe` frames, so that storing it cannot allocate.
+    fn reserve_for(&mut self, nframe: usize) -> Option<()> {
+        self.frames.try_reserve(nframe).ok()?;
+        self.stacks.try_reserve(1).ok()?;
+        let stacks = &self.stacks;
+        self.index
+            .try_reserve(1, |&other| stacks[other as usize].hash)
+            .ok()?;
+        self.pinned.try_reserve(nframe).ok()
+    }
+
+    /// Stores a stack known to be new. Infallible only after [`Interner::reserve_for`]
+    /// succeeded for it (or outside a hook, where allocation failure may abort).
     fn insert_new(&mut self, frames: &[RawFrame], total_nframe: u16, hash: u64) -> TracebackId {
         let id = self.stacks.len() as TracebackId;
         self.stacks.push(Stack {
@@ -364,11 +385,11 @@ mod tests {
         ];
         let ids: Vec<_> = cases
             .iter()
-            .map(|(frames, total)| unsafe { interner.intern(frames, *total) })
+            .map(|(frames, total)| unsafe { interner.intern(frames, *total) }.unwrap())
             .collect();
         let again: Vec<_> = cases
             .iter()
-            .map(|(frames, total)| unsafe { interner.intern(frames, *total) })
+            .map(|(frames, total)| unsafe { interner.intern(frames, *total) }.unwrap())
             .collect();
         assert_eq!(ids, again);
         let distinct: std::collections::HashSet<_> = ids.iter().collect();

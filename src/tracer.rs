@@ -15,7 +15,7 @@
 use std::cell::{Cell, UnsafeCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Once, OnceLock};
 
 use pyo3::ffi;
@@ -37,6 +37,10 @@ static TRACING: AtomicBool = AtomicBool::new(false);
 static RECORDING: AtomicBool = AtomicBool::new(true);
 static TABLE: OnceLock<TraceTable> = OnceLock::new();
 static MAIN_INTERPRETER: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+/// Blocks allocated while tracing but left untraced because the tracer could not get memory
+/// for their trace (or a new traceback); reset with the traces. Such a block is invisible to
+/// the totals and snapshots, and its free is a no-op for the table.
+static DROPPED: AtomicUsize = AtomicUsize::new(0);
 
 /// State only a thread holding the main interpreter's GIL may touch.
 ///
@@ -130,14 +134,17 @@ fn table() -> &'static TraceTable {
     TABLE.get_or_init(TraceTable::new)
 }
 
-/// The interned traceback of the calling thread's current stack, or `None` if the trace-time
-/// filters reject it.
+/// The interned traceback of the calling thread's current stack: `Ok(None)` if the
+/// trace-time filters reject it, `Err(OutOfMemory)` if it is new and there is no memory to
+/// intern it.
 ///
 /// # Safety
 /// Called from a hook, inside a [`ReentrancyGuard`].
 #[inline(always)]
-unsafe fn current_traceback(gil_held: bool) -> Option<TracebackId> {
-    let unknown = || KEEP_UNKNOWN.load(Relaxed).then_some(UNKNOWN_TRACEBACK);
+unsafe fn current_traceback(
+    gil_held: bool,
+) -> std::result::Result<Option<TracebackId>, OutOfMemory> {
+    let unknown = || Ok(KEEP_UNKNOWN.load(Relaxed).then_some(UNKNOWN_TRACEBACK));
     let tstate = Current::gil_thread_state(gil_held);
     if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
         return unknown();
@@ -151,10 +158,13 @@ unsafe fn current_traceback(gil_held: bool) -> Option<TracebackId> {
     if n == 0 {
         return unknown();
     }
-    let id = live.interner.intern(&live.scratch[..n], total);
+    let id = live
+        .interner
+        .intern(&live.scratch[..n], total)
+        .ok_or(OutOfMemory)?;
     // SAFETY: as above.
     let filters = FILTERS.get();
-    match &filters.set {
+    Ok(match &filters.set {
         None => Some(id),
         Some(set) => {
             let keep = match live.interner.verdict(id, filters.generation) {
@@ -167,7 +177,7 @@ unsafe fn current_traceback(gil_held: bool) -> Option<TracebackId> {
             };
             keep.then_some(id)
         }
-    }
+    })
 }
 
 /// Runs the filters on one stack (once per distinct stack and filter set).
@@ -193,6 +203,33 @@ pub fn set_trace_filters(specs: &[FilterSpec]) -> Result<()> {
     Ok(())
 }
 
+/// The tracer could not get memory for a trace or a new traceback.
+struct OutOfMemory;
+
+/// Records a trace, or counts it as dropped when the tracer is out of memory: the program's
+/// own allocation already succeeded and must not fail (or abort) because ours did.
+#[inline(always)]
+fn record(address: usize, trace: Trace) {
+    if !table().insert(address, trace) {
+        DROPPED.fetch_add(1, Relaxed);
+    }
+}
+
+/// Records a block with the current traceback, unless the trace-time filters reject it.
+///
+/// # Safety
+/// Called from a hook, inside a [`ReentrancyGuard`].
+#[inline(always)]
+unsafe fn record_current(address: usize, size: usize, gil_held: bool) {
+    match current_traceback(gil_held) {
+        Ok(Some(traceback)) => record(address, Trace { size, traceback }),
+        Ok(None) => {}
+        Err(OutOfMemory) => {
+            DROPPED.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 /// A block was allocated.
 ///
 /// # Safety
@@ -205,9 +242,7 @@ pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool) {
     let Some(_guard) = ReentrancyGuard::enter() else {
         return;
     };
-    if let Some(traceback) = current_traceback(gil_held) {
-        table().insert(address, Trace { size, traceback });
-    }
+    record_current(address, size, gil_held);
 }
 
 /// A block is about to be freed.
@@ -254,14 +289,12 @@ pub unsafe fn on_realloc_end(
     };
     if new == 0 {
         if let Some(old) = old {
-            table().insert(old_address, old);
+            record(old_address, old);
         }
     } else if RECORDING.load(Relaxed) {
-        if let Some(traceback) = current_traceback(gil_held) {
-            table().insert(new, Trace { size, traceback });
-        }
+        record_current(new, size, gil_held);
     } else if let Some(old) = old {
-        table().insert(new, Trace { size, ..old });
+        record(new, Trace { size, ..old });
     }
 }
 
@@ -294,6 +327,7 @@ pub fn start(py: Python<'_>, nframe: i64) -> Result<()> {
     }
     register_fork_handlers();
     table().clear();
+    DROPPED.store(0, Relaxed);
     // SAFETY: the GIL is held and no hook is recording yet (TRACING is false), so nothing else
     // borrows these cells.
     unsafe {
@@ -346,6 +380,7 @@ pub fn clear_traces(py: Python<'_>) {
         let live = LIVE.get().replace(fresh_live);
         let resolver = RESOLVER.get().replace(fresh_resolver);
         table().clear();
+        DROPPED.store(0, Relaxed);
         (live, resolver)
     };
     release(py, live, resolver);
@@ -397,6 +432,12 @@ pub fn traced_memory() -> (usize, usize) {
     } else {
         (0, 0)
     }
+}
+
+/// Blocks left untraced since the traces were last cleared because the tracer was out of
+/// memory (see [`DROPPED`]).
+pub fn dropped_traces() -> usize {
+    DROPPED.load(Relaxed)
 }
 
 pub fn reset_peak() {

@@ -262,9 +262,14 @@ unsafe fn preheader_size(obj: *mut ffi::PyObject, extra_flags: std::os::raw::c_u
 /// `previous`. `skips_cstack` is whether the version has shim frames owned by the C stack
 /// (3.12+), which are always incomplete.
 ///
-/// Each field is read once per frame: this loop runs over the whole stack on every
-/// allocation (tracemalloc reports the full depth), so it is most of the hook's cost on deep
-/// stacks.
+/// This loop runs over the whole stack on every allocation (tracemalloc reports the full
+/// depth), so on deep stacks it is most of the hook's cost. Once `out` is full, only the
+/// depth is still needed, and the tail is counted from the frames alone, without touching
+/// their code objects: shim frames are skipped, but the "not yet at its first traceable
+/// instruction" test is not repeated. That test only matters for the frame being set up,
+/// which is at the top of the stack, inside the limit; a frame below it can be in its
+/// prologue only if a finalizer ran Python code during that prologue (then `total_nframe`
+/// counts that frame, where tracemalloc would not).
 ///
 /// # Safety
 /// As [`Interpreter::walk`]; `frame` is the thread's current interpreter frame.
@@ -277,37 +282,40 @@ unsafe fn walk_interpreter_frames(
 ) -> (usize, u16) {
     #[cfg(not(Py_3_12))]
     let _ = skips_cstack;
+    let is_shim = |_owner: u8| {
+        #[cfg(Py_3_12)]
+        return skips_cstack && _owner == layout::OWNED_BY_CSTACK;
+        #[cfg(not(Py_3_12))]
+        return false;
+    };
     let mut n = 0;
     let mut total: u16 = 0;
-    while !frame.is_null() {
+    while !frame.is_null() && n < out.len() {
         let owner = *(frame.cast::<u8>().add(layout::IFRAME_OWNER));
         let next = read_ptr(frame, layout::IFRAME_PREVIOUS);
-        #[cfg(Py_3_12)]
-        if skips_cstack && owner == layout::OWNED_BY_CSTACK {
-            frame = next;
-            continue;
-        }
         let code = read_ptr(frame, layout::IFRAME_CODE);
-        if is_code(code) {
+        if !is_shim(owner) && is_code(code) {
             let start = code as usize + layout::CODE_ADAPTIVE;
             let instr = read_ptr(frame, layout::IFRAME_INSTR) as usize;
             // `_PyFrame_IsIncomplete`: a frame that has not yet reached its first traceable
             // instruction (still setting up cells and the like), unless a generator owns it.
             let first = *(code.cast::<u8>().add(layout::CODE_FIRSTTRACEABLE) as *const i32);
-            let complete =
-                owner == layout::OWNED_BY_GENERATOR || instr >= start + 2 * first as usize;
-            if complete {
-                if n < out.len() {
-                    out[n] = RawFrame {
-                        code: code as usize,
-                        offset: instr.wrapping_sub(start) as isize as i32,
-                    };
-                    n += 1;
-                }
-                total = total.saturating_add(1);
+            if owner == layout::OWNED_BY_GENERATOR || instr >= start + 2 * first as usize {
+                out[n] = RawFrame {
+                    code: code as usize,
+                    offset: instr.wrapping_sub(start) as isize as i32,
+                };
+                n += 1;
+                total += 1;
             }
         }
         frame = next;
+    }
+    while !frame.is_null() {
+        if !is_shim(*(frame.cast::<u8>().add(layout::IFRAME_OWNER))) {
+            total = total.saturating_add(1);
+        }
+        frame = read_ptr(frame, layout::IFRAME_PREVIOUS);
     }
     (n, total)
 }

@@ -1,10 +1,11 @@
 //! Module functions of `alloctrace._native` for the live tracer. Each one converts arguments,
 //! refuses what tracemalloc refuses, and delegates to [`crate::tracer`].
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
+use crate::capture::MAX_NFRAME;
 use crate::py::snapshot::PySnapshotData;
 use crate::tracer;
 
@@ -25,9 +26,50 @@ fn refuse_if_tracemalloc_is_tracing(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
+/// Refuses calls from a sub-interpreter. The tracer's state belongs to the main interpreter:
+/// it is guarded by the main GIL (a sub-interpreter may have its own, 3.12+) and holds that
+/// interpreter's objects (filenames, code objects), which another interpreter must not get.
+fn require_main_interpreter(what: &str) -> PyResult<()> {
+    // SAFETY: the caller holds its interpreter's GIL; reading the pointers has no effect.
+    let main =
+        unsafe { pyo3::ffi::PyInterpreterState_Get() == pyo3::ffi::PyInterpreterState_Main() };
+    if main {
+        Ok(())
+    } else {
+        Err(PyRuntimeError::new_err(format!(
+            "alloctrace.{what}() can only be called from the main interpreter (tracing belongs \
+             to it; allocations of sub-interpreters are traced with an unknown traceback)"
+        )))
+    }
+}
+
+/// A frame count: any int, so that one too large for a C integer gets the same
+/// "must be in range" ValueError as any other out-of-range count, not an OverflowError about C
+/// types.
+struct FrameCount(i64);
+
+impl<'py> FromPyObject<'_, 'py> for FrameCount {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'_, 'py, PyAny>) -> PyResult<Self> {
+        match obj.extract::<i64>() {
+            Ok(n) => Ok(FrameCount(n)),
+            Err(err) if err.is_instance_of::<PyOverflowError>(obj.py()) => {
+                Err(PyValueError::new_err(format!(
+                    "the number of frames must be in range [1; {MAX_NFRAME}], got {}",
+                    &*obj
+                )))
+            }
+            Err(err) => Err(err),
+        }
+    }
+}
+
 #[pyfunction]
-#[pyo3(signature = (nframe = 1))]
-fn start(py: Python<'_>, nframe: i64) -> PyResult<()> {
+#[pyo3(signature = (nframe = FrameCount(1)))]
+fn start(py: Python<'_>, nframe: FrameCount) -> PyResult<()> {
+    let FrameCount(nframe) = nframe;
+    require_main_interpreter("start")?;
     if !tracer::is_tracing() {
         refuse_if_tracemalloc_is_tracing(py)?;
     }
@@ -35,8 +77,10 @@ fn start(py: Python<'_>, nframe: i64) -> PyResult<()> {
 }
 
 #[pyfunction]
-fn stop(py: Python<'_>) {
-    tracer::stop(py)
+fn stop(py: Python<'_>) -> PyResult<()> {
+    require_main_interpreter("stop")?;
+    tracer::stop(py);
+    Ok(())
 }
 
 #[pyfunction]
@@ -45,17 +89,22 @@ fn is_tracing() -> bool {
 }
 
 #[pyfunction]
-fn clear_traces(py: Python<'_>) {
-    tracer::clear_traces(py)
+fn clear_traces(py: Python<'_>) -> PyResult<()> {
+    require_main_interpreter("clear_traces")?;
+    tracer::clear_traces(py);
+    Ok(())
 }
 
 #[pyfunction]
-fn get_traceback_limit() -> usize {
-    tracer::traceback_limit()
+fn get_traceback_limit() -> PyResult<usize> {
+    require_main_interpreter("get_traceback_limit")?;
+    Ok(tracer::traceback_limit())
 }
 
 #[pyfunction]
-fn set_traceback_limit(nframe: i64) -> PyResult<()> {
+fn set_traceback_limit(nframe: FrameCount) -> PyResult<()> {
+    let FrameCount(nframe) = nframe;
+    require_main_interpreter("set_traceback_limit")?;
     Ok(tracer::set_traceback_limit(nframe)?)
 }
 
@@ -70,8 +119,16 @@ fn reset_peak() {
 }
 
 #[pyfunction]
-fn get_tracemalloc_memory() -> usize {
-    tracer::tracer_memory()
+fn get_tracemalloc_memory() -> PyResult<usize> {
+    require_main_interpreter("get_tracemalloc_memory")?;
+    Ok(tracer::tracer_memory())
+}
+
+/// Blocks allocated while tracing that the tracer left untraced because it could not get
+/// memory for their trace; 0 unless memory ran out. Reset by `start()` and `clear_traces()`.
+#[pyfunction]
+fn get_dropped_traces() -> usize {
+    tracer::dropped_traces()
 }
 
 #[pyfunction]
@@ -94,11 +151,13 @@ fn get_object_traceback<'py>(
     py: Python<'py>,
     obj: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    require_main_interpreter("get_object_traceback")?;
     tracer::object_traceback(py, obj)
 }
 
 #[pyfunction]
 fn get_traces(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
+    require_main_interpreter("_get_traces")?;
     let raw = tracer::raw_traces(py)?;
     let items = raw
         .traces
@@ -125,6 +184,7 @@ fn set_trace_filters(specs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
 
 #[pyfunction]
 fn take_snapshot(py: Python<'_>) -> PyResult<PySnapshotData> {
+    require_main_interpreter("take_snapshot")?;
     Ok(PySnapshotData::new(tracer::take_snapshot(py)?))
 }
 
@@ -138,6 +198,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_traced_memory, m)?)?;
     m.add_function(wrap_pyfunction!(reset_peak, m)?)?;
     m.add_function(wrap_pyfunction!(get_tracemalloc_memory, m)?)?;
+    m.add_function(wrap_pyfunction!(get_dropped_traces, m)?)?;
     m.add_function(wrap_pyfunction!(enable, m)?)?;
     m.add_function(wrap_pyfunction!(disable, m)?)?;
     m.add_function(wrap_pyfunction!(is_enabled, m)?)?;

@@ -1,0 +1,153 @@
+"""Run alloctrace's benchmark suite and print one markdown table per interpreter.
+
+Usage::
+
+    python benches/run.py [--quick] [--python 3.11|all|3.9,3.13|current]
+                          [--only overhead,hook,memory,snapshot] [--out results.md]
+
+The four parts (see their modules) compare the same workload untraced, under the standard
+``tracemalloc`` and under ``alloctrace``.  By default each interpreter gets a venv under
+``--cache`` with pyperformance and a release wheel of this checkout; ``--python current`` measures
+the running interpreter as installed.  The table goes to stdout (and ``--out``); progress goes to
+stderr.  This is not part of the test suite's pass/fail: a MISS is a finding, not an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import environments
+import hook
+import memory
+import overhead
+import report
+import snapshot_ops
+
+PARTS = {
+    "overhead": overhead,
+    "hook": hook,
+    "memory": memory,
+    "snapshot": snapshot_ops,
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="benches/run.py", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    preset = parser.add_mutually_exclusive_group()
+    preset.add_argument(
+        "--quick", action="store_true", help="about a minute per part: one round, short values"
+    )
+    preset.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds-long run on tiny inputs, to check the harness works (figures meaningless)",
+    )
+    parser.add_argument(
+        "--python",
+        default=environments.DEFAULT_VERSION,
+        help="interpreter(s): a version such as 3.11, a comma-separated list, 'all' "
+        f"({', '.join(environments.SUPPORTED)}) or 'current' (this interpreter, no venv)",
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(PARTS),
+        help=f"comma-separated parts to run, from {', '.join(PARTS)}",
+    )
+    parser.add_argument(
+        "--nframes",
+        help="comma-separated frame limits for the overhead part, overriding the preset's "
+        "(e.g. --quick --nframes 1,25 for both depths in one round)",
+    )
+    parser.add_argument("--out", type=Path, help="also write the markdown to this file")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path.home() / ".cache" / "alloctrace-bench",
+        help="where the per-interpreter venvs and wheels live",
+    )
+    alloc = parser.add_mutually_exclusive_group()
+    alloc.add_argument(
+        "--wheel", help="install this alloctrace wheel instead of building one from the checkout"
+    )
+    alloc.add_argument(
+        "--no-alloctrace",
+        action="store_true",
+        help="measure untraced and tracemalloc only (the alloctrace column is left out)",
+    )
+    opts = parser.parse_args(argv)
+    unknown = set(opts.only.split(",")) - set(PARTS)
+    if unknown:
+        parser.error(f"unknown part(s) in --only: {', '.join(sorted(unknown))}")
+    return opts
+
+
+def interpreters(spec: str) -> list[str]:
+    """Expand --python into a list of versions (or ["current"])."""
+    if spec == "current":
+        return ["current"]
+    versions = list(environments.SUPPORTED) if spec == "all" else spec.split(",")
+    for version in versions:
+        if version not in environments.SUPPORTED:
+            raise SystemExit(
+                f"unsupported --python {version!r}; expected one of "
+                f"{', '.join(environments.SUPPORTED)}, 'all' or 'current'"
+            )
+    return versions
+
+
+def main(argv: list[str]) -> int:
+    opts = parse_args(argv)
+    preset = "smoke" if opts.smoke else "quick" if opts.quick else "full"
+    command = "python benches/run.py " + shlex.join(argv) if argv else "python benches/run.py"
+    command = command.rstrip()
+    if opts.no_alloctrace:
+        alloctrace = "skip"
+    else:
+        alloctrace = opts.wheel or "build"
+    sections = []
+    for version in interpreters(opts.python):
+        started = time.monotonic()
+        if version == "current":
+            python = environments.current_python()
+        else:
+            python = environments.prepare_venv(version, opts.cache, alloctrace)
+        interp = environments.interpreter_facts(python)
+        if opts.no_alloctrace:
+            interp["alloctrace_problem"] = "left out with --no-alloctrace"
+        with_at = not interp["alloctrace_problem"]
+        facts = {
+            "command": command,
+            "preset": preset,
+            "interpreter": interp,
+            "machine": environments.machine_facts(),
+            "commit": environments.git_commit(),
+            "load_before": environments.load_average(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        }
+        results = {}
+        for name in opts.only.split(","):
+            module = PARTS[name]
+            settings = module.PRESETS[preset]
+            if opts.nframes and name == "overhead":
+                nframes = tuple(int(n) for n in opts.nframes.split(","))
+                settings = dataclasses.replace(settings, nframes=nframes)
+            results[name] = module.run(python, settings, with_at)
+        facts["load_after"] = environments.load_average()
+        facts["wall"] = f"{(time.monotonic() - started) / 60:.1f} min"
+        sections.append(report.render(facts, results))
+    text = "\n".join(sections)
+    sys.stdout.write(text)
+    if opts.out:
+        opts.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
