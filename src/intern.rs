@@ -229,11 +229,11 @@ pub struct ResolvedFunction {
 /// so it may use the Python API freely.
 pub struct Resolver {
     filenames: Vec<ResolvedFilename>,
-    by_code: HashMap<usize, u32>,
+    /// Per code object: its filename's index, and its function's index in `functions`
+    /// (`None` where its name could not be read).
+    by_code: HashMap<usize, (u32, Option<u32>)>,
     lines: HashMap<RawFrame, u32>,
     functions: Vec<ResolvedFunction>,
-    /// Index into `functions`, `None` for a code object whose name could not be read.
-    function_by_code: HashMap<usize, Option<u32>>,
 }
 
 impl Resolver {
@@ -243,7 +243,6 @@ impl Resolver {
             by_code: HashMap::new(),
             lines: HashMap::new(),
             functions: Vec::new(),
-            function_by_code: HashMap::new(),
         };
         resolver.push_filename(
             PyString::new(py, "<unknown>").unbind(),
@@ -270,41 +269,48 @@ impl Resolver {
     /// # Safety
     /// `frame.code` is 0 or a code object pinned by the live interner.
     pub unsafe fn resolve(&mut self, py: Python<'_>, frame: RawFrame) -> (u32, u32) {
+        let (filename, lineno, _) = self.resolve_with_function(py, frame);
+        (filename, lineno)
+    }
+
+    /// As [`Resolver::resolve`], plus the function (index for [`Resolver::function`]) of the
+    /// frame's code object: `None` for the unknown frame and for a code object whose name is
+    /// not a `str`. Both come from one lookup by code object, so snapshots pay little extra.
+    ///
+    /// # Safety
+    /// As [`Resolver::resolve`].
+    pub unsafe fn resolve_with_function(
+        &mut self,
+        py: Python<'_>,
+        frame: RawFrame,
+    ) -> (u32, u32, Option<u32>) {
         if frame.code == 0 {
-            return (0, 0);
+            return (0, 0, None);
         }
-        let filename = match self.by_code.get(&frame.code) {
-            Some(&index) => index,
+        let (filename, function) = match self.by_code.get(&frame.code) {
+            Some(&found) => found,
             None => {
-                let index = self.resolve_filename(py, frame.code);
-                self.by_code.insert(frame.code, index);
-                index
+                let found = (
+                    self.resolve_filename(py, frame.code),
+                    self.resolve_function(py, frame.code),
+                );
+                self.by_code.insert(frame.code, found);
+                found
             }
         };
         let lineno = *self.lines.entry(frame).or_insert_with(|| {
             let line = ffi::PyCode_Addr2Line(frame.code as *mut ffi::PyCodeObject, frame.offset);
             line.max(0) as u32
         });
-        (filename, lineno)
+        (filename, lineno, function)
     }
 
     pub fn function(&self, index: u32) -> &ResolvedFunction {
         &self.functions[index as usize]
     }
 
-    /// The function (index for [`Resolver::function`]) of a raw frame's code object; `None`
-    /// for the unknown frame and for a code object whose name is not a `str`.
-    ///
-    /// # Safety
-    /// As [`Resolver::resolve`].
-    pub unsafe fn resolve_function(&mut self, py: Python<'_>, frame: RawFrame) -> Option<u32> {
-        if frame.code == 0 {
-            return None;
-        }
-        if let Some(&index) = self.function_by_code.get(&frame.code) {
-            return index;
-        }
-        let code = Bound::from_borrowed_ptr(py, frame.code as *mut ffi::PyObject);
+    unsafe fn resolve_function(&mut self, py: Python<'_>, code: usize) -> Option<u32> {
+        let code = Bound::from_borrowed_ptr(py, code as *mut ffi::PyObject);
         let name = code
             .getattr("co_qualname")
             .or_else(|_| code.getattr("co_name"))
@@ -316,15 +322,13 @@ impl Resolver {
             .getattr("co_firstlineno")
             .and_then(|n| n.extract::<u32>())
             .unwrap_or(0);
-        let index = name.map(|name| {
+        name.map(|name| {
             self.functions.push(ResolvedFunction {
                 name: name.as_bytes().into(),
                 first_lineno,
             });
             (self.functions.len() - 1) as u32
-        });
-        self.function_by_code.insert(frame.code, index);
-        index
+        })
     }
 
     unsafe fn resolve_filename(&mut self, py: Python<'_>, code: usize) -> u32 {
@@ -354,14 +358,13 @@ impl Resolver {
             .iter()
             .map(|f| f.bytes.len() + std::mem::size_of::<ResolvedFilename>())
             .sum::<usize>()
-            + self.by_code.capacity() * 16
+            + self.by_code.capacity() * 24
             + self.lines.capacity() * 24
             + self
                 .functions
                 .iter()
                 .map(|f| f.name.len() + std::mem::size_of::<ResolvedFunction>())
                 .sum::<usize>()
-            + self.function_by_code.capacity() * 16
     }
 }
 

@@ -499,18 +499,22 @@ fn resolve_stacks(
     };
     raw.into_iter()
         .map(|(frames, total)| {
-            // SAFETY (both maps): every code object named by the live interner is pinned.
-            let resolved = frames
-                .iter()
-                .map(|&frame| unsafe { resolver.resolve(py, frame) })
-                .collect();
-            let names = if functions {
+            // SAFETY: every code object named by the live interner is pinned.
+            let (resolved, names) = if functions {
                 frames
                     .iter()
-                    .map(|&frame| unsafe { resolver.resolve_function(py, frame) })
-                    .collect()
+                    .map(|&frame| {
+                        let (filename, lineno, function) =
+                            unsafe { resolver.resolve_with_function(py, frame) };
+                        ((filename, lineno), function)
+                    })
+                    .unzip()
             } else {
-                Vec::new()
+                let resolved = frames
+                    .iter()
+                    .map(|&frame| unsafe { resolver.resolve(py, frame) })
+                    .collect();
+                (resolved, Vec::new())
             };
             ((resolved, total), names)
         })
@@ -563,7 +567,8 @@ pub fn take_snapshot(py: Python<'_>) -> Result<Snapshot> {
     let snapshot = with_resolver(|resolver| {
         let mut builder = SnapshotBuilder::new(limit);
         let mut filename_ids: HashMap<u32, u32> = HashMap::new();
-        let mut function_ids: HashMap<u32, u32> = HashMap::new();
+        // Resolver function index -> builder function id (u32::MAX: not interned yet).
+        let mut function_ids: Vec<u32> = Vec::new();
         let tracebacks: Vec<_> = collected
             .stacks
             .iter()
@@ -582,10 +587,15 @@ pub fn take_snapshot(py: Python<'_>) -> Result<Snapshot> {
                     .iter()
                     .map(|&f| {
                         let f = f?;
-                        Some(*function_ids.entry(f).or_insert_with(|| {
+                        if function_ids.len() <= f as usize {
+                            function_ids.resize(f as usize + 1, u32::MAX);
+                        }
+                        if function_ids[f as usize] == u32::MAX {
                             let function = resolver.function(f);
-                            builder.function(&function.name, function.first_lineno)
-                        }))
+                            function_ids[f as usize] =
+                                builder.function(&function.name, function.first_lineno);
+                        }
+                        Some(function_ids[f as usize])
                     })
                     .collect();
                 if known.iter().any(Option::is_some) {

@@ -270,6 +270,16 @@ def test_export_errors(traced, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bytes_and_path_like_filenames(traced, tmp_path):
+    _, _, snapshot = traced
+    snapshot.to_collapsed(tmp_path / "a.txt")
+    snapshot.to_collapsed(bytes(tmp_path / "b.txt"))
+    snapshot.to_pprof(str(tmp_path / "c.pb.gz"))
+    snapshot.to_flamegraph(bytes(tmp_path / "d.svg"))
+    assert (tmp_path / "a.txt").read_text() == (tmp_path / "b.txt").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt", "c.pb.gz", "d.svg"]
+
+
 def cli(*args):
     return subprocess.run(
         [sys.executable, "-m", "alloctrace", *args], capture_output=True, text=True, timeout=120

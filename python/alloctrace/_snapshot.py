@@ -552,12 +552,12 @@ class Snapshot:
         and the profilers that read pprof: sample types ``inuse_objects`` and
         ``inuse_space``, one sample per distinct traceback, frames named by function
         where the snapshot recorded it."""
-        self._data.to_pprof(filename)
+        self._data.to_pprof(_path(filename))
 
     def to_collapsed(self, filename):
         """Write folded stacks: one ``root;...;leaf size`` line per distinct traceback,
         oldest frame first, frames written as ``function (file:line)``."""
-        self._data.to_collapsed(filename)
+        self._data.to_collapsed(_path(filename))
 
     def to_flamegraph(self, filename, *, title=None, base=None):
         """Write an interactive SVG flamegraph of live memory by traceback.
@@ -569,7 +569,7 @@ class Snapshot:
             base = _snapshot_data(base, "base")
         if title is not None and not isinstance(title, str):
             raise TypeError(f"title must be a str or None, not {type(title).__name__}")
-        self._data.to_flamegraph(filename, base, title)
+        self._data.to_flamegraph(_path(filename), base, title)
 
 
 def _snapshot_data(snapshot, what):
