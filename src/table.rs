@@ -7,6 +7,9 @@
 //! it empties the map and zeroes the totals; together that keeps "current == sum of the live
 //! traces' sizes" exact whenever no hook is half-way through.
 //!
+//! An entry is 16 bytes (see [`Packed`]): the trace table is most of the tracer's memory, one
+//! entry per live block.
+//!
 //! The table is created once and never freed (it lives in a `static`): `stop()` may race with a
 //! hook still running on another thread, and that hook must find valid memory.
 
@@ -61,8 +64,53 @@ impl BuildHasher for BuildAddressHasher {
     }
 }
 
+/// A table entry: `(key, value)`, 16 bytes instead of the 24 an address, a `usize` size and a
+/// 32-bit id would take with padding.
+///
+/// - `key`: the block's address in the low 48 bits (x86-64 user space is below 2^47), the high
+///   16 bits of its size above it;
+/// - `value`: the low 32 bits of its size, then the traceback id.
+///
+/// Lookups hash and compare the address bits only. A block whose address or size does not fit
+/// (an address above 2^48, a block of 256 TiB) is not stored and is counted as dropped, never
+/// recorded wrongly.
+type Packed = (u64, SharedValue<u64>);
+
+const ADDRESS_MASK: u64 = (1 << 48) - 1;
+
+/// hashbrown's bucket count for a table of `capacity`: a power of two, filled to 7/8 at most
+/// (to all but one bucket below 8).
+fn buckets_for_capacity(capacity: usize) -> usize {
+    match capacity {
+        0 => 0,
+        1..=7 => (capacity + 1).next_power_of_two(),
+        _ => (capacity / 7 * 8).next_power_of_two(),
+    }
+}
+
+#[inline(always)]
+fn pack(address: usize, trace: Trace) -> Option<(u64, u64)> {
+    let (address, size) = (address as u64, trace.size as u64);
+    if address > ADDRESS_MASK || size >> 48 != 0 {
+        return None;
+    }
+    let key = address | (size >> 32) << 48;
+    let value = (size & 0xffff_ffff) | u64::from(trace.traceback) << 32;
+    Some((key, value))
+}
+
+#[inline(always)]
+fn unpack(key: u64, value: u64) -> (usize, Trace) {
+    let size = (key >> 48) << 32 | (value & 0xffff_ffff);
+    let trace = Trace {
+        size: size as usize,
+        traceback: (value >> 32) as TracebackId,
+    };
+    ((key & ADDRESS_MASK) as usize, trace)
+}
+
 pub struct TraceTable {
-    map: DashMap<usize, Trace, BuildAddressHasher>,
+    map: DashMap<u64, u64, BuildAddressHasher>,
     current: AtomicUsize,
     peak: AtomicUsize,
 }
@@ -92,23 +140,27 @@ impl TraceTable {
     #[inline]
     #[must_use = "a `false` insert is a dropped trace, to be counted"]
     pub fn insert(&self, address: usize, trace: Trace) -> bool {
-        let hash = self.map.hash_usize(&address) as u64;
+        let Some((key, value)) = pack(address, trace) else {
+            return false;
+        };
+        let hash = self.hash(address as u64);
         let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
         let mut shard = shard.write();
-        if let Some(bucket) = shard.find(hash, |(key, _)| *key == address) {
+        if let Some(bucket) = shard.find(hash, |entry| entry.0 & ADDRESS_MASK == address as u64) {
             // SAFETY: the bucket was just found in this shard, whose write lock is held.
-            let value = unsafe { bucket.as_mut() };
-            let old = std::mem::replace(value.1.get_mut(), trace);
+            let entry = unsafe { bucket.as_mut() };
+            let (_, old) = unpack(entry.0, *entry.1.get());
+            *entry = (key, SharedValue::new(value));
             self.sub(old.size);
             self.add(trace.size);
             return true;
         }
-        let rehash = |(key, _): &(usize, SharedValue<Trace>)| self.map.hash_usize(key) as u64;
+        let rehash = |entry: &Packed| self.hash(entry.0 & ADDRESS_MASK);
         if shard.try_reserve(1, rehash).is_err() {
             return false;
         }
         // SAFETY: room for one more entry was reserved just above, under the same lock.
-        unsafe { shard.insert_no_grow(hash, (address, SharedValue::new(trace))) };
+        unsafe { shard.insert_no_grow(hash, (key, SharedValue::new(value))) };
         self.add(trace.size);
         true
     }
@@ -117,19 +169,30 @@ impl TraceTable {
     /// `entry()` would reserve room for an insert first, and abort if that failed).
     #[inline]
     pub fn remove(&self, address: usize) -> Option<Trace> {
-        let hash = self.map.hash_usize(&address) as u64;
+        let hash = self.hash(address as u64);
         let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
         let mut shard = shard.write();
-        let bucket = shard.find(hash, |(key, _)| *key == address)?;
+        let bucket = shard.find(hash, |entry| entry.0 & ADDRESS_MASK == address as u64)?;
         // SAFETY: the bucket was just found in this shard, whose write lock is held.
-        let ((_, value), _) = unsafe { shard.remove(bucket) };
-        let trace = value.into_inner();
+        let ((key, value), _) = unsafe { shard.remove(bucket) };
+        let (_, trace) = unpack(key, value.into_inner());
         self.sub(trace.size);
         Some(trace)
     }
 
     pub fn get(&self, address: usize) -> Option<Trace> {
-        self.map.get(&address).map(|entry| *entry)
+        let hash = self.hash(address as u64);
+        let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
+        let shard = shard.read();
+        let bucket = shard.find(hash, |entry| entry.0 & ADDRESS_MASK == address as u64)?;
+        // SAFETY: the bucket was just found in this shard, whose read lock is held.
+        let entry = unsafe { bucket.as_ref() };
+        Some(unpack(entry.0, *entry.1.get()).1)
+    }
+
+    #[inline(always)]
+    fn hash(&self, address: u64) -> u64 {
+        self.map.hash_usize(&address) as u64
     }
 
     /// `(current, peak)` in bytes.
@@ -158,8 +221,8 @@ impl TraceTable {
             // SAFETY: the shard's read lock is held for the whole iteration.
             unsafe {
                 for bucket in shard.iter() {
-                    let (address, value) = bucket.as_ref();
-                    out.push((*address, *value.get()));
+                    let (key, value) = bucket.as_ref();
+                    out.push(unpack(*key, *value.get()));
                 }
             }
         }
@@ -179,10 +242,16 @@ impl TraceTable {
         self.map.shrink_to_fit();
     }
 
-    /// Bytes the table itself holds (buckets of every shard, plus the shard array).
+    /// Bytes the table itself holds: every bucket of every shard (16-byte entry + 1 control
+    /// byte, empty or not), plus the shard array.
     pub fn memory_usage(&self) -> usize {
-        let bucket = std::mem::size_of::<(usize, dashmap::SharedValue<Trace>)>() + 1;
-        self.map.capacity() * bucket + std::mem::size_of_val(self.map.shards())
+        let buckets: usize = self
+            .map
+            .shards()
+            .iter()
+            .map(|shard| buckets_for_capacity(shard.read().capacity()))
+            .sum();
+        buckets * (std::mem::size_of::<Packed>() + 1) + std::mem::size_of_val(self.map.shards())
     }
 
     /// Takes every shard's write lock and keeps it: called just before `fork()` so that the
@@ -278,6 +347,50 @@ mod tests {
         let sum: usize = table.collect().iter().map(|(_, t)| t.size).sum();
         assert_eq!(sum, table.totals().0);
         assert_eq!(table.len(), 4 * (20_000_usize).div_ceil(3));
+    }
+
+    #[test]
+    fn bucket_counts_match_hashbrown() {
+        for wanted in [0usize, 1, 3, 7, 8, 14, 15, 100, 1000, 114_689, 1 << 20] {
+            let table: hashbrown::HashTable<u64> = hashbrown::HashTable::with_capacity(wanted);
+            let buckets = buckets_for_capacity(table.capacity());
+            assert!(buckets.is_power_of_two() || buckets == 0, "{wanted}");
+            assert!(buckets >= table.capacity(), "{wanted}");
+            assert!(buckets <= (table.capacity() * 8 / 7).max(1) * 2, "{wanted}");
+        }
+    }
+
+    #[test]
+    fn entries_are_16_bytes_and_pack_round_trips() {
+        assert_eq!(std::mem::size_of::<Packed>(), 16);
+        // (address, size, traceback, fits)
+        let cases: &[(usize, usize, u32, bool)] = &[
+            (0x7fff_ffff_fff0, 1, 0, true),
+            (16, 0, u32::MAX, true),
+            (0x5555_0000_0010, 0xffff_ffff, 7, true),
+            (0x5555_0000_0010, 0x1_0000_0000, 7, true),
+            (0x5555_0000_0010, (1 << 48) - 1, 3, true),
+            (0x5555_0000_0010, 1 << 48, 3, false),
+            (1 << 48, 8, 3, false),
+        ];
+        for &(address, size, traceback, fits) in cases {
+            let trace = t(size, traceback);
+            match pack(address, trace) {
+                Some((key, value)) => {
+                    assert!(fits, "{address:#x} {size:#x} should not fit");
+                    assert_eq!(unpack(key, value), (address, trace));
+                }
+                None => assert!(!fits, "{address:#x} {size:#x} should fit"),
+            }
+        }
+        let table = TraceTable::new();
+        assert!(table.insert(0x1000, t(5 << 40, 9)));
+        assert_eq!(table.get(0x1000), Some(t(5 << 40, 9)));
+        assert!(
+            !table.insert(0x2000, t(1 << 50, 9)),
+            "oversized blocks are dropped"
+        );
+        assert_eq!(table.totals().0, 5 << 40);
     }
 
     #[test]

@@ -16,20 +16,20 @@ cd "$repo"
 
 log() { printf '\n==> %s\n' "$*"; }
 
-# Every supported interpreter we can find, once each (by real path).
+# Every supported interpreter we can find, one per minor version (pyenv's own installs first,
+# then whatever python3.X is on PATH).
 find_pythons() {
-    local candidates=() seen=" " py real minor
+    local candidates=() seen=" " py minor
     for py in /root/.pyenv/versions/3.*/bin/python3 \
         "$(command -v python3.9 || true)" "$(command -v python3.10 || true)" \
         "$(command -v python3.11 || true)" "$(command -v python3.12 || true)" \
         "$(command -v python3.13 || true)"; do
         [ -x "$py" ] || continue
-        real=$(readlink -f "$py")
-        case "$seen" in *" $real "*) continue ;; esac
         minor=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || continue
         case "$minor" in 3.9 | 3.10 | 3.11 | 3.12 | 3.13) ;; *) continue ;; esac
+        case "$seen" in *" $minor "*) continue ;; esac
         if [ -n "${PYTHONS:-}" ] && [[ " $PYTHONS " != *" $minor "* ]]; then continue; fi
-        seen="$seen$real "
+        seen="$seen$minor "
         candidates+=("$minor=$py")
     done
     printf '%s\n' "${candidates[@]}" | sort -t. -k2 -n

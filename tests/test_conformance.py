@@ -18,8 +18,9 @@ import sysconfig
 import unittest
 from pathlib import Path
 
-import alloctrace
 import pytest
+
+import alloctrace
 
 CLASSES = ("TestTraceback", "TestSnapshot", "TestFilters", "TestTracemallocEnabled")
 

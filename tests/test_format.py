@@ -11,6 +11,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+
 from alloctrace._native import SnapshotFormatError
 from alloctrace._snapshot import Snapshot
 
@@ -99,6 +100,15 @@ def test_unwritable_directory(tmp_path):
         ro.chmod(0o700)
 
 
+def test_failed_rename_removes_the_temporary_file(tmp_path):
+    # The target is a directory: the temporary file is written, then the rename fails.
+    (tmp_path / "target").mkdir()
+    with pytest.raises(IsADirectoryError):
+        Snapshot(RAW, 2).dump(tmp_path / "target")
+    assert [p.name for p in tmp_path.iterdir()] == ["target"]
+    assert list((tmp_path / "target").iterdir()) == []
+
+
 def test_missing_directory_is_an_os_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         Snapshot(RAW, 2).dump(tmp_path / "missing" / "snap.atrace")
@@ -184,6 +194,16 @@ def test_tracemalloc_pickle_needs_opt_in(tmp_path):
     ours = tmp_path / "ours"
     s.dump(ours)
     assert Snapshot.load(ours, allow_pickle=True).traces == s.traces
+
+
+def test_pickle_of_our_snapshot_and_foreign_pickles(tmp_path):
+    ours = Snapshot(RAW, 2)
+    path = tmp_path / "ours.pickle"
+    path.write_bytes(pickle.dumps(ours, pickle.HIGHEST_PROTOCOL))
+    assert Snapshot.load(path, allow_pickle=True).traces == ours.traces
+    path.write_bytes(pickle.dumps({"not": "a snapshot"}, pickle.HIGHEST_PROTOCOL))
+    with pytest.raises(SnapshotFormatError, match="not of a tracemalloc.Snapshot"):
+        Snapshot.load(path, allow_pickle=True)
 
 
 def test_real_tracemalloc_dump_loads(tmp_path):

@@ -12,13 +12,7 @@ import pytest
 
 import alloctrace
 
-
-@pytest.fixture(autouse=True)
-def _stopped():
-    alloctrace.stop()
-    yield
-    alloctrace.stop()
-    alloctrace.enable()
+pytestmark = pytest.mark.usefixtures("stopped_tracer")
 
 
 def here():
@@ -272,35 +266,35 @@ def test_threads_allocating_while_another_snapshots_and_restarts():
     assert current == total
 
 
-def _libpython():
-    return ctypes.CDLL(None)
+def raw_allocator(holding_gil):
+    """PyMem_RawMalloc and PyMem_RawFree, called through ctypes either with the GIL held
+    (``ctypes.pythonapi``) or released (``ctypes.CDLL``, as C code without the GIL would)."""
+    lib = ctypes.pythonapi if holding_gil else ctypes.CDLL(None)
+    malloc, free = lib.PyMem_RawMalloc, lib.PyMem_RawFree
+    malloc.restype = ctypes.c_void_p
+    malloc.argtypes = [ctypes.c_size_t]
+    free.argtypes = [ctypes.c_void_p]
+    return malloc, free
 
 
 def test_raw_domain_without_gil_records_unknown_stack():
-    lib = _libpython()
-    lib.PyMem_RawMalloc.restype = ctypes.c_void_p
-    lib.PyMem_RawMalloc.argtypes = [ctypes.c_size_t]
-    lib.PyMem_RawFree.argtypes = [ctypes.c_void_p]
+    malloc, free = raw_allocator(holding_gil=False)
     alloctrace.start()
-    # ctypes.CDLL calls release the GIL: the hook must not read frames or take the GIL.
-    ptr = lib.PyMem_RawMalloc(98_765)
+    # The hook must neither read frames nor take the GIL.
+    ptr = malloc(98_765)
     try:
         matches = [t for t in alloctrace._get_traces() if t[1] == 98_765]
         assert matches and matches[0][2] == (("<unknown>", 0),)
         before = alloctrace.get_traced_memory()[0]
     finally:
-        lib.PyMem_RawFree(ptr)
+        free(ptr)
     assert alloctrace.get_traced_memory()[0] <= before - 98_765 + 4096
 
 
 def test_raw_domain_with_gil_records_the_stack():
-    fn = ctypes.pythonapi.PyMem_RawMalloc
-    fn.restype = ctypes.c_void_p
-    fn.argtypes = [ctypes.c_size_t]
-    free = ctypes.pythonapi.PyMem_RawFree
-    free.argtypes = [ctypes.c_void_p]
+    malloc, free = raw_allocator(holding_gil=True)
     alloctrace.start()
-    ptr = fn(87_654)
+    ptr = malloc(87_654)
     where = here()
     try:
         matches = [t for t in alloctrace._get_traces() if t[1] == 87_654]
@@ -481,16 +475,13 @@ def test_trace_time_filters_inclusive_lineno_and_all_frames(tmp_path):
 
 
 def test_trace_time_filter_on_unknown_stacks():
-    lib = _libpython()
-    lib.PyMem_RawMalloc.restype = ctypes.c_void_p
-    lib.PyMem_RawMalloc.argtypes = [ctypes.c_size_t]
-    lib.PyMem_RawFree.argtypes = [ctypes.c_void_p]
+    malloc, free = raw_allocator(holding_gil=False)
     alloctrace.start()
     alloctrace.add_filter(alloctrace.Filter(False, "<unknown>"))
     try:
-        ptr = lib.PyMem_RawMalloc(55_555)
+        ptr = malloc(55_555)
         assert not [t for t in alloctrace._get_traces() if t[1] == 55_555]
-        lib.PyMem_RawFree(ptr)
+        free(ptr)
     finally:
         alloctrace.clear_filters()
 

@@ -429,6 +429,12 @@ _INTERNAL_ATTRIBUTES = frozenset({"_data", "_traces_view"})
 _PICKLE_PROTOCOL_BYTES = {b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"}
 
 
+def _path(filename):
+    """*filename* as ``str``: ``bytes`` and path-like objects are accepted, as by ``open()``."""
+    path = os.fspath(filename)
+    return os.fsdecode(path) if isinstance(path, bytes) else path
+
+
 class Snapshot:
     """Traces of the memory blocks allocated by Python at one moment.
 
@@ -476,7 +482,7 @@ class Snapshot:
 
         The file is replaced atomically: a failed dump leaves any previous file intact.
         """
-        self._data.dump(filename, self._attributes())
+        self._data.dump(_path(filename), self._attributes())
 
     @staticmethod
     def load(filename, *, allow_pickle=False):
@@ -485,6 +491,7 @@ class Snapshot:
         With *allow_pickle*, a snapshot written by ``tracemalloc.Snapshot.dump`` is loaded
         too; unpickling can execute arbitrary code, so only use it on trusted files.
         """
+        filename = _path(filename)
         if allow_pickle:
             with open(filename, "rb") as fp:
                 head = fp.read(2)
@@ -508,6 +515,11 @@ class Snapshot:
         if not isinstance(filters, Iterable):
             raise TypeError(f"filters must be a list of filters, not {type(filters).__name__}")
         filters = list(filters)
+        for index, item in enumerate(filters):
+            if not isinstance(item, BaseFilter):
+                raise TypeError(
+                    f"filters[{index}] must be a Filter or DomainFilter, not {type(item).__name__}"
+                )
         if all(_is_native_filter(f) for f in filters):
             return Snapshot._from_data(self._data.filter([f._spec() for f in filters]))
         # A user-defined filter: its _match has to see every raw trace.
@@ -527,6 +539,11 @@ class Snapshot:
         first."""
         old = old_snapshot._data if isinstance(old_snapshot, Snapshot) else None
         if old is None:
+            # A tracemalloc.Snapshot (or anything shaped like one) is compared by its traces.
+            if not hasattr(getattr(old_snapshot, "traces", None), "_traces"):
+                raise TypeError(
+                    f"old_snapshot must be a Snapshot, not {type(old_snapshot).__name__}"
+                )
             old = SnapshotData.from_raw(old_snapshot.traces._traces, old_snapshot.traceback_limit)
         return _statistic_diffs(self._data.compare_to(old, key_type, bool(cumulative)))
 
@@ -595,6 +612,8 @@ class _TracemallocUnpickler(pickle.Unpickler):
 def _load_pickle(filename):
     with open(filename, "rb") as fp:
         loaded = _TracemallocUnpickler(fp).load()
+    if isinstance(loaded, Snapshot):
+        return loaded
     if not isinstance(loaded, _PickledSnapshot):
         raise SnapshotFormatError(
             f"{filename} is a pickle, but not of a tracemalloc.Snapshot "

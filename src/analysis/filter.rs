@@ -90,9 +90,9 @@ impl Pattern {
         let name = normalize_pyc(filename);
         match &self.glob {
             Some(g) if self.glob_exact_for_any_name || name.is_ascii() => {
-                g.is_match(bytes_as_path(&name))
+                g.is_match(bytes_as_path(name))
             }
-            _ => wild_match(&self.tokens, &code_points(&name)),
+            _ => wild_match(&self.tokens, &code_points(name)),
         }
     }
 }
@@ -130,15 +130,13 @@ fn bytes_as_path(bytes: &[u8]) -> &std::path::Path {
     std::path::Path::new(std::str::from_utf8(bytes).unwrap_or(""))
 }
 
-/// `tracemalloc` compares `a.pyc` as `a.py` (and only `.pyc`: `.pyo` stays as it is).
-fn normalize_pyc(name: &[u8]) -> std::borrow::Cow<'_, [u8]> {
-    match name.strip_suffix(b".pyc") {
-        Some(stem) => {
-            let mut v = stem.to_vec();
-            v.extend_from_slice(b".py");
-            std::borrow::Cow::Owned(v)
-        }
-        None => std::borrow::Cow::Borrowed(name),
+/// `tracemalloc` compares `a.pyc` as `a.py` (and only `.pyc`: `.pyo` stays as it is), which is
+/// dropping the last byte.
+fn normalize_pyc(name: &[u8]) -> &[u8] {
+    if name.ends_with(b".pyc") {
+        &name[..name.len() - 1]
+    } else {
+        name
     }
 }
 
@@ -154,7 +152,7 @@ fn compile_pattern(pattern: &[u8]) -> Result<Arc<Pattern>> {
     if let Some(p) = cache.get(pattern) {
         return Ok(p.clone());
     }
-    let tokens = parse_fnmatch(&normalize_pyc(pattern));
+    let tokens = parse_fnmatch(normalize_pyc(pattern));
     let glob = match glob_from_tokens(&tokens) {
         None => None,
         Some(glob) => Some(
@@ -459,7 +457,10 @@ enum Compiled {
 /// least one inclusive filter (when there is any) and every exclusive filter.
 ///
 /// Usable at trace time: [`FilterSet::keep`] takes the domain and the frames of one allocation
-/// (most recent first, as captured) and allocates nothing.
+/// (most recent first, as captured). It costs one compiled-glob match per filename filter and
+/// frame tested and allocates nothing, except for a non-ASCII filename meeting a pattern with
+/// `?` or `[...]` (matched by code point). At trace time, cache its answer per traceback rather
+/// than calling it per allocation where possible.
 #[derive(Clone, Debug)]
 pub struct FilterSet {
     filters: Vec<Compiled>,

@@ -58,6 +58,10 @@ pub struct Metadata {
 }
 
 /// An immutable snapshot. Built once (by [`SnapshotBuilder`]), then only read.
+///
+/// Invariant the analyses rely on: `filenames` and `frames` hold no two equal entries, so a
+/// frame or filename id identifies its content within the snapshot (statistics group by id).
+/// [`SnapshotBuilder`] guarantees it; the file loader checks it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     pub filenames: Vec<Filename>,

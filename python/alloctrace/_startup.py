@@ -1,0 +1,319 @@
+"""Tracing from interpreter start-up, and snapshots written at exit and on an interval.
+
+``alloctrace_startup.pth`` in site-packages calls :func:`install` while :mod:`site` runs, before
+the first line of the program, but only when one of the variables below or ``-X alloctrace`` is
+set; otherwise this module is never imported and costs nothing.
+
+``ALLOCTRACE=NFRAME`` / ``-X alloctrace[=NFRAME]``
+    Start tracing with NFRAME frames per traceback, like ``PYTHONTRACEMALLOC`` and
+    ``-X tracemalloc``: empty means unset, ``0`` means no tracing, a bare ``-X alloctrace`` means
+    1 frame, and the option wins over the variable. ``-E`` and ``-I`` ignore the variables.
+``ALLOCTRACE_DUMP=PATH``
+    Write a snapshot to PATH when the process exits (normal end, ``sys.exit``, an uncaught
+    exception, SIGTERM). Implies ``ALLOCTRACE=1`` when tracing is not otherwise configured.
+    ``{pid}``, ``{time}`` and ``{n}`` in PATH are replaced (see :func:`expand_path`).
+``ALLOCTRACE_INTERVAL=SECONDS``
+    With ``ALLOCTRACE_DUMP``, also write numbered snapshots every SECONDS from a daemon thread.
+
+A configuration error stops the interpreter with one line on stderr: running the program
+untraced when the user asked for tracing would waste the run. A failure to *write* a snapshot is
+reported as one line on stderr and never changes the program's behaviour or exit status.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+import sys
+import time
+
+#: The largest traceback depth :func:`alloctrace.start` accepts, as for tracemalloc.
+MAX_NFRAME = 65535
+
+ENV_NFRAME = "ALLOCTRACE"
+ENV_DUMP = "ALLOCTRACE_DUMP"
+ENV_INTERVAL = "ALLOCTRACE_INTERVAL"
+XOPTION = "alloctrace"
+
+#: Exit status when the start-up configuration is invalid (the usual "bad usage" status).
+CONFIG_ERROR_STATUS = 2
+
+_PLACEHOLDERS = ("pid", "time", "n")
+
+
+class ConfigError(ValueError):
+    """An ALLOCTRACE variable or ``-X alloctrace`` option has a value we cannot use."""
+
+
+class Config:
+    """The start-up settings read from the environment and ``-X`` options."""
+
+    __slots__ = ("nframe", "dump", "interval")
+
+    def __init__(self, nframe: int, dump: str | None = None, interval: float | None = None):
+        self.nframe = nframe
+        self.dump = dump
+        self.interval = interval
+
+    def __repr__(self) -> str:
+        return f"Config(nframe={self.nframe!r}, dump={self.dump!r}, interval={self.interval!r})"
+
+
+def parse_nframe(value: str, source: str) -> int:
+    """Parse a frame count from *source* (``"ALLOCTRACE"`` or ``"-X alloctrace"``)."""
+    try:
+        nframe = int(value.strip(), 10)
+    except ValueError:
+        nframe = -1
+    if not 0 <= nframe <= MAX_NFRAME:
+        if source == ENV_NFRAME:
+            shown = f"{ENV_NFRAME}={value!r}"
+        else:
+            shown = f"-X {XOPTION}={value}"
+        raise ConfigError(
+            f"{shown} is invalid: expected a number of frames from 0 to {MAX_NFRAME} "
+            "(0 disables tracing)"
+        )
+    return nframe
+
+
+def parse_interval(value: str) -> float:
+    """Parse ``ALLOCTRACE_INTERVAL``: a positive, finite number of seconds."""
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise ConfigError(
+            f"{ENV_INTERVAL}={value!r} is invalid: expected a number of seconds greater than 0"
+        )
+    return seconds
+
+
+def check_path_template(template: str, source: str = ENV_DUMP) -> str:
+    """Check that *template* only uses the ``{pid}``, ``{time}`` and ``{n}`` placeholders."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+        fields = [field for _, field, _, _ in parsed if field is not None]
+    except ValueError as exc:
+        raise ConfigError(
+            f"{source}={template!r} is invalid: {exc} (write {{{{ and }}}} for literal braces)"
+        ) from None
+    for field in fields:
+        if field not in _PLACEHOLDERS:
+            raise ConfigError(
+                f"{source}={template!r} is invalid: unknown placeholder {{{field}}}; accepted: "
+                "{pid}, {time}, {n} (write {{ and }} for literal braces)"
+            )
+    return template
+
+
+def _has_n(template: str) -> bool:
+    return any(field == "n" for _, field, _, _ in string.Formatter().parse(template))
+
+
+def format_time(timestamp: float) -> str:
+    """The ``{time}`` placeholder: local time, sortable, safe in a file name."""
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(timestamp))
+
+
+def expand_path(
+    template: str, *, pid: int, timestamp: float | None = None, n: int | None = None
+) -> str:
+    """Replace the placeholders of a dump path.
+
+    ``{pid}`` is the process id, ``{time}`` the local time of the dump as ``YYYYmmdd-HHMMSS``
+    and ``{n}`` the number of a periodic snapshot. A numbered snapshot whose template has no
+    ``{n}`` gets ``.N`` appended instead, so that it never overwrites the exit snapshot. The
+    exit snapshot is written with *n* ``None``; if the template has ``{n}`` the caller passes the
+    next number, so the exit snapshot continues the sequence.
+    """
+    if timestamp is None:
+        timestamp = time.time()
+    path = template.format(pid=pid, time=format_time(timestamp), n=n if n is not None else 0)
+    if n is not None and not _has_n(template):
+        path = f"{path}.{n}"
+    return path
+
+
+def read_config(environ, xoptions, ignore_environment: bool) -> Config:
+    """Work out the start-up settings; raise :class:`ConfigError` for an unusable value."""
+    if ignore_environment:
+        environ = {}
+    nframe = None
+    if XOPTION in xoptions:
+        value = xoptions[XOPTION]
+        # A bare "-X alloctrace" arrives as True, like "-X tracemalloc".
+        nframe = 1 if value is True else parse_nframe(value, "-X " + XOPTION)
+    env_nframe = environ.get(ENV_NFRAME, "")
+    if env_nframe:
+        parsed = parse_nframe(env_nframe, ENV_NFRAME)
+        if nframe is None:
+            nframe = parsed
+    dump = environ.get(ENV_DUMP) or None
+    if dump is not None:
+        check_path_template(dump)
+    interval = None
+    env_interval = environ.get(ENV_INTERVAL, "")
+    if env_interval:
+        interval = parse_interval(env_interval)
+        if dump is None:
+            raise ConfigError(
+                f"{ENV_INTERVAL} is set but {ENV_DUMP} is not: periodic snapshots need a path"
+            )
+    if nframe is None:
+        nframe = 1 if dump is not None else 0
+    if nframe == 0:
+        # Tracing explicitly off: there is nothing to dump either.
+        return Config(0)
+    return Config(nframe, dump, interval)
+
+
+def _warn(message: str) -> None:
+    try:
+        sys.stderr.write(f"alloctrace: {message}\n")
+        sys.stderr.flush()
+    except Exception:
+        # stderr closed or broken: there is no one left to tell.
+        pass
+
+
+class Dumper:
+    """Writes the exit snapshot (once) and the periodic ones, for one process.
+
+    A forked child gets a fresh lock, counter and interval thread (threads do not survive a
+    fork), and its own snapshot files when the path has ``{pid}``.
+    """
+
+    def __init__(self, template: str, interval: float | None):
+        import atexit
+        import signal
+        import threading
+
+        self._atexit = atexit
+        self._signal = signal
+        self._threading = threading
+        # Relative to where the program started, even if it changes directory later.
+        self.template = os.path.abspath(template)
+        self.interval = interval
+        # Re-entrant: the SIGTERM handler may interrupt the main thread inside dump_at_exit.
+        self._lock = threading.RLock()
+        self._count = 0
+        self._done = False
+        self._stop = threading.Event()
+        self._thread = None
+
+    def install(self) -> None:
+        self._atexit.register(self.dump_at_exit)
+        self._install_sigterm()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork_in_child)
+        self._start_thread()
+
+    def _install_sigterm(self) -> None:
+        signal = self._signal
+        # Only when nobody chose otherwise: an inherited SIG_IGN must stay ignored, and a
+        # handler the program installs later simply replaces ours.
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.dump_at_exit()
+        # Die of the same signal so that the parent sees "killed by SIGTERM", as it would have.
+        self._signal.signal(signum, self._signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        os._exit(128 + signum)
+
+    def _start_thread(self) -> None:
+        if self.interval is None:
+            return
+        self._thread = self._threading.Thread(
+            target=self._run, name="alloctrace-interval-dump", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                if self._done:
+                    return
+                self._count += 1
+                self._write(expand_path(self.template, pid=os.getpid(), n=self._count))
+
+    def dump_at_exit(self) -> None:
+        """Write the final snapshot, once, whichever exit path gets here first."""
+        self._stop.set()
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            n = self._count + 1 if _has_n(self.template) else None
+            self._write(expand_path(self.template, pid=os.getpid(), n=n))
+
+    def _write(self, path: str) -> None:
+        try:
+            import alloctrace
+
+            if not alloctrace.is_tracing():
+                _warn(f"no snapshot written to {path}: tracing was stopped by the program")
+                return
+            alloctrace.take_snapshot().dump(path)
+        except BaseException as exc:
+            # Never let a failed dump change how the program ends.
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            _warn(f"cannot write snapshot to {path}: {reason}")
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = self._threading.RLock()
+        self._stop = self._threading.Event()
+        self._count = 0
+        self._done = False
+        self._start_thread()
+        # multiprocessing's fork children leave through os._exit, skipping atexit; its own
+        # exit hook still runs, so register there. Its registry is cleared in the child right
+        # after the fork, then the after-fork callbacks run, so go through those.
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None:
+            mp_util.register_after_fork(self, Dumper._register_multiprocessing_exit)
+
+    def _register_multiprocessing_exit(self) -> None:
+        mp_util = sys.modules["multiprocessing.util"]
+        mp_util.Finalize(None, self.dump_at_exit, exitpriority=-1000)
+
+
+_dumper: Dumper | None = None
+_installed = False
+
+
+def install() -> None:
+    """Apply the start-up configuration; called from ``alloctrace_startup.pth``."""
+    global _dumper, _installed
+    # site.py may process the same site-packages directory twice (it does in some virtual
+    # environments), running the .pth line twice: configure once.
+    if _installed:
+        return
+    _installed = True
+    try:
+        config = read_config(os.environ, sys._xoptions, bool(sys.flags.ignore_environment))
+    except ConfigError as exc:
+        _warn(str(exc))
+        # site.py swallows exceptions from .pth lines and would run the program untraced.
+        os._exit(CONFIG_ERROR_STATUS)
+    if config.nframe == 0:
+        return
+    try:
+        import alloctrace
+    except Exception as exc:
+        _warn(f"cannot start tracing: {exc}")
+        return
+    # Everything the dumps need is imported and set up before tracing starts, so that our own
+    # imports (threading, signal...) do not show up in the program's snapshots.
+    dumper = Dumper(config.dump, config.interval) if config.dump is not None else None
+    try:
+        alloctrace.start(config.nframe)
+    except Exception as exc:
+        _warn(f"cannot start tracing: {exc}")
+        return
+    if dumper is not None:
+        _dumper = dumper
+        dumper.install()

@@ -1,0 +1,92 @@
+"""Every program in ``examples/`` runs, quickly, and shows what its docstring promises."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import alloctrace
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+TIMEOUT = 60
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
+    env.pop("COLUMNS", None)
+    env.update(extra)
+    return env
+
+
+def run(args, cwd, **env):
+    result = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def line_of(example, text):
+    """The line number of the first line of *example* containing *text*."""
+    lines = (EXAMPLES / example).read_text().splitlines()
+    return next(number for number, line in enumerate(lines, 1) if text in line)
+
+
+def test_leak_quick_start(tmp_path):
+    result = run(
+        ["-m", "alloctrace", "run", "-o", "leak.snap", str(EXAMPLES / "leak.py"), "3000"],
+        tmp_path,
+    )
+    assert result.stdout.startswith("served 3000 requests, ")
+    err = result.stderr.splitlines()
+    leak_line = line_of("leak.py", "_cache[request_id] = bytearray(1024)")
+    assert err[1].startswith(f"#1: {EXAMPLES / 'leak.py'}:{leak_line}: ")
+    assert err[2].strip() == "_cache[request_id] = bytearray(1024)"
+    assert err[-1].startswith("alloctrace: snapshot written to leak.snap")
+
+
+def test_find_leak(tmp_path):
+    result = run([str(EXAMPLES / "find_leak.py")], tmp_path)
+    lines = result.stdout.splitlines()
+    assert lines[0] == "Top 3 differences:"
+    leak_line = line_of("find_leak.py", "self.seen.append(words)")
+    # The words lists kept by the class-level list grow the most.
+    assert lines[1].strip().startswith(f"{EXAMPLES / 'find_leak.py'}:{leak_line - 1}: size=")
+
+
+def test_in_code(tmp_path):
+    result = run([str(EXAMPLES / "in_code.py"), "work.snap"], tmp_path)
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Biggest: ")
+    row_line = line_of("in_code.py", 'return {"id": i')
+    assert lines[-3] == f'  File "{EXAMPLES / "in_code.py"}", line {row_line}'
+    assert lines[-1].startswith("snapshot written to work.snap")
+    snapshot = alloctrace.Snapshot.load(str(tmp_path / "work.snap"))
+    assert snapshot.traceback_limit == 10
+
+
+def test_service_with_interval_then_offline_diff(tmp_path):
+    result = run(
+        [str(EXAMPLES / "service.py"), "--seconds", "1.3"],
+        tmp_path,
+        ALLOCTRACE_DUMP="service-{n}.snap",
+        ALLOCTRACE_INTERVAL="0.3",
+    )
+    assert result.stdout.startswith("served ")
+    dumps = sorted(os.listdir(tmp_path), key=lambda name: int(name[len("service-") : -5]))
+    assert len(dumps) >= 4, dumps
+    first, last = dumps[0], dumps[-1]
+    session_line = line_of("service.py", "_sessions.setdefault")
+
+    diff = run([str(EXAMPLES / "diff_dumps.py"), first, last], tmp_path)
+    lines = diff.stdout.splitlines()
+    assert lines[0].startswith(f"{last} compared to {first} (pid ")
+    assert lines[1].strip().startswith(f"{EXAMPLES / 'service.py'}:{session_line}: size=")
+
+    cli = run(["-m", "alloctrace", "diff", first, last, "--include", "*service.py"], tmp_path)
+    assert f"service.py:{session_line}: +" in cli.stdout.splitlines()[1]
