@@ -11,6 +11,10 @@
 //!
 //! Nothing a hook can reach is ever freed: the table and hook records are process-lifetime, and
 //! `stop()` empties them instead.
+//!
+//! Nor does a hook abort for lack of memory (Rust's default on a failed allocation): the table
+//! and the interner grow only through fallible reservations, and a block whose trace cannot
+//! be stored is left untraced and counted in [`dropped_traces`].
 
 use std::cell::{Cell, UnsafeCell};
 use std::collections::HashMap;
