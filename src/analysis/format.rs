@@ -739,7 +739,6 @@ pub fn load(path: &Path) -> Result<(Snapshot, Attributes)> {
 /// dump is a few milliseconds and an fsync can cost more than that.
 pub fn dump(path: &Path, snapshot: &Snapshot, attrs: &Attributes) -> Result<()> {
     let data = encode(snapshot, attrs);
-    let tmp = temp_path(path);
     let io_err = |action: &'static str, p: &Path| {
         let p = p.to_path_buf();
         move |source| Error::Io {
@@ -748,6 +747,22 @@ pub fn dump(path: &Path, snapshot: &Snapshot, attrs: &Attributes) -> Result<()> 
             source,
         }
     };
+    // Replacing by rename is only right for a regular file (or no file yet). A device or a
+    // FIFO is written to, as `open()` would, instead of being replaced by a regular file; a
+    // symbolic link keeps pointing where it did, at the file that gets replaced.
+    let path = match fs::metadata(path) {
+        Ok(meta) if !meta.is_file() => {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(io_err("open", path))?;
+            return f.write_all(&data).map_err(io_err("write", path));
+        }
+        Ok(_) => fs::canonicalize(path).map_err(io_err("resolve", path))?,
+        Err(_) => path.to_path_buf(),
+    };
+    let path = path.as_path();
+    let tmp = temp_path(path);
     let result = (|| {
         let mut f = fs::OpenOptions::new()
             .write(true)
