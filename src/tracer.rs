@@ -11,6 +11,10 @@
 //!
 //! Nothing a hook can reach is ever freed: the table and hook records are process-lifetime, and
 //! `stop()` empties them instead.
+//!
+//! Nor does a hook abort for lack of memory (Rust's default on a failed allocation): the table
+//! and the interner grow only through fallible reservations, and a block whose trace cannot
+//! be stored is left untraced and counted in [`dropped_traces`].
 
 use std::cell::{Cell, UnsafeCell};
 use std::collections::HashMap;
@@ -170,7 +174,7 @@ unsafe fn current_traceback(
             let keep = match live.interner.verdict(id, filters.generation) {
                 Some(keep) => keep,
                 None => {
-                    let keep = judge(set, live.interner.get(id).0);
+                    let keep = judge(set, live.interner.get(id).0).ok_or(OutOfMemory)?;
                     live.interner.set_verdict(id, filters.generation, keep);
                     keep
                 }
@@ -180,15 +184,22 @@ unsafe fn current_traceback(
     })
 }
 
-/// Runs the filters on one stack (once per distinct stack and filter set).
+/// Runs the filters on one stack (once per distinct stack and filter set); `None` if the
+/// memory to hold the located frames cannot be had (the hook then drops the trace).
 ///
 /// # Safety
 /// As [`capture::locate`].
 #[cold]
-unsafe fn judge(set: &FilterSet, frames: &[RawFrame]) -> bool {
-    let located: Vec<(Vec<u8>, u32)> = frames.iter().map(|&f| capture::locate(f)).collect();
-    let frames: Vec<(&[u8], u32)> = located.iter().map(|(f, l)| (f.as_slice(), *l)).collect();
-    set.keep(DEFAULT_DOMAIN, &frames)
+unsafe fn judge(set: &FilterSet, frames: &[RawFrame]) -> Option<bool> {
+    let mut located: Vec<(Vec<u8>, u32)> = Vec::new();
+    located.try_reserve_exact(frames.len()).ok()?;
+    for &frame in frames {
+        located.push(capture::locate(frame)?);
+    }
+    let mut refs: Vec<(&[u8], u32)> = Vec::new();
+    refs.try_reserve_exact(located.len()).ok()?;
+    refs.extend(located.iter().map(|(f, l)| (f.as_slice(), *l)));
+    Some(set.keep(DEFAULT_DOMAIN, &refs))
 }
 
 /// Replaces the trace-time filters. They apply to allocations made from now on; traces

@@ -270,3 +270,22 @@ def test_cross_interpreter_load(tmp_path):
             [exe, "-c", script, "load", str(ours)], check=True, capture_output=True, text=True
         ).stdout
         assert repr(RAW) in out or str(RAW) in out
+
+
+def test_dump_writes_through_special_files_and_symlinks(tmp_path):
+    """A device or FIFO is written to, not replaced; a symlink keeps pointing at the file."""
+    snapshot = Snapshot(RAW, 2)
+    with pytest.raises(OSError) as excinfo:
+        snapshot.dump("/dev/full")  # a device: written to (and full), never replaced
+    assert excinfo.value.errno == 28  # ENOSPC
+    assert not os.path.isfile("/dev/full")
+    snapshot.dump("/dev/null")
+    assert not os.path.isfile("/dev/null")
+
+    real = tmp_path / "real.snap"
+    snapshot.dump(real)
+    link = tmp_path / "link.snap"
+    link.symlink_to(real)
+    Snapshot(RAW[:1], 2).dump(link)
+    assert link.is_symlink()
+    assert len(Snapshot.load(real).traces) == 1

@@ -322,8 +322,10 @@ MULTIPROCESSING = """
 import multiprocessing as mp
 
 def child_report(nframe):
-    # With the fork method the child inherits tracing; with spawn it starts it here.
-    if not alloctrace.is_tracing():
+    # With the fork method the child inherits tracing; with spawn it starts it here, or it was
+    # started by ALLOCTRACE at interpreter start-up.
+    traced_from_start = alloctrace.is_tracing()
+    if not traced_from_start:
         alloctrace.start(nframe)
     data = [bytes(333) for _ in range(1000)]
     tb = alloctrace.get_object_traceback(data[0])
@@ -331,20 +333,24 @@ def child_report(nframe):
     current, total, _ = totals()
     return (
         os.getpid(),
+        traced_from_start,
         tb is not None and tb[-1].lineno > 0,
         len(snapshot.traces) >= 1000,
         current == total,
     )
 
 if __name__ == "__main__":
-    method = sys.argv[1]
+    method, how = sys.argv[1], sys.argv[2]
+    if how == "env":
+        os.environ["ALLOCTRACE"] = "3"  # inherited by the spawned interpreters
     alloctrace.start(3)
     keep = [bytearray(1000) for _ in range(100)]
     ctx = mp.get_context(method)
-    with ctx.Pool(2) as pool:
+    with ctx.Pool(2, maxtasksperchild=1) as pool:  # a fresh process per task
         results = pool.map(child_report, [3] * 6)
-    for pid, has_tb, has_traces, exact in results:
+    for pid, from_start, has_tb, has_traces, exact in results:
         assert pid != os.getpid()
+        assert from_start == (method == "fork" or how == "env"), (method, how, results)
         assert has_tb and has_traces and exact, (method, results)
     check_consistent("parent")
     assert alloctrace.get_object_traceback(keep[0]) is not None
@@ -352,15 +358,34 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_multiprocessing_children_trace_themselves(method, tmp_path):
+def _has_startup_tracing():
+    import importlib.util
+
+    return importlib.util.find_spec("alloctrace._startup") is not None
+
+
+@pytest.mark.parametrize(
+    "method, how",
+    [
+        ("fork", "code"),
+        ("spawn", "code"),
+        pytest.param(
+            "spawn",
+            "env",
+            marks=pytest.mark.skipif(
+                not _has_startup_tracing(), reason="this build has no ALLOCTRACE start-up"
+            ),
+        ),
+    ],
+)
+def test_multiprocessing_children_trace_themselves(method, how, tmp_path):
     # spawn re-imports the main module, so this one needs a file, not -c.
     script = tmp_path / "mp_child.py"
     script.write_text(PRELUDE + textwrap.dedent(MULTIPROCESSING))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
     try:
         out = subprocess.run(
-            [sys.executable, str(script), method],
+            [sys.executable, str(script), method, how],
             capture_output=True,
             text=True,
             timeout=120,

@@ -836,7 +836,6 @@ pub fn dump(path: &Path, snapshot: &Snapshot, attrs: &Attributes) -> Result<()> 
 /// file at `path`. On any error the temporary file is removed and an existing file at `path`
 /// is left untouched. Snapshot dumps and exports share it.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = temp_path(path);
     let io_err = |action: &'static str, p: &Path| {
         let p = p.to_path_buf();
         move |source| Error::Io {
@@ -845,6 +844,22 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
             source,
         }
     };
+    // Replacing by rename is only right for a regular file (or no file yet). A device or a
+    // FIFO is written to, as `open()` would, instead of being replaced by a regular file; a
+    // symbolic link keeps pointing where it did, at the file that gets replaced.
+    let path = match fs::metadata(path) {
+        Ok(meta) if !meta.is_file() => {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(io_err("open", path))?;
+            return f.write_all(data).map_err(io_err("write", path));
+        }
+        Ok(_) => fs::canonicalize(path).map_err(io_err("resolve", path))?,
+        Err(_) => path.to_path_buf(),
+    };
+    let path = path.as_path();
+    let tmp = temp_path(path);
     let result = (|| {
         let mut f = fs::OpenOptions::new()
             .write(true)

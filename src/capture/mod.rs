@@ -185,19 +185,28 @@ unsafe fn walk_frame_objects(
 ///
 /// # Safety
 /// `frame.code` is 0 or a live code object, and the GIL is held.
-pub unsafe fn locate(frame: RawFrame) -> (Vec<u8>, u32) {
+///
+/// `None` if the memory for the filename cannot be had: this runs inside a hook, where an
+/// allocation failure must not abort the process.
+pub unsafe fn locate(frame: RawFrame) -> Option<(Vec<u8>, u32)> {
+    let unknown = || {
+        let mut name = Vec::new();
+        name.try_reserve_exact(9).ok()?;
+        name.extend_from_slice(b"<unknown>");
+        Some(name)
+    };
     if frame.code == 0 {
-        return (b"<unknown>".to_vec(), 0);
+        return Some((unknown()?, 0));
     }
     let code = frame.code as *mut c_void;
     let name = read_ptr(code, layout::CODE_FILENAME) as *mut ffi::PyObject;
     let filename = if !name.is_null() && ffi::PyUnicode_Check(name) != 0 {
-        str_bytes(name)
+        str_bytes(name)?
     } else {
-        b"<unknown>".to_vec()
+        unknown()?
     };
     let line = ffi::PyCode_Addr2Line(code as *mut ffi::PyCodeObject, frame.offset);
-    (filename, line.max(0) as u32)
+    Some((filename, line.max(0) as u32))
 }
 
 /// The code points of a (ready, as every code object's filename is) `str`, encoded as UTF-8
@@ -205,11 +214,13 @@ pub unsafe fn locate(frame: RawFrame) -> (Vec<u8>, u32) {
 ///
 /// # Safety
 /// `s` is a live `str` and the GIL is held.
-unsafe fn str_bytes(s: *mut ffi::PyObject) -> Vec<u8> {
+unsafe fn str_bytes(s: *mut ffi::PyObject) -> Option<Vec<u8>> {
     let len = ffi::PyUnicode_GET_LENGTH(s) as usize;
     let data = ffi::PyUnicode_DATA(s);
     let kind = ffi::PyUnicode_KIND(s);
-    let mut out = Vec::with_capacity(len);
+    // Four bytes per code point at most, reserved up front so the loop never grows it.
+    let mut out = Vec::new();
+    out.try_reserve_exact(len.checked_mul(4)?).ok()?;
     for i in 0..len {
         let cp = match kind {
             ffi::PyUnicode_1BYTE_KIND => u32::from(*data.cast::<u8>().add(i)),
@@ -218,7 +229,7 @@ unsafe fn str_bytes(s: *mut ffi::PyObject) -> Vec<u8> {
         };
         push_code_point(&mut out, cp);
     }
-    out
+    Some(out)
 }
 
 /// UTF-8 encoding that also accepts surrogates (Python's `surrogatepass`).

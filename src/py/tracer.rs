@@ -66,7 +66,7 @@ impl<'py> FromPyObject<'_, 'py> for FrameCount {
 }
 
 #[pyfunction]
-#[pyo3(signature = (nframe = FrameCount(1)))]
+#[pyo3(signature = (nframe = FrameCount(1)), text_signature = "(nframe=1)")]
 fn start(py: Python<'_>, nframe: FrameCount) -> PyResult<()> {
     let FrameCount(nframe) = nframe;
     require_main_interpreter("start")?;
