@@ -370,6 +370,12 @@ def _cmd_flamegraph(args: argparse.Namespace) -> int:
 
 def _add_export_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write")
+    _add_filter_options(parser)
+    _add_pickle_option(parser)
+
+
+def _add_filter_options(parser: argparse.ArgumentParser) -> None:
+    """--include/--exclude: Filter(True|False, PATTERN) on the allocation site's file."""
     parser.add_argument(
         "--include",
         dest="filters",
@@ -386,6 +392,9 @@ def _add_export_options(parser: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         help="drop blocks allocated in a file matching PATTERN (fnmatch; repeatable)",
     )
+
+
+def _add_pickle_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-pickle",
         action="store_true",
@@ -646,32 +655,13 @@ def _add_report_options(parser: argparse.ArgumentParser, full: bool = True) -> N
             action="store_true",
             help="count each block for every frame of its traceback, not only the last one",
         )
-        parser.add_argument(
-            "--include",
-            dest="filters",
-            action="append",
-            type=lambda pattern: (True, pattern),
-            metavar="PATTERN",
-            help="keep only blocks allocated in a file matching PATTERN (fnmatch; repeatable)",
-        )
-        parser.add_argument(
-            "--exclude",
-            dest="filters",
-            action="append",
-            type=lambda pattern: (False, pattern),
-            metavar="PATTERN",
-            help="drop blocks allocated in a file matching PATTERN (fnmatch; repeatable)",
-        )
+        _add_filter_options(parser)
         parser.add_argument("--json", action="store_true", help="versioned JSON on stdout")
     parser.add_argument(
         "--full-paths", action="store_true", help="show file names exactly as recorded"
     )
     parser.add_argument("--no-source", action="store_true", help="do not show source lines")
-    parser.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="also read tracemalloc.Snapshot.dump() files (pickles: only for trusted files)",
-    )
+    _add_pickle_option(parser)
     parser.set_defaults(key="lineno", cumulative=False, filters=None, json=False, full_paths=False)
 
 
