@@ -6,12 +6,14 @@
 //! - [`table`]: the live-trace table, keyed by block address, and the memory counters.
 //! - [`intern`]: traceback interning and the lazy (code, offset) → line resolution.
 //! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
+//! - [`heap`]: the live object graph behind object kinds and retention paths.
 //! - [`analysis`]: snapshots, grouping, diffing, filters and the file format (plain Rust).
 //! - [`py`]: the pyo3 wrappers; they convert and delegate, nothing more.
 
 pub mod analysis;
 pub mod capture;
 pub mod error;
+pub mod heap;
 pub mod hooks;
 pub mod intern;
 pub mod py;

@@ -1,0 +1,5 @@
+//! The live object graph: what the traced blocks are (object kinds) and why they are alive
+//! (retention paths, retained sizes). The walk over the interpreter's objects fills a
+//! [`graph::HeapGraph`]; the analyses over it are plain Rust.
+
+pub mod graph;
