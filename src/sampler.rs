@@ -8,6 +8,14 @@
 //! memoryless, each allocation is then sampled independently with probability
 //! `1 - exp(-(size + 1) / R)`, which is what `crate::analysis::sampling` weights by.
 //!
+//! One allocation must be charged once. The wrapped allocators nest: pymalloc serves a
+//! request above 512 bytes from `PyMem_RawMalloc`, so one `PyObject_Malloc` runs our OBJ hook
+//! and, inside it, our RAW hook for the same block. Exact tracing records the block twice at
+//! the same address (the second record replaces the first), but charging the countdown twice
+//! would double those blocks' sampling probability and bias every estimate. So each hook
+//! opens a [`Scope`] around the call it wraps, and only the outermost one on the thread
+//! consults the countdown.
+//!
 //! The fast path is one thread-local lookup, a subtraction and a branch, before any stack
 //! walk or table access; the draw (a logarithm and a few multiplies) runs once per sample,
 //! about once every R bytes. The state is a const-initialised thread-local without a
@@ -34,6 +42,8 @@ static THREADS: AtomicU64 = AtomicU64::new(0);
 struct State {
     /// Bytes left before the next sample; never stored negative.
     countdown: Cell<i64>,
+    /// Hooks of this thread inside a wrapped allocator call (see [`Scope`]).
+    depth: Cell<u32>,
     /// wyrand state.
     rng: Cell<u64>,
     /// The epoch `rng` was seeded in (0: never).
@@ -44,6 +54,7 @@ thread_local! {
     static STATE: State = const {
         State {
             countdown: Cell::new(0),
+            depth: Cell::new(0),
             rng: Cell::new(0),
             epoch: Cell::new(0),
         }
@@ -103,21 +114,63 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Whether an allocation of `size` bytes is to be recorded: always when exact, else when it
-/// crosses this thread's countdown.
-#[inline(always)]
-pub fn keep(size: usize) -> bool {
-    let interval = INTERVAL.load(Relaxed);
-    interval == 0 || hit(size, interval)
+/// One hook's call into the allocator it wraps, while sampling: marks the thread as inside
+/// it, so that hooks nested in that call (pymalloc falling back on the RAW allocator) leave the
+/// countdown alone. Holds this thread's state, so the hook looks the thread-local up once.
+pub struct Scope(*const State);
+
+impl Scope {
+    /// Enters; costs nothing beyond a load while tracing exactly.
+    #[inline(always)]
+    pub fn enter() -> Scope {
+        if INTERVAL.load(Relaxed) == 0 {
+            return Scope(std::ptr::null());
+        }
+        match STATE.try_with(|s| s as *const State) {
+            Ok(state) => {
+                // SAFETY: a thread-local outlives every frame of its thread.
+                let depth = unsafe { &(*state).depth };
+                depth.set(depth.get() + 1);
+                Scope(state)
+            }
+            Err(_) => Scope(std::ptr::null()),
+        }
+    }
+
+    /// Whether the allocation of `size` bytes this scope wrapped is to be recorded: always
+    /// when exact; when sampling, if this is the outermost hook and the allocation crosses
+    /// the countdown.
+    #[inline(always)]
+    pub fn keep(&self, size: usize) -> bool {
+        if self.0.is_null() {
+            // Exact, unless sampling began during the call (then skip: no state to charge).
+            return INTERVAL.load(Relaxed) == 0;
+        }
+        // SAFETY: as in `enter`; the scope never leaves its thread (raw pointers are !Send).
+        let state = unsafe { &*self.0 };
+        if state.depth.get() != 1 {
+            return false;
+        }
+        match INTERVAL.load(Relaxed) {
+            0 => true,
+            interval => hit(state, size, interval),
+        }
+    }
+}
+
+impl Drop for Scope {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: as in `keep`.
+            let depth = unsafe { &(*self.0).depth };
+            depth.set(depth.get() - 1);
+        }
+    }
 }
 
 #[inline(always)]
-fn hit(size: usize, interval: u64) -> bool {
-    let Ok(state) = STATE.try_with(|s| s as *const State) else {
-        return false;
-    };
-    // SAFETY: a thread-local outlives every frame of its thread, this one included.
-    let state = unsafe { &*state };
+fn hit(state: &State, size: usize, interval: u64) -> bool {
     // At most i64::MAX: a larger request cannot succeed anyway.
     let charge = (size as u64).saturating_add(1).min(i64::MAX as u64) as i64;
     let left = state.countdown.get() - charge;
@@ -168,6 +221,11 @@ fn draw(state: &State, interval: u64) -> i64 {
 mod tests {
     use super::*;
 
+    /// One hook's decision on an allocation of `size`.
+    fn keep(size: usize) -> bool {
+        Scope::enter().keep(size)
+    }
+
     /// Runs `sizes` through a fresh sampler on a new thread (thread-locals start clean).
     fn sampled(interval: u64, seed: u64, sizes: Vec<usize>) -> Vec<bool> {
         std::thread::spawn(move || {
@@ -179,6 +237,26 @@ mod tests {
         })
         .join()
         .unwrap()
+    }
+
+    #[test]
+    fn nested_hooks_charge_the_countdown_once() {
+        let (outer, inner) = std::thread::spawn(|| {
+            let _lock = LOCK.lock().unwrap();
+            configure(1 << 20, Some(1));
+            // Every block far above the interval is sampled; nested ones never are.
+            let outer = Scope::enter();
+            let inner = Scope::enter();
+            let inner_kept = inner.keep(64 << 20);
+            drop(inner);
+            let outer_kept = outer.keep(64 << 20);
+            drop(outer);
+            assert!(keep(64 << 20), "depth back to zero after both scopes");
+            (outer_kept, inner_kept)
+        })
+        .join()
+        .unwrap();
+        assert!(outer && !inner);
     }
 
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -232,6 +310,7 @@ mod tests {
     fn draws_are_exponential() {
         let state = State {
             countdown: Cell::new(0),
+            depth: Cell::new(0),
             rng: Cell::new(mix(42)),
             epoch: Cell::new(1),
         };

@@ -12,7 +12,8 @@
 //! Nothing a hook can reach is ever freed: the table and hook records are process-lifetime, and
 //! `stop()` empties them instead.
 //!
-//! Sampled mode (`start(.., sample_interval=R)`): the allocation hook asks [`sampler::keep`]
+//! Sampled mode (`start(.., sample_interval=R)`): the allocation hook asks its
+//! [`sampler::Scope`]
 //! first, so an unsampled allocation costs a countdown subtraction and nothing else; frees
 //! ask the table's lock-free presence filter before taking the guard or a shard lock.
 //!
@@ -252,8 +253,8 @@ unsafe fn record_current(address: usize, size: usize, gil_held: bool) {
 /// # Safety
 /// Called from a hook with the block just returned by the wrapped allocator.
 #[inline(always)]
-pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool) {
-    if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) || !sampler::keep(size) {
+pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool, scope: &sampler::Scope) {
+    if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) || !scope.keep(size) {
         return;
     }
     let Some(_guard) = ReentrancyGuard::enter() else {
@@ -307,6 +308,7 @@ pub unsafe fn on_realloc_end(
     size: usize,
     old: Option<Trace>,
     gil_held: bool,
+    scope: &sampler::Scope,
 ) {
     if !TRACING.load(Relaxed) {
         return;
@@ -319,7 +321,7 @@ pub unsafe fn on_realloc_end(
             record(old_address, old);
         }
     } else if RECORDING.load(Relaxed) {
-        if sampler::keep(size) {
+        if scope.keep(size) {
             record_current(new, size, gil_held);
         }
     } else if let Some(old) = old {
