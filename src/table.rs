@@ -16,14 +16,14 @@
 //! In sampled mode ([`TraceTable::set_sampling`]) the table holds only the sampled blocks and
 //! its totals are estimates (each trace charged its estimated bytes, see
 //! `crate::analysis::sampling`). Most frees are then of blocks that were never recorded, so a
-//! presence filter answers "certainly not here" without a lock: one 16-bit counter per slot,
+//! presence filter answers "certainly not here" without a lock: one 8-bit counter per slot,
 //! indexed by a hash of the address, counting the entries that hash there. A free whose
 //! counter is zero is done after one atomic load; a non-zero one (a collision, or the block)
 //! takes the normal shard-locked path. A counter that reaches its maximum stays there (only
 //! costs false positives) until the table is cleared.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicPtr, AtomicU16, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use crate::analysis::sampling::Weights;
@@ -121,9 +121,10 @@ fn unpack(key: u64, value: u64) -> (usize, Trace) {
     ((key & ADDRESS_MASK) as usize, trace)
 }
 
-/// Presence filter slots: 2^17 counters, 256 KiB, allocated the first time sampling is on.
-/// At the default interval a large heap holds a few thousand samples, so most slots are zero.
-const PRESENCE_BITS: u32 = 17;
+/// Presence filter slots: 2^16 one-byte counters, 64 KiB (small enough to stay in cache on
+/// the free path), allocated the first time sampling is on. At the default interval a large
+/// heap holds a few thousand samples, so most slots are zero.
+const PRESENCE_BITS: u32 = 16;
 
 #[inline(always)]
 fn presence_slot(address: usize) -> usize {
@@ -139,8 +140,8 @@ pub struct TraceTable {
     interval: AtomicU64,
     /// The presence filter's counters while sampling, null while exact (every address may
     /// then be present). Points into `presence_storage`, which is never freed once made.
-    presence: AtomicPtr<AtomicU16>,
-    presence_storage: OnceLock<Box<[AtomicU16]>>,
+    presence: AtomicPtr<AtomicU8>,
+    presence_storage: OnceLock<Box<[AtomicU8]>>,
 }
 
 impl Default for TraceTable {
@@ -170,17 +171,17 @@ impl TraceTable {
         } else {
             let storage = self.presence_storage.get_or_init(|| {
                 (0..1usize << PRESENCE_BITS)
-                    .map(|_| AtomicU16::new(0))
+                    .map(|_| AtomicU8::new(0))
                     .collect()
             });
-            storage.as_ptr() as *mut AtomicU16
+            storage.as_ptr() as *mut AtomicU8
         };
         self.presence.store(presence, Relaxed);
     }
 
     /// The counter of `address`'s slot, while sampling.
     #[inline(always)]
-    fn presence_counter(&self, address: usize) -> Option<&AtomicU16> {
+    fn presence_counter(&self, address: usize) -> Option<&AtomicU8> {
         let presence = self.presence.load(Relaxed);
         // SAFETY: a non-null pointer points at the 2^PRESENCE_BITS counters of
         // `presence_storage`, which live as long as the table.
@@ -204,7 +205,7 @@ impl TraceTable {
     fn presence_remove(&self, address: usize) {
         if let Some(counter) = self.presence_counter(address) {
             let _ = counter.fetch_update(Relaxed, Relaxed, |n| {
-                (n != 0 && n != u16::MAX).then(|| n - 1)
+                (n != 0 && n != u8::MAX).then(|| n - 1)
             });
         }
     }
@@ -349,7 +350,7 @@ impl TraceTable {
             .sum();
         let presence = match self.presence.load(Relaxed).is_null() {
             true => 0,
-            false => (1 << PRESENCE_BITS) * std::mem::size_of::<AtomicU16>(),
+            false => (1 << PRESENCE_BITS) * std::mem::size_of::<AtomicU8>(),
         };
         buckets * (std::mem::size_of::<Packed>() + 1)
             + std::mem::size_of_val(self.map.shards())
