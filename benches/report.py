@@ -165,7 +165,7 @@ def sampled_overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
     for nframe, interval in part.get("sampled", []):
         spec = f"alloctrace:{nframe}@{interval}"
         label = f"{nframe}, sampled {_interval(interval)}"
-        at_list, tm_list, bounded = [], [], False
+        at_list, tm_list, bounded, tm_bounded = [], [], False, False
         for entry in part["rows"]:
             secs = entry["seconds"]
             base = secs.get("none")
@@ -174,7 +174,9 @@ def sampled_overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
             at = secs[spec] / base if spec in secs else None
             tm = secs[tm_spec] / base if tm_spec in secs else None
             marked = spec in set(entry.get("lower_bound", ()))
+            tm_marked = tm_spec in set(entry.get("lower_bound", ()))
             bounded = bounded or marked
+            tm_bounded = tm_bounded or tm_marked
             if at is not None:
                 at_list.append(at)
             if tm is not None:
@@ -184,7 +186,9 @@ def sampled_overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
                     "overhead",
                     f"{entry['workload']} (untraced {_seconds(base)})",
                     label,
-                    f"{tm:.2f}x (nframe {tm_nframe})" if tm is not None else "—",
+                    f"{'≥' if tm_marked else ''}{tm:.2f}x (nframe {tm_nframe})"
+                    if tm is not None
+                    else "—",
                     f"{'≥' if marked else ''}{at:.2f}x" if at is not None else "—",
                     "—",
                     "—",
@@ -193,16 +197,22 @@ def sampled_overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
             )
         at = childproc.geomean(at_list) if at_list else None
         tm = childproc.geomean(tm_list) if tm_list else None
+        tm_mark = "≥" if tm_bounded else ""
+        if tm is None or at is None:
+            versus = "—"
+        elif at - 1 < NOISE_FLOOR:
+            # A ratio of two overheads, one of them within noise, would be noise too.
+            versus = "alloctrace overhead within noise"
+        else:
+            versus = f"overhead {tm_mark}{(tm - 1) / (at - 1):.1f}x smaller"
         rows.append(
             _row(
                 "overhead",
                 f"**geometric mean** of {len(at_list)}, sampled",
                 label,
-                f"{tm:.2f}x (nframe {tm_nframe})" if tm is not None else "—",
+                f"{tm_mark}{tm:.2f}x (nframe {tm_nframe})" if tm is not None else "—",
                 f"{'≥' if bounded else ''}{at:.2f}x" if at is not None else "—",
-                f"overhead {(tm - 1) / (at - 1):.1f}x smaller"
-                if tm is not None and at is not None and at > 1
-                else "—",
+                versus,
                 f"slowdown ≤{SAMPLED_GEOMEAN_MAX:g}x",
                 _verdict(at <= SAMPLED_GEOMEAN_MAX and not bounded)
                 if at is not None
