@@ -216,8 +216,10 @@ def test_go_tool_pprof_reads_sampled_profile(sampled_run):
     if shutil.which("go") is None:
         pytest.skip("go is not installed (Debian: apt-get install golang-go)")
     tmp, _ = sampled_run
+    exported = cli("export", "out.alct", "--format", "pprof", "-o", "go.pb.gz", cwd=tmp)
+    assert exported.returncode == 0, exported.stderr
     out = subprocess.run(
-        ["go", "tool", "pprof", "-raw", str(tmp / "out.pb.gz")],
+        ["go", "tool", "pprof", "-raw", str(tmp / "go.pb.gz")],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
