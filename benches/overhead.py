@@ -1,9 +1,10 @@
 """Part 1: tracing overhead on real programs (pyperformance's self-contained benchmarks).
 
 Each benchmark script is executed in-process by a child (see ``pyperf_shim``) under one tracing
-mode at a time: untraced, tracemalloc and alloctrace, each at nframe 1 and 25.  The parent
-interleaves the modes benchmark by benchmark and round by round, and reports the median time of
-each mode and its slowdown against the untraced median.  Loop counts are calibrated once,
+mode at a time: untraced, tracemalloc and alloctrace, each at nframe 1 and 25, and alloctrace's
+sampled mode (default 512 KiB interval, nframe 64).  The parent interleaves the modes benchmark
+by benchmark and round by round, and reports the median time of each mode and its slowdown
+against the untraced median.  Loop counts are calibrated once,
 untraced, so every mode runs exactly the same amount of work.
 
 The child side (:func:`child_main`, started through ``child.py``) measures; the parent
@@ -62,6 +63,10 @@ BENCHMARKS = (
 
 NFRAMES = (1, 25)
 
+#: alloctrace's sampled mode as measured: (nframe, bytes between samples). The target is a
+#: geometric-mean slowdown of at most 1.05x at the default interval with deep tracebacks.
+SAMPLED = ((64, 512 * 1024),)
+
 #: The mode that is run in fewer rounds (see Settings.reference_rounds).
 SLOW_REFERENCE = "tracemalloc:25"
 
@@ -88,6 +93,8 @@ class Settings:
     #: Seconds one timed value may last before it is cut short (0: no limit); a cut value
     #: yields a lower bound on the time per operation, reported with a ">=".
     budget: float = 60.0
+    #: alloctrace sampled modes run beside the exact ones (see SAMPLED).
+    sampled: tuple[tuple[int, int], ...] = SAMPLED
 
 
 PRESETS = {
@@ -104,17 +111,20 @@ PRESETS = {
 }
 
 
-def modes(nframes: tuple[int, ...], with_alloctrace: bool) -> list[str]:
+def modes(
+    nframes: tuple[int, ...], with_alloctrace: bool, sampled: tuple[tuple[int, int], ...] = ()
+) -> list[str]:
     """All modes part 1 runs, untraced first."""
     result = [tracers.UNTRACED] + [tracers.mode("tracemalloc", n) for n in nframes]
     if with_alloctrace:
         result += [tracers.mode("alloctrace", n) for n in nframes]
+        result += [tracers.mode("alloctrace", n, interval) for n, interval in sampled]
     return result
 
 
 def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any]:
     """Parent side: calibrate, run every (benchmark, mode) child interleaved, take medians."""
-    all_modes = modes(settings.nframes, with_alloctrace)
+    all_modes = modes(settings.nframes, with_alloctrace, settings.sampled)
     loops: dict[str, dict[str, int]] = {}
     errors: dict[str, str] = {}
     for bench in settings.benchmarks:
@@ -186,6 +196,7 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
     return {
         "modes": all_modes,
         "nframes": list(settings.nframes),
+        "sampled": [list(pair) for pair in settings.sampled] if with_alloctrace else [],
         "rows": rows,
         "errors": errors,
         "settings": {
@@ -326,7 +337,8 @@ def child_main(argv: list[str]) -> None:
     values = {w.name: _measure_or_bound(w, opts, plan, lower) for w in workloads}
     mod = tracers.module(opts.mode)
     traced = mod.get_traced_memory()[0] if mod is not None else 0
-    if mod is not None and traced <= 0:
+    # A sampled run may legitimately hold no sample at the end; the mode was checked above.
+    if mod is not None and traced <= 0 and tracers.sample_interval(opts.mode) is None:
         raise RuntimeError(f"{opts.mode} is tracing but recorded no memory")
     tracers.stop(opts.mode)
     result = {"values": values, "lower_bound": lower, "traced_bytes": traced}

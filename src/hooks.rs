@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use pyo3::ffi::{self, PyMemAllocatorDomain, PyMemAllocatorEx};
 
-use crate::tracer;
+use crate::{sampler, tracer};
 
 struct Hook {
     original: PyMemAllocatorEx,
@@ -46,9 +46,10 @@ extern "C" fn hook_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
     unsafe {
         let hook = hook(ctx);
         let orig = &hook.original;
+        let scope = sampler::Scope::enter();
         let ptr = (orig.malloc.unwrap_unchecked())(orig.ctx, size);
         if !ptr.is_null() {
-            tracer::on_alloc(ptr as usize, size, hook.gil_held);
+            tracer::on_alloc(ptr as usize, size, hook.gil_held, &scope);
         }
         ptr
     }
@@ -59,10 +60,12 @@ extern "C" fn hook_calloc(ctx: *mut c_void, nelem: usize, elsize: usize) -> *mut
     unsafe {
         let hook = hook(ctx);
         let orig = &hook.original;
+        let scope = sampler::Scope::enter();
         let ptr = (orig.calloc.unwrap_unchecked())(orig.ctx, nelem, elsize);
         if !ptr.is_null() {
             // The allocator refuses products that overflow, so a non-null block means it fits.
-            tracer::on_alloc(ptr as usize, nelem.wrapping_mul(elsize), hook.gil_held);
+            let size = nelem.wrapping_mul(elsize);
+            tracer::on_alloc(ptr as usize, size, hook.gil_held, &scope);
         }
         ptr
     }
@@ -77,8 +80,9 @@ extern "C" fn hook_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *
         // thread may get the same address and record it, and removing afterwards would delete
         // that thread's trace.
         let old = tracer::on_realloc_start(ptr as usize);
+        let scope = sampler::Scope::enter();
         let new = (orig.realloc.unwrap_unchecked())(orig.ctx, ptr, size);
-        tracer::on_realloc_end(ptr as usize, new as usize, size, old, hook.gil_held);
+        tracer::on_realloc_end(ptr as usize, new as usize, size, old, hook.gil_held, &scope);
         new
     }
 }

@@ -3,6 +3,7 @@
 //! Layout, one module per job:
 //! - [`hooks`]: the PEP 445 allocator hooks (the hot path) and their installation.
 //! - [`capture`]: reading the Python stack from a hook, one file per CPython version.
+//! - [`sampler`]: the per-thread byte countdown of sampled mode.
 //! - [`table`]: the live-trace table, keyed by block address, and the memory counters.
 //! - [`intern`]: traceback interning and the lazy (code, offset) → line resolution.
 //! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
@@ -17,5 +18,6 @@ pub mod heap;
 pub mod hooks;
 pub mod intern;
 pub mod py;
+pub mod sampler;
 pub mod table;
 pub mod tracer;

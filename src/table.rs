@@ -12,9 +12,21 @@
 //!
 //! The table is created once and never freed (it lives in a `static`): `stop()` may race with a
 //! hook still running on another thread, and that hook must find valid memory.
+//!
+//! In sampled mode ([`TraceTable::set_sampling`]) the table holds only the sampled blocks and
+//! its totals are estimates (each trace charged its estimated bytes, see
+//! `crate::analysis::sampling`). Most frees are then of blocks that were never recorded, so a
+//! presence filter answers "certainly not here" without a lock: one 8-bit counter per slot,
+//! indexed by a hash of the address, counting the entries that hash there. A free whose
+//! counter is zero is done after one atomic load; a non-zero one (a collision, or the block)
+//! takes the normal shard-locked path. A counter that reaches its maximum stays there (only
+//! costs false positives) until the table is cleared.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::OnceLock;
+
+use crate::analysis::sampling::Weights;
 
 use dashmap::{DashMap, SharedValue};
 
@@ -109,10 +121,27 @@ fn unpack(key: u64, value: u64) -> (usize, Trace) {
     ((key & ADDRESS_MASK) as usize, trace)
 }
 
+/// Presence filter slots: 2^16 one-byte counters, 64 KiB (small enough to stay in cache on
+/// the free path), allocated the first time sampling is on. At the default interval a large
+/// heap holds a few thousand samples, so most slots are zero.
+const PRESENCE_BITS: u32 = 16;
+
+#[inline(always)]
+fn presence_slot(address: usize) -> usize {
+    // Drop the alignment bits, then take the top bits of a Fibonacci hash.
+    ((address as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - PRESENCE_BITS)) as usize
+}
+
 pub struct TraceTable {
     map: DashMap<u64, u64, BuildAddressHasher>,
     current: AtomicUsize,
     peak: AtomicUsize,
+    /// The sampling interval (0: exact), for the estimated totals.
+    interval: AtomicU64,
+    /// The presence filter's counters while sampling, null while exact (every address may
+    /// then be present). Points into `presence_storage`, which is never freed once made.
+    presence: AtomicPtr<AtomicU8>,
+    presence_storage: OnceLock<Box<[AtomicU8]>>,
 }
 
 impl Default for TraceTable {
@@ -127,6 +156,67 @@ impl TraceTable {
             map: DashMap::with_hasher(BuildAddressHasher),
             current: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
+            interval: AtomicU64::new(0),
+            presence: AtomicPtr::new(std::ptr::null_mut()),
+            presence_storage: OnceLock::new(),
+        }
+    }
+
+    /// Switches between exact (`interval` 0) and sampled mode. Only on an empty table with
+    /// no hook recording (`start()`), since entries and totals are kept per mode.
+    pub fn set_sampling(&self, interval: u64) {
+        self.interval.store(interval, Relaxed);
+        let presence = if interval == 0 {
+            std::ptr::null_mut()
+        } else {
+            let storage = self.presence_storage.get_or_init(|| {
+                (0..1usize << PRESENCE_BITS)
+                    .map(|_| AtomicU8::new(0))
+                    .collect()
+            });
+            storage.as_ptr() as *mut AtomicU8
+        };
+        self.presence.store(presence, Relaxed);
+    }
+
+    /// The counter of `address`'s slot, while sampling.
+    #[inline(always)]
+    fn presence_counter(&self, address: usize) -> Option<&AtomicU8> {
+        let presence = self.presence.load(Relaxed);
+        // SAFETY: a non-null pointer points at the 2^PRESENCE_BITS counters of
+        // `presence_storage`, which live as long as the table.
+        (!presence.is_null()).then(|| unsafe { &*presence.add(presence_slot(address)) })
+    }
+
+    /// False only if `address` is certainly not in the table (sampled mode, slot empty):
+    /// lock-free, so frees of unsampled blocks cost one load.
+    #[inline(always)]
+    pub fn may_contain(&self, address: usize) -> bool {
+        self.presence_counter(address)
+            .is_none_or(|counter| counter.load(Relaxed) != 0)
+    }
+
+    fn presence_add(&self, address: usize) {
+        if let Some(counter) = self.presence_counter(address) {
+            let _ = counter.fetch_update(Relaxed, Relaxed, |n| n.checked_add(1));
+        }
+    }
+
+    fn presence_remove(&self, address: usize) {
+        if let Some(counter) = self.presence_counter(address) {
+            let _ = counter.fetch_update(Relaxed, Relaxed, |n| {
+                (n != 0 && n != u8::MAX).then(|| n - 1)
+            });
+        }
+    }
+
+    /// What a trace of `size` adds to the totals: its size, or its estimated bytes when
+    /// sampling.
+    #[inline(always)]
+    fn charge(&self, size: usize) -> usize {
+        match self.interval.load(Relaxed) {
+            0 => size,
+            interval => Weights::Sampled { interval }.bytes(size as u64) as usize,
         }
     }
 
@@ -151,8 +241,8 @@ impl TraceTable {
             let entry = unsafe { bucket.as_mut() };
             let (_, old) = unpack(entry.0, *entry.1.get());
             *entry = (key, SharedValue::new(value));
-            self.sub(old.size);
-            self.add(trace.size);
+            self.sub(self.charge(old.size));
+            self.add(self.charge(trace.size));
             return true;
         }
         let rehash = |entry: &Packed| self.hash(entry.0 & ADDRESS_MASK);
@@ -161,7 +251,8 @@ impl TraceTable {
         }
         // SAFETY: room for one more entry was reserved just above, under the same lock.
         unsafe { shard.insert_no_grow(hash, (key, SharedValue::new(value))) };
-        self.add(trace.size);
+        self.presence_add(address);
+        self.add(self.charge(trace.size));
         true
     }
 
@@ -176,7 +267,8 @@ impl TraceTable {
         // SAFETY: the bucket was just found in this shard, whose write lock is held.
         let ((key, value), _) = unsafe { shard.remove(bucket) };
         let (_, trace) = unpack(key, value.into_inner());
-        self.sub(trace.size);
+        self.presence_remove(address);
+        self.sub(self.charge(trace.size));
         Some(trace)
     }
 
@@ -237,6 +329,11 @@ impl TraceTable {
         }
         self.current.store(0, Relaxed);
         self.peak.store(0, Relaxed);
+        if let Some(storage) = self.presence_storage.get() {
+            for counter in storage.iter() {
+                counter.store(0, Relaxed);
+            }
+        }
         drop(guards);
         // Release the memory of a large table: a cleared tracer should cost nothing.
         self.map.shrink_to_fit();
@@ -251,7 +348,13 @@ impl TraceTable {
             .iter()
             .map(|shard| buckets_for_capacity(shard.read().capacity()))
             .sum();
-        buckets * (std::mem::size_of::<Packed>() + 1) + std::mem::size_of_val(self.map.shards())
+        let presence = match self.presence.load(Relaxed).is_null() {
+            true => 0,
+            false => (1 << PRESENCE_BITS) * std::mem::size_of::<AtomicU8>(),
+        };
+        buckets * (std::mem::size_of::<Packed>() + 1)
+            + std::mem::size_of_val(self.map.shards())
+            + presence
     }
 
     /// Takes every shard's write lock and keeps it: called just before `fork()` so that the
@@ -401,6 +504,56 @@ mod tests {
         unsafe { table.unlock_all() };
         assert!(table.insert(32, t(2, 0)));
         assert_eq!(table.totals().0, 3);
+    }
+
+    #[test]
+    fn sampled_mode_charges_estimates_and_filters_frees() {
+        let table = TraceTable::new();
+        table.set_sampling(1024);
+        let w = Weights::Sampled { interval: 1024 };
+        let estimate = |size: usize| w.bytes(size as u64) as usize;
+        // (operation, address, size): every insert/remove keeps current == Σ estimates.
+        assert!(!table.may_contain(0x1000));
+        assert!(table.insert(0x1000, t(100, 1)));
+        assert!(table.may_contain(0x1000));
+        assert!(table.insert(0x2000, t(5000, 1)));
+        assert_eq!(table.totals().0, estimate(100) + estimate(5000));
+        // Replacing an entry keeps one presence count for the address.
+        assert!(table.insert(0x1000, t(10, 1)));
+        assert_eq!(table.totals().0, estimate(10) + estimate(5000));
+        assert_eq!(table.remove(0x1000), Some(t(10, 1)));
+        assert!(
+            !table.may_contain(0x1000),
+            "count back to zero after one remove"
+        );
+        // Many addresses: none that was removed is still reported present unless it
+        // shares a slot with a live one.
+        let live: Vec<usize> = (1..2000).map(|i| 0x10_0000 + i * 4096).collect();
+        for &a in &live {
+            assert!(table.insert(a, t(64, 2)));
+        }
+        for &a in &live[..1000] {
+            table.remove(a);
+        }
+        for &a in &live[1000..] {
+            assert!(table.may_contain(a), "a live entry is never filtered out");
+        }
+        let live_slots: std::collections::HashSet<usize> =
+            live[1000..].iter().map(|&a| presence_slot(a)).collect();
+        let stale = live[..1000]
+            .iter()
+            .filter(|&&a| table.may_contain(a) && !live_slots.contains(&presence_slot(a)))
+            .count();
+        assert_eq!(stale, 0);
+        let sum: usize = table.collect().iter().map(|(_, t)| estimate(t.size)).sum();
+        assert_eq!(sum, table.totals().0);
+        table.clear();
+        assert!(live.iter().all(|&a| !table.may_contain(a)));
+        // Back to exact: every address may be present, totals are sizes.
+        table.set_sampling(0);
+        assert!(table.may_contain(0x1000));
+        assert!(table.insert(0x1000, t(100, 1)));
+        assert_eq!(table.totals().0, 100);
     }
 
     #[test]

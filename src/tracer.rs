@@ -12,6 +12,11 @@
 //! Nothing a hook can reach is ever freed: the table and hook records are process-lifetime, and
 //! `stop()` empties them instead.
 //!
+//! Sampled mode (`start(.., sample_interval=R)`): the allocation hook asks its
+//! [`sampler::Scope`]
+//! first, so an unsampled allocation costs a countdown subtraction and nothing else; frees
+//! ask the table's lock-free presence filter before taking the guard or a shard lock.
+//!
 //! Nor does a hook abort for lack of memory (Rust's default on a failed allocation): the table
 //! and the interner grow only through fallible reservations, and a block whose trace cannot
 //! be stored is left untraced and counted in [`dropped_traces`].
@@ -26,11 +31,13 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use crate::analysis::filter::{FilterSet, FilterSpec};
+use crate::analysis::sampling::MAX_INTERVAL;
 use crate::analysis::snapshot::{FrameId, Metadata, Snapshot, SnapshotBuilder};
 use crate::capture::{self, Current, Interpreter, RawFrame, MAX_NFRAME};
 use crate::error::{Error, Result};
 use crate::hooks;
 use crate::intern::{Interner, Resolver, UNKNOWN_TRACEBACK};
+use crate::sampler;
 use crate::table::{Trace, TraceTable, TracebackId};
 
 /// All PEP 445 allocations land in tracemalloc's default domain 0.
@@ -246,8 +253,8 @@ unsafe fn record_current(address: usize, size: usize, gil_held: bool) {
 /// # Safety
 /// Called from a hook with the block just returned by the wrapped allocator.
 #[inline(always)]
-pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool) {
-    if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) {
+pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool, scope: &sampler::Scope) {
+    if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) || !scope.keep(size) {
         return;
     }
     let Some(_guard) = ReentrancyGuard::enter() else {
@@ -262,8 +269,12 @@ pub fn on_free(address: usize) {
     if !TRACING.load(Relaxed) {
         return;
     }
+    let table = table();
+    if !table.may_contain(address) {
+        return;
+    }
     if let Some(_guard) = ReentrancyGuard::enter() {
-        table().remove(address);
+        table.remove(address);
     }
 }
 
@@ -273,14 +284,20 @@ pub fn on_realloc_start(address: usize) -> Option<Trace> {
     if address == 0 || !TRACING.load(Relaxed) {
         return None;
     }
+    let table = table();
+    if !table.may_contain(address) {
+        return None;
+    }
     let _guard = ReentrancyGuard::enter()?;
-    table().remove(address)
+    table.remove(address)
 }
 
 /// A reallocation finished: `new` is null if it failed, in which case the old block is intact
 /// and gets its trace back. Otherwise the new block is traced like a new allocation (with the
 /// current traceback, as tracemalloc does), or keeps its old traceback while recording is
-/// disabled, since it is still the same live block.
+/// disabled, since it is still the same live block. When sampling, the new block is a new
+/// allocation for the sampler too: recorded if its size crosses the countdown, whether or not
+/// the old block was sampled.
 ///
 /// # Safety
 /// Called from the realloc hook.
@@ -291,6 +308,7 @@ pub unsafe fn on_realloc_end(
     size: usize,
     old: Option<Trace>,
     gil_held: bool,
+    scope: &sampler::Scope,
 ) {
     if !TRACING.load(Relaxed) {
         return;
@@ -303,7 +321,9 @@ pub unsafe fn on_realloc_end(
             record(old_address, old);
         }
     } else if RECORDING.load(Relaxed) {
-        record_current(new, size, gil_held);
+        if scope.keep(size) {
+            record_current(new, size, gil_held);
+        }
     } else if let Some(old) = old {
         record(new, Trace { size, ..old });
     }
@@ -322,11 +342,53 @@ pub fn is_tracing() -> bool {
     TRACING.load(Relaxed)
 }
 
-/// Starts tracing with tracebacks of at most `nframe` frames. A no-op while tracing, as in
-/// tracemalloc (the limit then stays what it was).
-pub fn start(py: Python<'_>, nframe: i64) -> Result<()> {
-    let nframe = check_nframe(nframe)?;
+/// How `start()` should sample.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sampling {
+    /// Mean bytes between samples; `None` (or 0) for exact tracing, `None` also meaning
+    /// "whatever is running" when `start()` is called while tracing.
+    pub interval: Option<u64>,
+    /// Seed of the sampler's generators; `None` for a fresh one.
+    pub seed: Option<u64>,
+}
+
+fn check_interval(interval: u64) -> Result<u64> {
+    if interval > MAX_INTERVAL {
+        return Err(Error::InvalidArgument(format!(
+            "the sampling interval must be in range [0; {MAX_INTERVAL}] bytes (0: exact \
+             tracing), got {interval}"
+        )));
+    }
+    Ok(interval)
+}
+
+/// The sampling interval of the running session; `None` when exact or not tracing.
+pub fn sample_interval() -> Option<u64> {
     if is_tracing() {
+        sampler::interval()
+    } else {
+        None
+    }
+}
+
+/// Starts tracing with tracebacks of at most `nframe` frames, exactly or sampled. A no-op
+/// while tracing, as in tracemalloc (the limit then stays what it was), except that asking
+/// for another sampling mode or a seed then is an error rather than silently ignored.
+pub fn start(py: Python<'_>, nframe: i64, sampling: Sampling) -> Result<()> {
+    let nframe = check_nframe(nframe)?;
+    let interval = sampling.interval.map(check_interval).transpose()?;
+    if is_tracing() {
+        let running = sampler::interval().unwrap_or(0);
+        if interval.is_some_and(|i| i != running) || sampling.seed.is_some() {
+            let mode = match running {
+                0 => "exactly".to_string(),
+                r => format!("with sample_interval={r}"),
+            };
+            return Err(Error::State(format!(
+                "alloctrace is already tracing {mode}: call stop() before start() to change \
+                 sample_interval or sample_seed"
+            )));
+        }
         return Ok(());
     }
     // SAFETY: `py` proves the GIL is held; reading the interpreter pointers has no effect.
@@ -338,6 +400,9 @@ pub fn start(py: Python<'_>, nframe: i64) -> Result<()> {
     }
     register_fork_handlers();
     table().clear();
+    let interval = interval.unwrap_or(0);
+    table().set_sampling(interval);
+    sampler::configure(interval, sampling.seed);
     DROPPED.store(0, Relaxed);
     // SAFETY: the GIL is held and no hook is recording yet (TRACING is false), so nothing else
     // borrows these cells.
@@ -577,6 +642,7 @@ pub fn take_snapshot(py: Python<'_>) -> Result<Snapshot> {
     let limit = traceback_limit() as u32;
     let snapshot = with_resolver(|resolver| {
         let mut builder = SnapshotBuilder::new(limit);
+        builder.sample_interval(sampler::interval());
         let mut filename_ids: HashMap<u32, u32> = HashMap::new();
         // Resolver function index -> builder function id (u32::MAX: not interned yet).
         let mut function_ids: Vec<u32> = Vec::new();
@@ -712,7 +778,7 @@ fn register_fork_handlers() {
     ONCE.call_once(|| {
         // SAFETY: the handlers are plain functions that only touch process-lifetime statics.
         unsafe {
-            libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork));
+            libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork_child));
         }
     });
 }
@@ -730,6 +796,13 @@ extern "C" fn before_fork() {
     let _ = IN_TRACER.try_with(|inside| inside.set(true));
     table.lock_all();
     LOCKED_FOR_FORK.store(true, Relaxed);
+}
+
+/// The child also reseeds the sampler, so that it does not sample the same allocations as
+/// its parent.
+extern "C" fn after_fork_child() {
+    after_fork();
+    sampler::reseed_after_fork();
 }
 
 extern "C" fn after_fork() {

@@ -64,10 +64,16 @@ def test_smoke_run_reports_every_part(pyperformance_path: str, tmp_path: Path) -
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
     parts = {line.split(" | ")[0].strip("| ") for line in rows}
     assert parts == {"overhead", "hook", "memory", "snapshot"}
-    # Every benchmark in the smoke preset got a slowdown under tracemalloc at both depths.
+    have_alloctrace = importlib.util.find_spec("alloctrace") is not None
+    # Every benchmark in the smoke preset got a slowdown under tracemalloc at both depths,
+    # and one more row for alloctrace's sampled mode when alloctrace is installed.
     for name in ("deepcopy", "deepcopy_memo", "deepcopy_reduce", "json_loads"):
-        assert sum(f"| overhead | {name} (untraced" in line for line in rows) == 2, table
-    if importlib.util.find_spec("alloctrace") is not None:
+        expected = 3 if have_alloctrace else 2
+        assert sum(f"| overhead | {name} (untraced" in line for line in rows) == expected, table
+    if have_alloctrace:
+        sampled = [line for line in rows if "sampled | 64, sampled 512 KiB" in line]
+        assert len(sampled) == 1 and "slowdown ≤1.05x" in sampled[0], table
+        assert sampled[0].split(" | ")[4].endswith("x"), table
         # alloctrace is installed, so its column must hold figures, not the absent marker.
         assert "alloctrace column absent" not in table
         overhead_rows = [line for line in rows if line.startswith("| overhead | json_loads")]

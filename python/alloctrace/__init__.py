@@ -17,6 +17,8 @@ traceback is requested; the analysis (grouping, diffing, filtering, dump and
 load) runs in Rust.
 """
 
+from __future__ import annotations
+
 import linecache  # noqa: F401  (tracemalloc exposes it; tests patch linecache.getline through it)
 
 from alloctrace import _native
@@ -67,6 +69,7 @@ __all__ = [
     "enable",
     "get_filters",
     "get_object_traceback",
+    "get_sample_interval",
     "get_traceback_limit",
     "get_traced_memory",
     "get_tracemalloc_memory",
@@ -86,15 +89,43 @@ _Frame = Frame
 _format_size = _format_size
 
 
-def start(nframe: int = 1) -> None:
+def start(
+    nframe: int = 1,
+    *,
+    sample_interval: int | None = None,
+    sample_seed: int | None = None,
+) -> None:
     """Start tracing Python memory allocations.
 
     Install hooks on the Python memory allocators. Collected tracebacks of
     traces are limited to *nframe* frames (1 to 65535). Does nothing if
     tracing is already on. Raises :exc:`RuntimeError` while the standard
     :mod:`tracemalloc` module is tracing: the two cannot trace together.
+
+    By default every allocation is traced (exact mode). With
+    *sample_interval*, a number of bytes (1 to 2**40; ``None`` or ``0`` mean
+    exact), only a sample is: one sampling point per *sample_interval* bytes
+    allocated on average, drawn per thread, so a block of ``size`` bytes is
+    recorded with probability ``1 - exp(-(size + 1) / sample_interval)``.
+    Snapshots then say they are sampled (:attr:`Snapshot.sample_interval`)
+    and every figure derived from them, like :func:`get_traced_memory`, is an
+    unbiased estimate of the true one. 512 KiB (``524288``) costs a few
+    percent at most; see the README. *sample_seed* (0 to 2**64-1) makes the
+    choice of samples reproducible for a single-threaded program; by default
+    the seed is fresh each time.
+
+    While tracing, asking for a different *sample_interval* or for a
+    *sample_seed* raises :exc:`RuntimeError`: call :func:`stop` first.
     """
-    _native.start(nframe)
+    _native.start(nframe, sample_interval=sample_interval, sample_seed=sample_seed)
+
+
+def get_sample_interval() -> int | None:
+    """Return the sampling interval in bytes while tracing in sampled mode.
+
+    Return ``None`` when tracing exactly or not tracing.
+    """
+    return _native.get_sample_interval()
 
 
 def get_object_traceback(obj):

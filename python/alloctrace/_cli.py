@@ -219,7 +219,7 @@ def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[
     what = names[args.key] + (" (cumulative)" if args.cumulative else "")
     count = "All" if limit is None else f"Top {shown_count}"
     title = f"{count} {what} in {_header(path, snapshot)}"
-    return renderer.stats(
+    lines = renderer.stats(
         stats,
         key_type=args.key,
         cumulative=args.cumulative,
@@ -228,6 +228,11 @@ def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[
         total_count=total_count,
         title=title,
     )
+    note = _report.sampling_note(snapshot)
+    if note is not None:
+        # A line of its own under the title, so a narrow terminal cannot cut it off.
+        lines.insert(1, f"({note})")
+    return lines
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
@@ -302,6 +307,12 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         total=total,
         title=title,
     )
+    notes = [
+        f"({name}: {note})"
+        for name, snapshot in ((args.new, new), (args.old, old))
+        if (note := _report.sampling_note(snapshot)) is not None
+    ]
+    lines[1:1] = notes
     _write_lines(lines)
     return 0
 
@@ -404,7 +415,15 @@ def _add_pickle_option(parser: argparse.ArgumentParser) -> None:
 
 # --------------------------------------------------------------------------- run
 
-_RUN_VALUE_OPTIONS = {"-n", "--nframe", "-o", "--output", "--interval"}
+_RUN_VALUE_OPTIONS = {
+    "-n",
+    "--nframe",
+    "-o",
+    "--output",
+    "--interval",
+    "--sample-interval",
+    "--sample-seed",
+}
 _RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help"}
 
 
@@ -451,7 +470,8 @@ def _run_parser() -> _Parser:
         description="Run a Python program traced from its first line and write a snapshot at "
         "exit. The program's exit status, standard streams, sys.argv and __main__ are as "
         "without alloctrace.",
-        usage=f"{PROG} run [-n NFRAME] [-o FILE] [--interval SECONDS] [-q] "
+        usage=f"{PROG} run [-n NFRAME] [-o FILE] [--interval SECONDS] "
+        "[--sample-interval BYTES [--sample-seed N]] [-q] "
         "(script.py | -m module | -c command) [args ...]",
     )
     parser.add_argument(
@@ -472,6 +492,17 @@ def _run_parser() -> _Parser:
         "--interval",
         metavar="SECONDS",
         help="also write numbered snapshots every SECONDS (see ALLOCTRACE_INTERVAL)",
+    )
+    parser.add_argument(
+        "--sample-interval",
+        metavar="BYTES",
+        help="sampled tracing, one sample per BYTES allocated on average (e.g. 512KiB, 2MiB; "
+        "0: exact, the default); figures are then estimates (see ALLOCTRACE_SAMPLE_INTERVAL)",
+    )
+    parser.add_argument(
+        "--sample-seed",
+        metavar="N",
+        help="seed of the sampler, for reproducible runs (see ALLOCTRACE_SAMPLE_SEED)",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary after the run")
     return parser
@@ -503,6 +534,12 @@ def _cmd_run(argv: Sequence[str]) -> int:
         _startup.check_path_template(output, "-o/--output")
         if args.interval is not None:
             _startup.parse_interval(args.interval)
+        if args.sample_interval is not None:
+            _startup.parse_sample_interval(args.sample_interval, "--sample-interval")
+        if args.sample_seed is not None:
+            _startup.parse_sample_seed(args.sample_seed, "--sample-seed")
+            if not _startup.parse_sample_interval(args.sample_interval or "0"):
+                raise _startup.ConfigError("--sample-seed needs --sample-interval")
     except _startup.ConfigError as exc:
         raise CommandError(str(exc), USAGE_ERROR) from None
     if not program[0].startswith("-") and not os.path.exists(program[0]):
@@ -520,6 +557,15 @@ def _cmd_run(argv: Sequence[str]) -> int:
         env[_startup.ENV_INTERVAL] = args.interval
     else:
         env.pop(_startup.ENV_INTERVAL, None)
+    # Options win over inherited variables, and no option means exact tracing.
+    for option, name in (
+        (args.sample_interval, _startup.ENV_SAMPLE_INTERVAL),
+        (args.sample_seed, _startup.ENV_SAMPLE_SEED),
+    ):
+        if option is not None:
+            env[name] = option
+        else:
+            env.pop(name, None)
     command = [sys.executable, *program]
 
     status, pid = _spawn(command, env)
@@ -670,7 +716,8 @@ def build_parser() -> _Parser:
         prog=PROG,
         description="Trace Python memory allocations and read the snapshots.",
         epilog="Start-up variables: ALLOCTRACE=NFRAME, ALLOCTRACE_DUMP=PATH, "
-        "ALLOCTRACE_INTERVAL=SECONDS (see the README).",
+        "ALLOCTRACE_INTERVAL=SECONDS, ALLOCTRACE_SAMPLE_INTERVAL=BYTES, "
+        "ALLOCTRACE_SAMPLE_SEED=N (see the README).",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     # Listed for --help only: main() hands "run" to its own parser, which leaves the program's

@@ -42,6 +42,23 @@ def format_size(size: int, signed: bool = False) -> str:
     raise AssertionError("unreachable: the last unit always returns")
 
 
+def format_interval(size: int) -> str:
+    """A sampling interval: ``512 KiB``, ``2 MiB`` when it is a whole number of units."""
+    for unit in reversed(_UNITS[1:]):
+        scale = 1024 ** _UNITS.index(unit)
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return format_size(size)
+
+
+def sampling_note(snapshot) -> str | None:
+    """The warning a sampled snapshot's figures carry; ``None`` for an exact snapshot."""
+    interval = getattr(snapshot, "sample_interval", None)
+    if interval is None:
+        return None
+    return f"sampled, interval {format_interval(interval)}: sizes and counts are estimates"
+
+
 def format_count(count: int, signed: bool = False) -> str:
     """A block count with thousands separators; *signed* adds ``+`` to gains."""
     return f"{count:+,}" if signed else f"{count:,}"
@@ -253,6 +270,9 @@ def snapshot_json(path: str, snapshot) -> dict[str, Any]:
         "path": path,
         "traceback_limit": snapshot.traceback_limit,
         "metadata": dict(metadata) if metadata else {},
+        # Bytes between samples on average; null for an exact snapshot. When set, every size
+        # and count in the document is an estimate.
+        "sample_interval": getattr(snapshot, "sample_interval", None),
     }
 
 

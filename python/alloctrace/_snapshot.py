@@ -439,11 +439,18 @@ class Snapshot:
     """Traces of the memory blocks allocated by Python at one moment.
 
     *traces* are raw ``(domain, size, frames[, total_nframe])`` tuples with frames most
-    recent first, as ``tracemalloc._get_traces()`` returns them.
+    recent first, as ``tracemalloc._get_traces()`` returns them. With *sample_interval*
+    (bytes), they are the samples of a sampled snapshot taken at that interval.
+
+    A sampled snapshot (taken after ``start(sample_interval=...)``) holds only the sampled
+    blocks: :attr:`traces` lists them with their true sizes, while :meth:`statistics`,
+    :meth:`compare_to` and the exports weight each one by the inverse of its sampling
+    probability, so their sizes and counts are unbiased estimates of the true totals
+    (counts rounded to whole blocks per row).
     """
 
-    def __init__(self, traces, traceback_limit):
-        self._data = SnapshotData.from_raw(traces, traceback_limit)
+    def __init__(self, traces, traceback_limit, *, sample_interval=None):
+        self._data = SnapshotData.from_raw(traces, traceback_limit, sample_interval)
 
     @classmethod
     def _from_data(cls, data):
@@ -466,6 +473,12 @@ class Snapshot:
         return self._data.traceback_limit
 
     @property
+    def sample_interval(self):
+        """The sampling interval in bytes if the snapshot is sampled (its statistics are
+        estimates), ``None`` if every block was traced."""
+        return self._data.sample_interval
+
+    @property
     def metadata(self):
         """Where and when the snapshot was taken: a dict with ``python_version``,
         ``timestamp``, ``pid`` and ``argv`` (``None`` or ``[]`` where unknown)."""
@@ -475,6 +488,13 @@ class Snapshot:
         return {k: v for k, v in vars(self).items() if k not in _INTERNAL_ATTRIBUTES}
 
     def __reduce__(self):
+        interval = self.sample_interval
+        if interval is not None:
+            return (
+                _sampled_snapshot,
+                (self.traces._traces, self.traceback_limit, interval),
+                self._attributes(),
+            )
         return (Snapshot, (self.traces._traces, self.traceback_limit), self._attributes())
 
     def dump(self, filename):
@@ -526,7 +546,7 @@ class Snapshot:
         include = [f for f in filters if f.inclusive]
         exclude = [f for f in filters if not f.inclusive]
         kept = [t for t in self.traces._traces if self._filter_trace(include, exclude, t)]
-        return Snapshot(kept, self.traceback_limit)
+        return Snapshot(kept, self.traceback_limit, sample_interval=self.sample_interval)
 
     def statistics(self, key_type, cumulative=False):
         """Statistics grouped by *key_type* (``'traceback'``, ``'lineno'`` or
@@ -536,7 +556,11 @@ class Snapshot:
 
     def compare_to(self, old_snapshot, key_type, cumulative=False):
         """Differences against *old_snapshot*, grouped by *key_type*, biggest change
-        first."""
+        first.
+
+        Either snapshot may be sampled: each side then contributes its estimates (exact
+        figures for an exact one), so the differences estimate the true change.
+        """
         old = old_snapshot._data if isinstance(old_snapshot, Snapshot) else None
         if old is None:
             # A tracemalloc.Snapshot (or anything shaped like one) is compared by its traces.
@@ -570,6 +594,11 @@ class Snapshot:
         if title is not None and not isinstance(title, str):
             raise TypeError(f"title must be a str or None, not {type(title).__name__}")
         self._data.to_flamegraph(_path(filename), base, title)
+
+
+def _sampled_snapshot(traces, traceback_limit, sample_interval):
+    """Unpickle a sampled :class:`Snapshot` (``__reduce__`` cannot pass keywords)."""
+    return Snapshot(traces, traceback_limit, sample_interval=sample_interval)
 
 
 def _snapshot_data(snapshot, what):

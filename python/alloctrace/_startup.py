@@ -14,6 +14,14 @@ set; otherwise this module is never imported and costs nothing.
     ``{pid}``, ``{time}`` and ``{n}`` in PATH are replaced (see :func:`expand_path`).
 ``ALLOCTRACE_INTERVAL=SECONDS``
     With ``ALLOCTRACE_DUMP``, also write numbered snapshots every SECONDS from a daemon thread.
+``ALLOCTRACE_SAMPLE_INTERVAL=BYTES``
+    Trace in sampled mode, one sample per BYTES allocated on average (see
+    :func:`parse_size` for the accepted forms, e.g. ``524288``, ``512KiB``, ``512k``, ``2MiB``;
+    ``0`` means exact tracing). Implies ``ALLOCTRACE=1`` when tracing is not otherwise
+    configured.
+``ALLOCTRACE_SAMPLE_SEED=N``
+    Seed the sampler (an integer from 0 to 2**64-1) so that a run samples the same
+    allocations every time; only with ``ALLOCTRACE_SAMPLE_INTERVAL``.
 
 A configuration error stops the interpreter with one line on stderr: running the program
 untraced when the user asked for tracing would waste the run. A failure to *write* a snapshot is
@@ -33,10 +41,30 @@ MAX_NFRAME = 65535
 ENV_NFRAME = "ALLOCTRACE"
 ENV_DUMP = "ALLOCTRACE_DUMP"
 ENV_INTERVAL = "ALLOCTRACE_INTERVAL"
+ENV_SAMPLE_INTERVAL = "ALLOCTRACE_SAMPLE_INTERVAL"
+ENV_SAMPLE_SEED = "ALLOCTRACE_SAMPLE_SEED"
 XOPTION = "alloctrace"
 
 #: Exit status when the start-up configuration is invalid (the usual "bad usage" status).
 CONFIG_ERROR_STATUS = 2
+
+#: The largest sampling interval :func:`alloctrace.start` accepts (1 TiB).
+MAX_SAMPLE_INTERVAL = 1 << 40
+
+#: Size suffixes, all binary: ``k`` and ``KB`` mean KiB, as in allocator settings.
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+}
 
 _PLACEHOLDERS = ("pid", "time", "n")
 
@@ -48,15 +76,27 @@ class ConfigError(ValueError):
 class Config:
     """The start-up settings read from the environment and ``-X`` options."""
 
-    __slots__ = ("nframe", "dump", "interval")
+    __slots__ = ("nframe", "dump", "interval", "sample_interval", "sample_seed")
 
-    def __init__(self, nframe: int, dump: str | None = None, interval: float | None = None):
+    def __init__(
+        self,
+        nframe: int,
+        dump: str | None = None,
+        interval: float | None = None,
+        sample_interval: int | None = None,
+        sample_seed: int | None = None,
+    ):
         self.nframe = nframe
         self.dump = dump
         self.interval = interval
+        self.sample_interval = sample_interval
+        self.sample_seed = sample_seed
 
     def __repr__(self) -> str:
-        return f"Config(nframe={self.nframe!r}, dump={self.dump!r}, interval={self.interval!r})"
+        return (
+            f"Config(nframe={self.nframe!r}, dump={self.dump!r}, interval={self.interval!r}, "
+            f"sample_interval={self.sample_interval!r}, sample_seed={self.sample_seed!r})"
+        )
 
 
 def parse_nframe(value: str, source: str) -> int:
@@ -88,6 +128,48 @@ def parse_interval(value: str) -> float:
             f"{ENV_INTERVAL}={value!r} is invalid: expected a number of seconds greater than 0"
         )
     return seconds
+
+
+def parse_size(value: str) -> int | None:
+    """Parse a byte count such as ``524288``, ``512KiB``, ``512k``, ``2MiB`` or ``1.5 MB``.
+
+    Units are case-insensitive and binary (``k``, ``KB`` and ``KiB`` all mean 1024 bytes);
+    a fraction is rounded to whole bytes. Return ``None`` if *value* is not such a count.
+    """
+    text = value.strip()
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").rstrip()
+    unit = text[len(number) :].strip().lower()
+    if unit not in _SIZE_UNITS or not number or not all(c.isdigit() or c == "." for c in number):
+        return None
+    try:
+        amount = float(number) if "." in number else int(number, 10)
+    except ValueError:
+        return None
+    return int(round(amount * _SIZE_UNITS[unit]))
+
+
+def parse_sample_interval(value: str, source: str = ENV_SAMPLE_INTERVAL) -> int:
+    """Parse a sampling interval in bytes; ``0`` means exact tracing."""
+    size = parse_size(value)
+    if size is None or size > MAX_SAMPLE_INTERVAL:
+        shown = f"{source}={value!r}" if source.isupper() else f"{source} {value!r}"
+        raise ConfigError(
+            f"{shown} is invalid: expected a number of bytes from 0 (exact tracing) to 1TiB, "
+            "with an optional unit (e.g. 524288, 512KiB, 512k, 2MiB)"
+        )
+    return size
+
+
+def parse_sample_seed(value: str, source: str = ENV_SAMPLE_SEED) -> int:
+    """Parse ``ALLOCTRACE_SAMPLE_SEED``: an integer from 0 to 2**64-1."""
+    try:
+        seed = int(value.strip(), 10)
+    except ValueError:
+        seed = -1
+    if not 0 <= seed < 1 << 64:
+        shown = f"{source}={value!r}" if source.isupper() else f"{source} {value!r}"
+        raise ConfigError(f"{shown} is invalid: expected an integer from 0 to 2**64-1")
+    return seed
 
 
 def check_path_template(template: str, source: str = ENV_DUMP) -> str:
@@ -161,12 +243,25 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
             raise ConfigError(
                 f"{ENV_INTERVAL} is set but {ENV_DUMP} is not: periodic snapshots need a path"
             )
+    sample_interval = None
+    env_sample = environ.get(ENV_SAMPLE_INTERVAL, "")
+    if env_sample:
+        sample_interval = parse_sample_interval(env_sample)
+    sample_seed = None
+    env_seed = environ.get(ENV_SAMPLE_SEED, "")
+    if env_seed:
+        sample_seed = parse_sample_seed(env_seed)
+        if not sample_interval:
+            raise ConfigError(
+                f"{ENV_SAMPLE_SEED} is set but {ENV_SAMPLE_INTERVAL} is not: the seed only "
+                "applies to sampled tracing"
+            )
     if nframe is None:
-        nframe = 1 if dump is not None else 0
+        nframe = 1 if dump is not None or sample_interval is not None else 0
     if nframe == 0:
         # Tracing explicitly off: there is nothing to dump either.
         return Config(0)
-    return Config(nframe, dump, interval)
+    return Config(nframe, dump, interval, sample_interval or None, sample_seed)
 
 
 def _warn(message: str) -> None:
@@ -310,7 +405,11 @@ def install() -> None:
     # imports (threading, signal...) do not show up in the program's snapshots.
     dumper = Dumper(config.dump, config.interval) if config.dump is not None else None
     try:
-        alloctrace.start(config.nframe)
+        alloctrace.start(
+            config.nframe,
+            sample_interval=config.sample_interval,
+            sample_seed=config.sample_seed,
+        )
     except Exception as exc:
         _warn(f"cannot start tracing: {exc}")
         return

@@ -6,6 +6,11 @@
 //! traceback's frames (tracemalloc's identity: tracebacks that differ only in their total
 //! depth are one stack). A frame is shown with its function where the snapshot recorded it.
 //!
+//! A sampled snapshot exports estimated totals: every trace counts with its sampling weight
+//! (as in `Snapshot.statistics()`), pprof says so with `period` = the sampling interval (the
+//! values are written already scaled, as Go's heap profiles are) and a comment, and the
+//! flamegraph subtitle says the bytes are estimated.
+//!
 //! The pprof messages are declared here with prost's derive rather than generated from
 //! `profile.proto`: the subset a heap profile uses is small and stable, and this keeps protoc
 //! and a build script out of the build.
@@ -17,6 +22,7 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use prost::Message;
 
+use crate::analysis::sampling::{count_from_units, Weights};
 use crate::analysis::snapshot::{FrameId, Function, FunctionId, Snapshot, TracebackId};
 use crate::error::{Error, Result};
 
@@ -157,6 +163,7 @@ fn stacks(snapshot: &Snapshot, by_domain: bool) -> Vec<Stack> {
     type Key<'a> = (&'a [FrameId], &'a [Option<FunctionId>], u32);
     let mut index: HashMap<Key<'_>, usize> = HashMap::new();
     let mut out: Vec<Stack> = Vec::new();
+    let weights = Weights::new(snapshot.sample_interval);
     for trace in &snapshot.traces {
         let t = trace.traceback;
         let frames: &[FrameId] = &snapshot.tracebacks[t as usize].frames;
@@ -174,8 +181,12 @@ fn stacks(snapshot: &Snapshot, by_domain: bool) -> Vec<Stack> {
             });
             out.len() - 1
         });
-        out[i].count += 1;
-        out[i].size = out[i].size.saturating_add(trace.size);
+        // Counts in fixed point until every trace is in (see `sampling`).
+        out[i].count += weights.count_units(trace.size);
+        out[i].size = out[i].size.saturating_add(weights.bytes(trace.size));
+    }
+    for stack in &mut out {
+        stack.count = count_from_units(stack.count);
     }
     out
 }
@@ -216,7 +227,9 @@ fn clamp(v: u64) -> i64 {
 /// The snapshot as a pprof heap profile (uncompressed message): sample types
 /// `inuse_objects`/count and `inuse_space`/bytes, one sample per distinct stack and domain
 /// (non-zero domains labelled `domain`), one Location per distinct frame and function
-/// running there, one Function per distinct (function, filename, first line). A snapshot counts every block, so `period` is 1.
+/// running there, one Function per distinct (function, filename, first line). An exact
+/// snapshot counts every block, so `period` is 1; a sampled one has the sampling interval as
+/// `period` and estimated (already scaled) values.
 pub fn pprof_profile(snapshot: &Snapshot) -> proto::Profile {
     use proto::*;
     let mut strings = Strings::new();
@@ -315,6 +328,11 @@ pub fn pprof_profile(snapshot: &Snapshot) -> proto::Profile {
     if let Some(pid) = md.pid {
         comment.push(strings.get(&format!("pid {pid}")));
     }
+    if let Some(interval) = snapshot.sample_interval {
+        comment.push(strings.get(&format!(
+            "sampled every {interval} bytes on average: values are estimates"
+        )));
+    }
     Profile {
         sample_type,
         sample: samples,
@@ -327,7 +345,7 @@ pub fn pprof_profile(snapshot: &Snapshot) -> proto::Profile {
             .filter(|t| t.is_finite() && *t > 0.0)
             .map_or(0, |t| (t * 1e9) as i64),
         period_type,
-        period: 1,
+        period: snapshot.sample_interval.map_or(1, clamp),
         comment,
         default_sample_type,
     }
@@ -444,9 +462,15 @@ pub fn flamegraph(
         None => "Live memory by stack".into(),
         Some(_) => "Memory growth by stack".into(),
     });
+    let estimated = match snapshot.sample_interval {
+        Some(interval) => format!(" (estimated, sampled every {interval} bytes)"),
+        None => String::new(),
+    };
     options.subtitle = Some(match base {
-        None => format!("{total} bytes live; widths are bytes"),
-        Some(_) => format!("{total} bytes live; widths are new bytes, red grew, blue shrank"),
+        None => format!("{total} bytes live{estimated}; widths are bytes"),
+        Some(_) => {
+            format!("{total} bytes live{estimated}; widths are new bytes, red grew, blue shrank")
+        }
     });
     options.count_name = "bytes".into();
     options.name_type = "Frame:".into();
@@ -531,6 +555,31 @@ mod tests {
         );
         let p = pprof_profile(&s);
         assert_eq!((p.location.len(), p.function.len()), (2, 2));
+    }
+
+    #[test]
+    fn sampled_snapshots_export_estimates() {
+        let mut b = SnapshotBuilder::new(1);
+        let a = b.filename(b"a.py");
+        let f = b.frame(a, 1);
+        let t = b.traceback(&[f], None);
+        b.trace(0, 100, t);
+        b.trace(0, 4 << 20, t);
+        b.sample_interval(Some(4096));
+        let s = b.finish();
+        let w = Weights::new(Some(4096));
+        let bytes = w.bytes(100) + w.bytes(4 << 20);
+        let count = count_from_units(w.count_units(100) + w.count_units(4 << 20));
+        assert_eq!(collapsed(&s), format!("a.py:1 {bytes}\n"));
+        let p = pprof_profile(&s);
+        assert_eq!(p.period, 4096);
+        assert_eq!(p.sample[0].value, vec![count as i64, bytes as i64]);
+        assert!(p
+            .comment
+            .iter()
+            .any(|&c| p.string_table[c as usize].contains("estimates")));
+        let svg = String::from_utf8(flamegraph(&s, None, None).unwrap()).unwrap();
+        assert!(svg.contains("estimated, sampled every 4096 bytes"));
     }
 
     #[test]

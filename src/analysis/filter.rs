@@ -628,6 +628,7 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
         traces: Vec::new(),
         traceback_limit: snapshot.traceback_limit,
         metadata: snapshot.metadata.clone(),
+        sample_interval: snapshot.sample_interval,
     };
     out.traces = snapshot
         .traces
@@ -687,6 +688,7 @@ pub fn compact(snapshot: Snapshot) -> Snapshot {
         b.trace(tr.domain, tr.size, tb_map[tr.traceback as usize]);
     }
     b.metadata(snapshot.metadata);
+    b.sample_interval(snapshot.sample_interval);
     b.finish()
 }
 

@@ -5,13 +5,14 @@
 //!
 //! ```text
 //! magic            8 bytes  b"ALCTRSNP"
-//! format version   u32      FORMAT_VERSION; bumped only for changes old readers cannot skip
+//! format version   u32      1, or 2 with sampling (section 9); bumped only for changes old
+//!                           readers cannot skip
 //! section*         tag u32, length u64, payload[length]
 //! end section      tag 0, length 4, CRC-32 (IEEE) of every byte before the CRC itself
 //! ```
 //!
 //! Sections: 1 metadata (bincode + serde), 2 filenames, 3 frames, 4 tracebacks, 5 traces,
-//! 6 user attributes, 7 functions per traceback frame (optional: absent in files written before function
+//! 6 user attributes, 9 sampling interval (below), 7 functions per traceback frame (optional: absent in files written before function
 //! names were recorded, which load with every function unknown). Tables are written once and referenced by index; integers inside the
 //! tables are unsigned LEB128, and traces are stored by column (run-length domains, sizes,
 //! traceback ids) because that is what makes a 1M-trace dump a few MB.
@@ -20,6 +21,15 @@
 //! names for pprof export, say) goes in a new section and old readers still load the file.
 //! The version is bumped only if an existing section changes meaning; a reader refuses a file
 //! with a newer version and names both versions.
+//!
+//! Section 9, sampling (uleb128 interval R in bytes, 1..=2^40), is present only in snapshots
+//! taken in sampled mode. It is the one addition old readers must not skip: without it the
+//! sampled traces would load as an exact snapshot and every total would be silently wrong
+//! (a few hundred sampled blocks shown as the whole heap). So a file that carries it is
+//! written with [`SAMPLED_FORMAT_VERSION`], which a reader from before sampling refuses with
+//! its "newer format version, upgrade alloctrace" error, while exact snapshots keep
+//! [`EXACT_FORMAT_VERSION`] and stay readable by every release. This reader loads both, and a
+//! file without the section (any version) as exact.
 //!
 //! Reading checks the structure (truncation, trailing bytes), then the checksum, then decodes
 //! every section against its own length: every count is checked against the bytes left before
@@ -33,14 +43,20 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::analysis::filter::is_surrogatepass_utf8;
+use crate::analysis::sampling::MAX_INTERVAL;
 use crate::analysis::snapshot::{
     Frame, Function, FunctionId, Metadata, Snapshot, Trace, Traceback,
 };
 use crate::error::{Error, Result};
 
 pub const MAGIC: &[u8; 8] = b"ALCTRSNP";
-/// The version this build writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest version this build reads.
+pub const FORMAT_VERSION: u32 = SAMPLED_FORMAT_VERSION;
+/// The version of files holding an exact snapshot.
+pub const EXACT_FORMAT_VERSION: u32 = 1;
+/// The version of files holding a sampled snapshot (section 9): readers from before sampled
+/// mode refuse them rather than read estimates as exact figures.
+pub const SAMPLED_FORMAT_VERSION: u32 = 2;
 
 const TAG_END: u32 = 0;
 const TAG_META: u32 = 1;
@@ -50,6 +66,7 @@ const TAG_TRACEBACKS: u32 = 4;
 const TAG_TRACES: u32 = 5;
 const TAG_ATTRS: u32 = 6;
 const TAG_FUNCTIONS: u32 = 7;
+const TAG_SAMPLING: u32 = 9;
 const HEADER_LEN: usize = 12;
 const SECTION_HEADER_LEN: usize = 12;
 /// Deepest nesting of list/tuple/dict attribute values accepted, when storing and loading.
@@ -219,7 +236,11 @@ fn put_attr(out: &mut Vec<u8>, v: &AttrValue) {
 pub fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + snapshot.traces.len() * 5);
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let version = match snapshot.sample_interval {
+        Some(_) => SAMPLED_FORMAT_VERSION,
+        None => EXACT_FORMAT_VERSION,
+    };
+    out.extend_from_slice(&version.to_le_bytes());
 
     let md = &snapshot.metadata;
     let meta = MetaSection {
@@ -299,6 +320,12 @@ pub fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Vec<u8> {
             }
         }
         section(&mut out, TAG_FUNCTIONS, &buf);
+    }
+
+    if let Some(interval) = snapshot.sample_interval {
+        buf.clear();
+        put_uleb(&mut buf, interval);
+        section(&mut out, TAG_SAMPLING, &buf);
     }
 
     if !attrs.is_empty() {
@@ -718,6 +745,21 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         None => (Vec::new(), Vec::new()),
     };
 
+    let sample_interval = match sections.iter().find(|&&(t, _)| t == TAG_SAMPLING) {
+        Some(&(_, payload)) => {
+            let mut r = Reader::new(payload, "sampling");
+            let interval = r.uleb()?;
+            r.finish()?;
+            if interval == 0 || interval > MAX_INTERVAL {
+                return Err(format!(
+                    "the sampling section holds interval {interval}, outside 1..={MAX_INTERVAL}"
+                ));
+            }
+            Some(interval)
+        }
+        None => None,
+    };
+
     let mut attrs = Vec::new();
     if let Some(&(_, payload)) = sections.iter().find(|&&(t, _)| t == TAG_ATTRS) {
         let mut r = Reader::new(payload, "attributes");
@@ -746,6 +788,7 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
             pid: meta.pid,
             argv: meta.argv,
         },
+        sample_interval,
     };
     Ok((snapshot, attrs))
 }
@@ -1066,6 +1109,45 @@ mod tests {
             let err = decode(&data).unwrap_err();
             assert!(err.contains(expected), "{expected:?} not in {err:?}");
         }
+    }
+
+    #[test]
+    fn sampled_snapshots_round_trip_and_refuse_old_readers() {
+        let (mut s, attrs) = sample();
+        let exact = encode(&s, &attrs);
+        assert_eq!(exact[8..12], EXACT_FORMAT_VERSION.to_le_bytes());
+        assert_eq!(decode(&exact).unwrap().0.sample_interval, None);
+        s.sample_interval = Some(512 * 1024);
+        let data = encode(&s, &attrs);
+        // Only a sampled file needs the newer version (an old reader refuses it).
+        assert_eq!(data[8..12], SAMPLED_FORMAT_VERSION.to_le_bytes());
+        assert_eq!(decode(&data).unwrap().0, s);
+        // Without the section, a file loads as exact whatever its version.
+        let bare = without_section(&data, TAG_SAMPLING);
+        assert_eq!(decode(&bare).unwrap().0.sample_interval, None);
+        // (interval, error) for intervals no writer produces.
+        for (interval, expected) in [(0u64, "interval 0"), (MAX_INTERVAL + 1, "outside")] {
+            s.sample_interval = Some(interval);
+            let err = decode(&encode(&s, &attrs)).unwrap_err();
+            assert!(err.contains(expected), "{expected:?} not in {err:?}");
+        }
+        // A section with trailing bytes is refused too.
+        s.sample_interval = Some(4096);
+        let mut data = without_section(&encode(&s, &attrs), TAG_SAMPLING);
+        let end = data.len() - 16;
+        data.truncate(end);
+        section(&mut data, TAG_SAMPLING, &[0x80, 0x20, 0x00]);
+        let data = reseal_end(data);
+        assert!(decode(&data).unwrap_err().contains("sampling"));
+    }
+
+    /// Appends the end marker and checksum to a file cut just before them.
+    fn reseal_end(mut data: Vec<u8>) -> Vec<u8> {
+        data.extend_from_slice(&TAG_END.to_le_bytes());
+        data.extend_from_slice(&4u64.to_le_bytes());
+        let crc = crc32(&data);
+        data.extend_from_slice(&crc.to_le_bytes());
+        data
     }
 
     #[test]

@@ -5,5 +5,6 @@
 pub mod export;
 pub mod filter;
 pub mod format;
+pub mod sampling;
 pub mod snapshot;
 pub mod stats;

@@ -93,6 +93,10 @@ pub struct Snapshot {
     pub traces: Vec<Trace>,
     pub traceback_limit: u32,
     pub metadata: Metadata,
+    /// `Some(R)` if the tracer sampled with a mean of R bytes between samples: `traces` then
+    /// hold only the sampled blocks, and every total is an estimate (see
+    /// [`crate::analysis::sampling`]). `None` for an exact snapshot.
+    pub sample_interval: Option<u64>,
 }
 
 impl Snapshot {
@@ -209,6 +213,11 @@ impl SnapshotBuilder {
 
     pub fn metadata(&mut self, metadata: Metadata) {
         self.snapshot.metadata = metadata;
+    }
+
+    /// Marks the snapshot as sampled at `interval` bytes (`None`: exact).
+    pub fn sample_interval(&mut self, interval: Option<u64>) {
+        self.snapshot.sample_interval = interval;
     }
 
     pub fn finish(mut self) -> Snapshot {

@@ -1,6 +1,11 @@
 //! `Snapshot.statistics` and `Snapshot.compare_to`: grouping by traceback, line or file
 //! (optionally cumulative), diffing two snapshots, and sorting exactly as `tracemalloc` sorts.
 //!
+//! A sampled snapshot's rows are estimates: each trace counts with its sampling weight
+//! ([`crate::analysis::sampling`]), and counts are rounded per row. Comparing a sampled
+//! snapshot with an exact one (or two sampled at different intervals) is allowed: both sides
+//! estimate the same true totals, so the difference is an estimate of the true change.
+//!
 //! Traces are first summed per interned traceback (one pass, an index lookup per trace); keys
 //! are then derived once per traceback. Keys hold resolved contents (filename bytes, line), so
 //! they compare correctly across snapshots and regardless of how a snapshot's tables were
@@ -9,6 +14,7 @@
 use hashbrown::HashMap;
 use std::cmp::Ordering;
 
+use crate::analysis::sampling::{count_from_units, Weights};
 use crate::analysis::snapshot::{FilenameId, FrameId, Snapshot, TracebackId};
 use crate::error::{Error, Result};
 
@@ -210,10 +216,20 @@ pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<St
     let ntb = snapshot.tracebacks.len();
     let mut tb_size = vec![0u128; ntb];
     let mut tb_count = vec![0u64; ntb];
-    for tr in &snapshot.traces {
-        let t = tr.traceback as usize;
-        tb_size[t] += tr.size as u128;
-        tb_count[t] += 1;
+    let weights = Weights::new(snapshot.sample_interval);
+    if weights.is_exact() {
+        for tr in &snapshot.traces {
+            let t = tr.traceback as usize;
+            tb_size[t] += tr.size as u128;
+            tb_count[t] += 1;
+        }
+    } else {
+        // Estimated bytes per trace; counts in fixed point until the rows are made.
+        for tr in &snapshot.traces {
+            let t = tr.traceback as usize;
+            tb_size[t] += weights.bytes(tr.size) as u128;
+            tb_count[t] += weights.count_units(tr.size);
+        }
     }
     let live = (0..ntb).filter(|&t| tb_count[t] > 0);
     let mut empty = (0u128, 0u64);
@@ -290,6 +306,11 @@ pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<St
             size: empty.0,
             count: empty.1,
         });
+    }
+    if !weights.is_exact() {
+        for row in &mut rows {
+            row.count = count_from_units(row.count);
+        }
     }
     rows
 }
@@ -377,6 +398,47 @@ pub fn compare(
 mod tests {
     use super::*;
     use crate::analysis::snapshot::SnapshotBuilder;
+
+    #[test]
+    fn sampled_snapshots_report_weighted_estimates() {
+        let interval = 1024;
+        let w = Weights::new(Some(interval));
+        // (size, line): three small blocks on line 1, one large on line 2.
+        let traces: &[(u64, u32)] = &[(100, 1), (100, 1), (50, 1), (1 << 20, 2)];
+        let raw: Vec<Raw<'_>> = traces
+            .iter()
+            .map(|&(size, line)| {
+                let frames: &[(&str, u32)] = if line == 1 {
+                    &[("a.py", 1)]
+                } else {
+                    &[("a.py", 2)]
+                };
+                (0, size, frames)
+            })
+            .collect();
+        let mut s = build(&raw);
+        let exact = s.clone();
+        s.sample_interval = Some(interval);
+        let rows = statistics(&s, KeyType::Lineno, false);
+        let small_bytes = 2 * w.bytes(100) + w.bytes(50);
+        let small_units = 2 * w.count_units(100) + w.count_units(50);
+        // The small blocks stand for many more bytes than they hold; the large one for itself.
+        assert_eq!(
+            rows.iter().map(|r| (r.size, r.count)).collect::<Vec<_>>(),
+            vec![
+                (1 << 20, 1),
+                (small_bytes as u128, count_from_units(small_units))
+            ]
+        );
+        assert!(small_bytes > 10 * 250, "{small_bytes}");
+        // Sampled against exact: the difference of the estimate and the exact figure.
+        let diffs = compare(&s, &exact, KeyType::Lineno, false);
+        let small = diffs.iter().find(|d| d.size != 1 << 20).unwrap();
+        assert_eq!(small.size_diff, small_bytes as i128 - 250);
+        assert_eq!(small.count_diff, count_from_units(small_units) as i64 - 3);
+        let large = diffs.iter().find(|d| d.size == 1 << 20).unwrap();
+        assert_eq!((large.size_diff, large.count_diff), (0, 0));
+    }
 
     type Raw<'a> = (u32, u64, &'a [(&'a str, u32)]);
 

@@ -17,6 +17,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyT
 use crate::analysis::export;
 use crate::analysis::filter::{filename_matches, filter_snapshot, FilterSet, FilterSpec};
 use crate::analysis::format::{self, AttrValue, Attributes, MAX_ATTR_DEPTH};
+use crate::analysis::sampling::MAX_INTERVAL;
 use crate::analysis::snapshot::{FrameId, Snapshot, SnapshotBuilder, TracebackId};
 use crate::analysis::stats::{self, GroupKey, KeyType};
 
@@ -486,15 +487,42 @@ fn canonical_ids<'s>(s: &'s Snapshot, ids: &mut HashMap<TracebackContent<'s>, u3
 impl PySnapshotData {
     /// Builds a snapshot from `tracemalloc`-style raw traces: an iterable of
     /// `(domain, size, frames[, total_nframe])` with frames most recent first.
+    /// With `sample_interval` (bytes), the traces are samples taken at that interval.
     #[staticmethod]
-    fn from_raw(traces: &Bound<'_, PyAny>, traceback_limit: &Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (traces, traceback_limit, sample_interval=None))]
+    fn from_raw(
+        traces: &Bound<'_, PyAny>,
+        traceback_limit: &Bound<'_, PyAny>,
+        sample_interval: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let limit: u32 = int_in(traceback_limit, || "traceback_limit".to_string())?;
-        Ok(Self::new(snapshot_from_raw(traces, limit)?))
+        let interval = match sample_interval.filter(|i| !i.is_none()) {
+            None => None,
+            Some(i) => {
+                let interval: u64 = int_in(i, || "sample_interval".to_string())?;
+                if interval == 0 || interval > MAX_INTERVAL {
+                    return Err(PyValueError::new_err(format!(
+                        "sample_interval must be None or in range [1; {MAX_INTERVAL}], got \
+                         {interval}"
+                    )));
+                }
+                Some(interval)
+            }
+        };
+        let mut snapshot = snapshot_from_raw(traces, limit)?;
+        snapshot.sample_interval = interval;
+        Ok(Self::new(snapshot))
     }
 
     #[getter]
     fn traceback_limit(&self) -> u32 {
         self.inner.traceback_limit
+    }
+
+    /// The sampling interval in bytes of a sampled snapshot, None for an exact one.
+    #[getter]
+    fn sample_interval(&self) -> Option<u64> {
+        self.inner.sample_interval
     }
 
     /// `{"python_version": (3, 11, 7) | None, "timestamp": float | None, "pid": int | None,
@@ -672,7 +700,9 @@ impl PySnapshotData {
         match other.cast::<PySnapshotData>() {
             Ok(o) => {
                 let o = o.get();
-                self.inner.traceback_limit == o.inner.traceback_limit && self.traces_equal(py, o)
+                self.inner.traceback_limit == o.inner.traceback_limit
+                    && self.inner.sample_interval == o.inner.sample_interval
+                    && self.traces_equal(py, o)
             }
             Err(_) => false,
         }

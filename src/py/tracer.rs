@@ -1,9 +1,9 @@
 //! Module functions of `alloctrace._native` for the live tracer. Each one converts arguments,
 //! refuses what tracemalloc refuses, and delegates to [`crate::tracer`].
 
-use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyBool, PyInt, PyList, PyTuple};
 
 use crate::capture::MAX_NFRAME;
 use crate::py::snapshot::PySnapshotData;
@@ -65,15 +65,56 @@ impl<'py> FromPyObject<'_, 'py> for FrameCount {
     }
 }
 
+/// An int keyword argument in `0..=u64::MAX`: a clear ValueError naming `what` for a
+/// negative or too large one, a TypeError for anything but an int (bool included).
+fn byte_count(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<u64>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be an int or None, not {}",
+            obj.get_type().name()?
+        )));
+    }
+    match obj.extract::<u64>() {
+        Ok(n) => Ok(Some(n)),
+        Err(_) => Err(PyValueError::new_err(format!(
+            "{what} must be in range [0; {}], got {}",
+            u64::MAX,
+            obj
+        ))),
+    }
+}
+
 #[pyfunction]
-#[pyo3(signature = (nframe = FrameCount(1)), text_signature = "(nframe=1)")]
-fn start(py: Python<'_>, nframe: FrameCount) -> PyResult<()> {
+#[pyo3(
+    signature = (nframe = FrameCount(1), *, sample_interval = None, sample_seed = None),
+    text_signature = "(nframe=1, *, sample_interval=None, sample_seed=None)"
+)]
+fn start(
+    py: Python<'_>,
+    nframe: FrameCount,
+    sample_interval: Option<&Bound<'_, PyAny>>,
+    sample_seed: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
     let FrameCount(nframe) = nframe;
+    let sampling = tracer::Sampling {
+        interval: byte_count(sample_interval, "sample_interval")?,
+        seed: byte_count(sample_seed, "sample_seed")?,
+    };
     require_main_interpreter("start")?;
     if !tracer::is_tracing() {
         refuse_if_tracemalloc_is_tracing(py)?;
     }
-    Ok(tracer::start(py, nframe)?)
+    Ok(tracer::start(py, nframe, sampling)?)
+}
+
+/// The sampling interval in bytes while tracing in sampled mode; None when tracing exactly
+/// or not tracing.
+#[pyfunction]
+fn get_sample_interval() -> Option<u64> {
+    tracer::sample_interval()
 }
 
 #[pyfunction]
@@ -191,6 +232,7 @@ fn take_snapshot(py: Python<'_>) -> PyResult<PySnapshotData> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(start, m)?)?;
     m.add_function(wrap_pyfunction!(stop, m)?)?;
+    m.add_function(wrap_pyfunction!(get_sample_interval, m)?)?;
     m.add_function(wrap_pyfunction!(is_tracing, m)?)?;
     m.add_function(wrap_pyfunction!(clear_traces, m)?)?;
     m.add_function(wrap_pyfunction!(get_traceback_limit, m)?)?;
