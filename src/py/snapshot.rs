@@ -34,7 +34,7 @@ impl PySnapshotData {
 }
 
 /// A `str` as surrogatepass UTF-8.
-fn str_bytes(s: &Bound<'_, PyString>) -> PyResult<Vec<u8>> {
+pub(crate) fn str_bytes(s: &Bound<'_, PyString>) -> PyResult<Vec<u8>> {
     if let Ok(text) = s.to_str() {
         return Ok(text.as_bytes().to_vec());
     }
@@ -53,7 +53,7 @@ fn str_bytes(s: &Bound<'_, PyString>) -> PyResult<Vec<u8>> {
 }
 
 /// surrogatepass UTF-8 back to a `str`.
-fn bytes_str<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyString>> {
+pub(crate) fn bytes_str<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyString>> {
     match std::str::from_utf8(b) {
         Ok(s) => Ok(PyString::new(py, s)),
         Err(_) => PyString::from_encoded_object(
@@ -611,7 +611,12 @@ impl PySnapshotData {
                 .cast::<PyString>()
                 .map_err(|_| PyTypeError::new_err("snapshot attribute names must be str"))?;
             let label = name.to_string_lossy().into_owned();
-            attrs.push((str_bytes(name)?, attr_from_py(&v, &label, 0)?));
+            let name = str_bytes(name)?;
+            let value = attr_from_py(&v, &label, 0)?;
+            if name == format::RETENTION_ATTR {
+                format::check_retention(&value).map_err(PyValueError::new_err)?;
+            }
+            attrs.push((name, value));
         }
         let snap: &Snapshot = &self.inner;
         py.detach(|| format::dump(&path, snap, &attrs))?;
