@@ -741,3 +741,56 @@ extern "C" fn after_fork() {
         let _ = IN_TRACER.try_with(|inside| inside.set(false));
     }
 }
+
+/// An allocation site: filename (surrogatepass UTF-8) and line.
+pub type Site = (Box<[u8]>, u32);
+
+/// Where each object was allocated, for retention reports: per address the index of its
+/// allocation site (the most recent frame, as `(filename, lineno)`) in the returned table, or
+/// `None` where the object's block is not traced.
+///
+/// Every block is looked up before anything is resolved, because resolving line numbers
+/// reads code objects through the C API, which may allocate.
+///
+/// # Safety
+/// The GIL is held and every address is a live object.
+pub unsafe fn object_sites(py: Python<'_>, addrs: &[usize]) -> (Vec<Option<u32>>, Vec<Site>) {
+    if !is_tracing() {
+        return (vec![None; addrs.len()], Vec::new());
+    }
+    let table = table();
+    let mut dense: HashMap<TracebackId, u32> = HashMap::new();
+    let mut ids = Vec::new();
+    let per_object: Vec<Option<u32>> = addrs
+        .iter()
+        .map(|&addr| {
+            let trace = table.get(Current::object_block(addr as *mut ffi::PyObject))?;
+            let next = ids.len() as u32;
+            Some(*dense.entry(trace.traceback).or_insert_with(|| {
+                ids.push(trace.traceback);
+                next
+            }))
+        })
+        .collect();
+    let stacks = resolve_stacks(py, &ids, false);
+    let mut sites: Vec<Site> = Vec::new();
+    let mut site_ids: HashMap<(u32, u32), u32> = HashMap::new();
+    let stack_site: Vec<Option<u32>> = with_resolver(|resolver| {
+        stacks
+            .iter()
+            .map(|((frames, _), _)| {
+                let &(filename, lineno) = frames.first()?;
+                Some(*site_ids.entry((filename, lineno)).or_insert_with(|| {
+                    sites.push((resolver.filename(filename).bytes.clone(), lineno));
+                    sites.len() as u32 - 1
+                }))
+            })
+            .collect()
+    })
+    .unwrap_or_default();
+    let per_object = per_object
+        .into_iter()
+        .map(|s| stack_site.get(s? as usize).copied().flatten())
+        .collect();
+    (per_object, sites)
+}

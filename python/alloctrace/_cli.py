@@ -317,6 +317,53 @@ def _write_json(document: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+# --------------------------------------------------------------------------- why
+
+
+def _site_matches(report, filename: str, lineno: int) -> bool:
+    """Whether a report's site is FILE:LINE, FILE a full path or a trailing part of one."""
+    if report["lineno"] != lineno:
+        return False
+    name = report["filename"]
+    return name == filename or name.endswith("/" + filename.lstrip("/"))
+
+
+def _cmd_why(args: argparse.Namespace) -> int:
+    snapshot = _load(args.file, args.allow_pickle)
+    reports = snapshot.__dict__.get("_retention")
+    if reports is None:
+        raise CommandError(
+            f"{args.file} holds no retention reports: capture them with "
+            "alloctrace.take_snapshot(retention=N) before dump(), or run with "
+            "ALLOCTRACE_OBJECTS=1 for dumps at exit"
+        )
+    from alloctrace._retention import SiteRetention
+
+    if args.line is None:
+        chosen = list(reports)
+    else:
+        filename, sep, line = args.line.rpartition(":")
+        if not sep or not filename or not line.isdigit():
+            raise CommandError(
+                f"--line expects FILE:LINE (like app.py:42), not {args.line!r}", USAGE_ERROR
+            )
+        chosen = [r for r in reports if _site_matches(r, filename, int(line))]
+        if not chosen:
+            captured = ", ".join(f"{r['filename']}:{r['lineno']}" for r in reports) or "none"
+            raise CommandError(
+                f"{args.file} has no retention report for {args.line} (captured for: {captured})"
+            )
+    sites = [SiteRetention(r) for r in chosen]
+    for site in sites:
+        if args.limit is not None:
+            site.paths = site.paths[: args.limit]
+    if args.json:
+        _write_json({"file": args.file, "reports": [site._json() for site in sites]})
+    else:
+        _write_lines("\n\n".join(str(site) for site in sites).split("\n"))
+    return 0
+
+
 # --------------------------------------------------------------------------- export
 
 
@@ -714,6 +761,21 @@ def build_parser() -> _Parser:
     )
     flamegraph.add_argument("--title", help="title at the top of the picture")
     _add_export_options(flamegraph)
+
+    why = commands.add_parser(
+        "why", help="why the objects of a line are alive (retention report captured in a dump)"
+    )
+    why.add_argument("file", help="snapshot file with retention reports")
+    why.add_argument(
+        "--line",
+        metavar="FILE:LINE",
+        help="the allocation site (FILE may be the end of the path); default: every report",
+    )
+    why.add_argument(
+        "--limit", type=_positive_int, metavar="N", help="show at most N sample paths per site"
+    )
+    why.add_argument("--json", action="store_true", help="write the reports as JSON")
+    _add_pickle_option(why)
     return parser
 
 
@@ -726,7 +788,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command is None:
             raise CommandError(
-                "a command is required: run, stats, top, diff, export or flamegraph", USAGE_ERROR
+                "a command is required: run, stats, top, diff, export, flamegraph or why",
+                USAGE_ERROR,
             )
         if args.command in ("stats", "top"):
             return _cmd_stats(args)
@@ -734,6 +797,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_export(args)
         if args.command == "flamegraph":
             return _cmd_flamegraph(args)
+        if args.command == "why":
+            return _cmd_why(args)
         return _cmd_diff(args)
     except CommandError as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")

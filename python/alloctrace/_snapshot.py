@@ -425,7 +425,9 @@ class StatisticDiff:
 
 
 # Instance attributes that are the snapshot itself, not user attributes to dump.
-_INTERNAL_ATTRIBUTES = frozenset({"_data", "_traces_view"})
+_INTERNAL_ATTRIBUTES = frozenset({"_data", "_traces_view", "_retention"})
+# The name under which retention reports travel to and from the file format (section 11).
+_RETENTION_ATTR = "\0retention"
 _PICKLE_PROTOCOL_BYTES = {b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"}
 
 
@@ -433,6 +435,27 @@ def _path(filename):
     """*filename* as ``str``: ``bytes`` and path-like objects are accepted, as by ``open()``."""
     path = os.fspath(filename)
     return os.fsdecode(path) if isinstance(path, bytes) else path
+
+
+def _site_of(key):
+    """``(filename, lineno)`` of an allocation site named by a string, frame or traceback."""
+    if isinstance(key, (Statistic, StatisticDiff)):
+        key = key.traceback
+    if isinstance(key, Traceback):
+        if not len(key):
+            raise ValueError("the traceback has no frame to name an allocation site")
+        key = key[-1]
+    if isinstance(key, Frame):
+        return key.filename, key.lineno
+    if isinstance(key, str):
+        filename, sep, line = key.rpartition(":")
+        if not sep or not filename or not line.isdigit():
+            raise ValueError(f"expected 'file:line' naming an allocation site, got {key!r}")
+        return filename, int(line)
+    raise TypeError(
+        "an allocation site is named by a 'file:line' str, a Frame, a Traceback or a "
+        f"Statistic, not {type(key).__name__}"
+    )
 
 
 class Snapshot:
@@ -482,7 +505,11 @@ class Snapshot:
 
         The file is replaced atomically: a failed dump leaves any previous file intact.
         """
-        self._data.dump(_path(filename), self._attributes())
+        attributes = self._attributes()
+        retention = self.__dict__.get("_retention")
+        if retention is not None:
+            attributes[_RETENTION_ATTR] = retention
+        self._data.dump(_path(filename), attributes)
 
     @staticmethod
     def load(filename, *, allow_pickle=False):
@@ -499,9 +526,42 @@ class Snapshot:
                 return _load_pickle(filename)
         data, attributes = SnapshotData.load(filename)
         snapshot = Snapshot._from_data(data)
+        retention = attributes.pop(_RETENTION_ATTR, None)
+        if retention is not None:
+            snapshot._retention = retention
         for name, value in attributes.items():
             setattr(snapshot, name, value)
         return snapshot
+
+    @property
+    def has_retention(self):
+        """Whether the snapshot holds retention reports (see :meth:`referrer_paths`)."""
+        return self.__dict__.get("_retention") is not None
+
+    def referrer_paths(self, key):
+        """The retention report captured for an allocation site, or ``None``.
+
+        *key* names the site: a ``'file:line'`` string, a :class:`Frame`, or a
+        :class:`Traceback` or :class:`Statistic`/:class:`StatisticDiff` (its most recent
+        frame). Returns an :class:`alloctrace.SiteRetention` (what holds the site's objects,
+        sample reference chains, retained size), or ``None`` when none was captured for that
+        site. Raises :exc:`ValueError` if the snapshot holds no retention reports at all:
+        take it with ``take_snapshot(retention=N)``, or dump at exit with
+        ``ALLOCTRACE_OBJECTS=1``.
+        """
+        from alloctrace._retention import SiteRetention
+
+        filename, lineno = _site_of(key)
+        reports = self.__dict__.get("_retention")
+        if reports is None:
+            raise ValueError(
+                "this snapshot holds no retention reports: take it with "
+                "alloctrace.take_snapshot(retention=N), or set ALLOCTRACE_OBJECTS=1 for dumps"
+            )
+        for report in reports:
+            if report["lineno"] == lineno and report["filename"] == filename:
+                return SiteRetention(report)
+        return None
 
     def _filter_trace(self, include_filters, exclude_filters, trace):
         if include_filters and not any(f._match(trace) for f in include_filters):

@@ -6,6 +6,7 @@ from typing import Any, Optional, Union, overload
 
 from alloctrace._native import SnapshotData
 from alloctrace._native import SnapshotFormatError as SnapshotFormatError
+from alloctrace._retention import SiteRetention
 
 _RawFrame = tuple[str, int]
 _RawTrace = Union[
@@ -122,6 +123,11 @@ class Snapshot:
     @property
     def metadata(self) -> dict[str, Any]: ...
     def dump(self, filename: _Path) -> None: ...
+    @property
+    def has_retention(self) -> bool: ...
+    def referrer_paths(
+        self, key: Union[str, Frame, Traceback, Statistic, StatisticDiff]
+    ) -> Optional[SiteRetention]: ...
     @staticmethod
     def load(filename: _Path, *, allow_pickle: bool = False) -> Snapshot: ...
     def filter_traces(self, filters: Sequence[BaseFilter]) -> Snapshot: ...

@@ -4,3 +4,5 @@
 
 pub mod graph;
 pub mod paths;
+pub mod retention;
+mod retention_walk;

@@ -63,39 +63,66 @@ impl Referrers {
 pub struct Reach {
     pub dist: Vec<u32>,
     pub parent: Vec<NodeId>,
+    /// The distance each tier of roots started at.
+    pub tier_base: Vec<u32>,
 }
 
 impl Reach {
     /// Searches from `roots` (distance 0), never entering a node for which `blocked` is true.
     pub fn new(g: &HeapGraph, roots: &[NodeId], blocked: &dyn Fn(NodeId) -> bool) -> Self {
+        Self::tiered(g, &[roots], blocked)
+    }
+
+    /// Searches from each tier of roots in turn: a later tier only reaches what the earlier
+    /// ones did not, and everything it reaches counts as farther than anything they reached
+    /// (its distances start past theirs). Retention paths use two tiers, so that the frames
+    /// of the thread asking (which hold the object to ask about it) explain an object only
+    /// when nothing else does, and come after the other explanations.
+    pub fn tiered(g: &HeapGraph, tiers: &[&[NodeId]], blocked: &dyn Fn(NodeId) -> bool) -> Self {
         let n = g.len();
         let mut dist = vec![NONE; n];
         let mut parent = vec![NONE; n];
         let mut queue: Vec<NodeId> = Vec::new();
-        for &r in roots {
-            if dist[r as usize] == NONE && !blocked(r) {
-                dist[r as usize] = 0;
-                queue.push(r);
+        let mut base = 0;
+        let mut tier_base = Vec::with_capacity(tiers.len());
+        for roots in tiers {
+            tier_base.push(base);
+            let mut head = queue.len();
+            for &r in roots.iter() {
+                if dist[r as usize] == NONE && !blocked(r) {
+                    dist[r as usize] = base;
+                    queue.push(r);
+                }
             }
-        }
-        let mut head = 0;
-        while head < queue.len() {
-            let node = queue[head];
-            head += 1;
-            let d = dist[node as usize] + 1;
-            for &next in g.referents(node) {
-                if dist[next as usize] == NONE && !blocked(next) {
-                    dist[next as usize] = d;
-                    parent[next as usize] = node;
-                    queue.push(next);
+            while head < queue.len() {
+                let node = queue[head];
+                head += 1;
+                let d = dist[node as usize] + 1;
+                base = base.max(d);
+                for &next in g.referents(node) {
+                    if dist[next as usize] == NONE && !blocked(next) {
+                        dist[next as usize] = d;
+                        parent[next as usize] = node;
+                        queue.push(next);
+                    }
                 }
             }
         }
-        Reach { dist, parent }
+        Reach {
+            dist,
+            parent,
+            tier_base,
+        }
     }
 
     pub fn reached(&self, node: NodeId) -> bool {
         self.dist[node as usize] != NONE
+    }
+
+    /// Whether the first tier of roots reaches `node`.
+    pub fn reached_first(&self, node: NodeId) -> bool {
+        let d = self.dist[node as usize];
+        d != NONE && self.tier_base.get(1).is_none_or(|&second| d < second)
     }
 
     /// The shortest chain root → … → `node` (empty if no root reaches it).
@@ -123,18 +150,22 @@ pub fn paths_to(
     target: NodeId,
     limit: usize,
 ) -> Vec<Vec<NodeId>> {
-    paths_to_group(reach, referrers, &[target], limit)
+    paths_to_group(reach, referrers, &[target], limit, &|n| n as u64)
 }
 
-/// Up to `limit` chains from the roots to members of `group`, each ending in a different last
-/// referrer: members are taken nearest first, and for each its referrers nearest first.
-/// Referrers inside the group count like any other (a member held by another member says
-/// so), but a chain never passes through the member it ends at twice.
+/// Up to `limit` chains from the roots to members of `group`, each ending in a last referrer
+/// of a different `kind` (for one object, each referrer is its own kind; for a group, kinds
+/// are the referrers' type and allocation site, so ten thousand members held the same way
+/// give one sample chain, not ten thousand alike): members are taken nearest first, and for
+/// each its referrers nearest first. Referrers inside the group count like any other (a
+/// member held by another member says so), but a chain never passes through the member it
+/// ends at twice.
 pub fn paths_to_group(
     reach: &Reach,
     referrers: &Referrers,
     group: &[NodeId],
     limit: usize,
+    kind: &dyn Fn(NodeId) -> u64,
 ) -> Vec<Vec<NodeId>> {
     let mut members: Vec<NodeId> = group
         .iter()
@@ -144,13 +175,13 @@ pub fn paths_to_group(
     members.sort_by_key(|&m| reach.dist[m as usize]);
     members.dedup();
     let mut out = Vec::new();
-    let mut seen_last: HashMap<NodeId, ()> = HashMap::new();
+    let mut seen_last: HashMap<u64, ()> = HashMap::new();
     for &m in &members {
         if out.len() >= limit {
             break;
         }
         if reach.dist[m as usize] == 0 {
-            if seen_last.insert(m, ()).is_none() {
+            if seen_last.insert(kind(m), ()).is_none() {
                 out.push(vec![m]);
             }
             continue;
@@ -167,12 +198,12 @@ pub fn paths_to_group(
             if out.len() >= limit {
                 break;
             }
-            if seen_last.insert(r, ()).is_some() {
-                continue;
-            }
             let mut chain = reach.chain(r);
             if chain.contains(&m) {
                 // The only shortest way to this referrer runs through the target itself.
+                continue;
+            }
+            if seen_last.insert(kind(r), ()).is_some() {
                 continue;
             }
             chain.push(m);
@@ -502,6 +533,37 @@ mod tests {
     }
 
     #[test]
+    fn a_later_tier_explains_only_what_earlier_ones_do_not() {
+        let (g, names) = graph(
+            &[
+                ("mod", "module", 1),
+                ("a", "dict", 1),
+                ("b", "list", 1),
+                ("own", "frame", 1),
+                ("only_own", "list", 1),
+            ],
+            &[("mod", "a"), ("a", "b"), ("own", "b"), ("own", "only_own")],
+        );
+        let first = [id(&names, "mod")];
+        let second = [id(&names, "own")];
+        let reach = Reach::tiered(&g, &[&first, &second], &|_| false);
+        let refs = Referrers::new(&g);
+        let to = |t: &str| -> Vec<String> {
+            paths_to(&reach, &refs, id(&names, t), 5)
+                .iter()
+                .map(|p| named(&names, p))
+                .collect()
+        };
+        // The frame is one step from b, the module two, yet the module's path comes first.
+        assert_eq!(to("b"), ["mod>a>b", "own>b"]);
+        assert_eq!(to("only_own"), ["own>only_own"]);
+        assert!(reach.dist[id(&names, "own") as usize] > reach.dist[id(&names, "b") as usize]);
+        assert!(reach.reached_first(id(&names, "b")));
+        assert!(!reach.reached_first(id(&names, "only_own")));
+        assert!(reach.reached(id(&names, "only_own")));
+    }
+
+    #[test]
     fn group_paths_end_in_distinct_referrers() {
         let nodes = [
             ("root", "module", 1),
@@ -522,11 +584,15 @@ mod tests {
         let reach = Reach::new(&g, &[0], &|_| false);
         let refs = Referrers::new(&g);
         let group = [id(&names, "a"), id(&names, "b"), id(&names, "c")];
-        let got: Vec<String> = paths_to_group(&reach, &refs, &group, 5)
+        let got: Vec<String> = paths_to_group(&reach, &refs, &group, 5, &|n| n as u64)
             .iter()
             .map(|p| named(&names, p))
             .collect();
         assert_eq!(got, ["root>cache>a", "root>l>c"]);
+        // By type, the dict and the list are two kinds; all in one kind, one sample.
+        let by_type = |n: NodeId| g.type_id(n) as u64;
+        assert_eq!(paths_to_group(&reach, &refs, &group, 5, &by_type).len(), 2);
+        assert_eq!(paths_to_group(&reach, &refs, &group, 5, &|_| 0).len(), 1);
     }
 
     /// Retained sizes by brute force: remove the node, see what the roots no longer reach.

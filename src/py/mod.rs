@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 use crate::error::Error;
 
+pub mod retention;
 pub mod snapshot;
 pub mod tracer;
 
@@ -39,6 +40,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "SnapshotFormatError",
         m.py().get_type::<SnapshotFormatError>(),
     )?;
+    retention::register(m)?;
     snapshot::register(m)?;
     tracer::register(m)?;
     Ok(())
