@@ -72,17 +72,15 @@ def main() -> None:
             app = build(args.users)
             target = app.users[args.users // 2].history
         label = "tracing on " if tracing else "tracing off"
-        best, median, report = timed(lambda: alloctrace.retention(target), args.repeat)
+        best, median, report = timed(lambda t=target: alloctrace.retention(t), args.repeat)
         print(
             f"{label}  retention(obj)        best {best:6.2f} s  median {median:6.2f} s"
             f"  (retained {report.retained_size} B, path: {report.paths[0]})"
         )
-        best, median, _ = timed(lambda: alloctrace.referrer_paths(target), args.repeat)
+        best, median, _ = timed(lambda t=target: alloctrace.referrer_paths(t), args.repeat)
         print(f"{label}  referrer_paths(obj)   best {best:6.2f} s  median {median:6.2f} s")
         if tracing:
-            best, median, snap = timed(
-                lambda: alloctrace.take_snapshot(retention=5), args.repeat
-            )
+            best, median, snap = timed(lambda: alloctrace.take_snapshot(retention=5), args.repeat)
             print(f"{label}  take_snapshot(retention=5) best {best:6.2f} s  median {median:6.2f} s")
             print(str(snap.referrer_paths(snap.statistics("lineno")[0])))
             alloctrace.stop()

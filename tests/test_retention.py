@@ -296,7 +296,7 @@ def test_snapshot_reports_round_trip(leaky, stopped_tracer, tmp_path):
     assert any(re.match(r"1,[5-9]\d\d held by \d+ × list", p) for p in report.pattern), report
     assert any(
         re.match(
-            rf"1,[5-9]\d\d held by 1,[5-9]\d\d × dict \({re.escape(leaky.__file__)}:{SESSION_LINE}\)",
+            rf"1,[5-9]\d\d held by 1,[5-9]\d\d × dict \({re.escape(site)}\)",
             p,
         )
         for p in report.pattern

@@ -366,9 +366,10 @@ class Retention:
     *retained_size* the bytes that would be freed if it were released (itself and everything
     reachable only through it; 0 when no root reaches it); *reachable* whether a root other
     than the asking thread's frames reaches it (false for garbage in a reference cycle and
-    for objects only the asking thread's locals hold); *paths* the :class:`ReferrerPath` chains (shortest first, each through a
-    different last referrer); *traceback* where the object was allocated (a
-    :class:`~alloctrace.Traceback`, ``None`` when not tracing or not traced).
+    for objects only the asking thread's locals hold); *paths* the :class:`ReferrerPath`
+    chains (shortest first, each through a different last referrer); *traceback* where the
+    object was allocated (a :class:`~alloctrace.Traceback`, ``None`` when not tracing or not
+    traced).
     """
 
     __slots__ = ("type", "size", "retained_size", "reachable", "paths", "traceback")
