@@ -3,3 +3,4 @@
 //! [`graph::HeapGraph`]; the analyses over it are plain Rust.
 
 pub mod graph;
+pub mod walk;

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 use crate::error::Error;
 
+pub mod heap_walk;
 pub mod snapshot;
 pub mod tracer;
 
@@ -41,5 +42,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     snapshot::register(m)?;
     tracer::register(m)?;
+    heap_walk::register(m)?;
     Ok(())
 }
