@@ -318,6 +318,15 @@ fn check_nframe(nframe: i64) -> Result<usize> {
     Ok(nframe as usize)
 }
 
+/// The size of the traced block at `address`, while tracing (the heap walk sizes objects and
+/// their buffers by their traced blocks where it can).
+pub fn traced_size(address: usize) -> Option<usize> {
+    if !is_tracing() {
+        return None;
+    }
+    TABLE.get()?.get(address).map(|trace| trace.size)
+}
+
 pub fn is_tracing() -> bool {
     TRACING.load(Relaxed)
 }

@@ -5,4 +5,4 @@
 pub mod graph;
 pub mod paths;
 pub mod retention;
-mod retention_walk;
+pub mod walk;

@@ -17,7 +17,7 @@ use super::paths::{
     paths_to, paths_to_group, referrer_pattern, retained_by_group, Dominators, PatternLine, Reach,
     Referrers,
 };
-use super::retention_walk::walk;
+use super::walk::walk;
 use crate::error::Result;
 
 /// A walked heap with the indexes every question needs.

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 use crate::error::Error;
 
+pub mod heap_walk;
 pub mod retention;
 pub mod snapshot;
 pub mod tracer;
@@ -43,5 +44,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     retention::register(m)?;
     snapshot::register(m)?;
     tracer::register(m)?;
+    heap_walk::register(m)?;
     Ok(())
 }
