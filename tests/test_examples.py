@@ -104,6 +104,6 @@ def test_why_leak_diff_then_why(tmp_path):
     lines = why.stdout.splitlines()
     assert lines[0].startswith(f"{EXAMPLES / 'why_leak.py'}:{leak_line}: 21,000 live objects")
     session_line = line_of("why_leak.py", "session = _sessions[client] = Session(client)")
-    assert f"× Session ({EXAMPLES / 'why_leak.py'}:{session_line})" in why.stdout
+    assert f"× __main__.Session ({EXAMPLES / 'why_leak.py'}:{session_line})" in why.stdout
     assert "  __main__._sessions → dict['client-" in why.stdout
     assert "Session.__dict__['history'] → list[" in why.stdout
