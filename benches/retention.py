@@ -60,7 +60,9 @@ def main() -> None:
     gc.collect()
     target = app.users[args.users // 2].history
     print(f"python {sys.version.split()[0]}, {args.users:,} users")
-    print(f"collector-tracked objects: {len(gc.get_objects()):,}")
+    nodes, edges = alloctrace._native._heap_census()[:2]
+    print(f"collector-tracked objects: {len(gc.get_objects()):,}; the walk sees {nodes:,} objects")
+    print(f"and {edges:,} references")
 
     for tracing in (False, True):
         if tracing:

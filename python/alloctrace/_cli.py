@@ -360,7 +360,11 @@ def _cmd_why(args: argparse.Namespace) -> int:
     if args.json:
         _write_json({"file": args.file, "reports": [site._json() for site in sites]})
     else:
-        _write_lines("\n\n".join(str(site) for site in sites).split("\n"))
+        text = "\n\n".join(str(site) for site in sites)
+        if not args.full_paths:
+            # As stats and diff do: files under the current directory, relative to it.
+            text = text.replace(os.getcwd().rstrip("/") + "/", "")
+        _write_lines(text.split("\n"))
     return 0
 
 
@@ -775,6 +779,11 @@ def build_parser() -> _Parser:
         "--limit", type=_positive_int, metavar="N", help="show at most N sample paths per site"
     )
     why.add_argument("--json", action="store_true", help="write the reports as JSON")
+    why.add_argument(
+        "--full-paths",
+        action="store_true",
+        help="show file names in full (default: relative to the current directory)",
+    )
     _add_pickle_option(why)
     return parser
 
