@@ -109,8 +109,13 @@ def get_object_traceback(obj):
     return Traceback(frames)
 
 
-def take_snapshot() -> Snapshot:
+def take_snapshot(objects=False) -> Snapshot:
     """Take a snapshot of the traces of memory blocks allocated by Python.
+
+    With *objects* true, also record what each traced block is (its object kind: the
+    object's type, a buffer named after its owner's type such as ``'list (items)'``, or
+    ``'raw'``) by walking the live objects, so the snapshot can be grouped by ``'type'``
+    and ``'lineno+type'``. The walk's cost grows with the number of live objects.
 
     Raises :exc:`RuntimeError` if the module is not tracing.
     """
@@ -121,7 +126,9 @@ def take_snapshot() -> Snapshot:
     if _get_traces is _native.get_traces:
         # The fast path: traces go from the live table to the snapshot without ever
         # becoming Python tuples.
-        return Snapshot._from_data(_native.take_snapshot())
+        return Snapshot._from_data(_native.take_snapshot(bool(objects)))
+    if objects:
+        raise RuntimeError("take_snapshot(objects=True) cannot be used with a replaced _get_traces")
     # `_get_traces` was replaced (as tracemalloc's own tests do): honour the replacement.
     return Snapshot(_get_traces(), get_traceback_limit())
 

@@ -3,4 +3,5 @@
 //! [`graph::HeapGraph`]; the analyses over it are plain Rust.
 
 pub mod graph;
+pub mod kinds;
 pub mod walk;
