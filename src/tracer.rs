@@ -551,11 +551,18 @@ fn with_resolver<R>(f: impl FnOnce(&Resolver) -> R) -> Option<R> {
 struct Collected {
     /// `(size, index into stacks)` per live block.
     traces: Vec<(usize, u32)>,
+    /// Each live block's address, in the order of `traces` (only when asked for).
+    addresses: Vec<usize>,
     stacks: Vec<(ResolvedStack, ResolvedFunctions)>,
 }
 
-fn collect(py: Python<'_>, functions: bool) -> Collected {
+fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Collected {
     let live = table().collect();
+    let addresses = if addresses {
+        live.iter().map(|&(address, _)| address).collect()
+    } else {
+        Vec::new()
+    };
     let mut dense: HashMap<TracebackId, u32> = HashMap::new();
     let mut ids = Vec::new();
     let traces = live
@@ -571,18 +578,31 @@ fn collect(py: Python<'_>, functions: bool) -> Collected {
         .collect();
     Collected {
         traces,
+        addresses,
         stacks: resolve_stacks(py, &ids, functions),
     }
 }
 
-/// A snapshot of every live trace, resolved and interned for analysis.
-pub fn take_snapshot(py: Python<'_>) -> Result<Snapshot> {
+/// A snapshot of every live trace, resolved and interned for analysis; with `objects`, also
+/// the kind of each traced block (see [`crate::heap::kinds`]).
+///
+/// The heap is walked first, then the trace table is read at once: between the two only the
+/// walk's type-name reads run, which allocate no object the walk saw, so every object in the
+/// graph is still at its address when the traces are matched to it. Resolving tracebacks
+/// (which runs Python code) comes after both.
+pub fn take_snapshot(py: Python<'_>, objects: bool) -> Result<Snapshot> {
     if !is_tracing() {
         return Err(Error::State(
             "the tracemalloc module must be tracing memory allocations to take a snapshot".into(),
         ));
     }
-    let collected = collect(py, true);
+    let graph = if objects {
+        Some(crate::heap::walk::walk(py, &[])?)
+    } else {
+        None
+    };
+    let collected = collect(py, true, objects);
+    let kinds = graph.map(|graph| crate::heap::kinds::kinds_of(&graph, &collected.addresses));
     let limit = traceback_limit() as u32;
     let snapshot = with_resolver(|resolver| {
         let mut builder = SnapshotBuilder::new(limit);
@@ -629,6 +649,7 @@ pub fn take_snapshot(py: Python<'_>) -> Result<Snapshot> {
             builder.trace(DEFAULT_DOMAIN, size as u64, tracebacks[stack as usize]);
         }
         builder.metadata(metadata(py));
+        builder.kinds(kinds);
         builder.finish()
     });
     Ok(snapshot.unwrap_or_default())
@@ -680,7 +701,7 @@ pub fn raw_traces(py: Python<'_>) -> PyResult<RawTraces<'_>> {
             frames: Vec::new(),
         });
     }
-    let collected = collect(py, false);
+    let collected = collect(py, false, false);
     let frames = with_resolver(|resolver| {
         collected
             .stacks

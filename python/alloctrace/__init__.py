@@ -125,8 +125,15 @@ def get_object_traceback(obj):
     return Traceback(frames)
 
 
-def take_snapshot(*, retention: int = 0, baseline=None, retention_limit: int = 3) -> Snapshot:
+def take_snapshot(
+    objects: bool = False, *, retention: int = 0, baseline=None, retention_limit: int = 3
+) -> Snapshot:
     """Take a snapshot of the traces of memory blocks allocated by Python.
+
+    With *objects* true, also record what each traced block is (its object kind: the
+    object's type, a buffer named after its owner's type such as ``'list (items)'``, or
+    ``'raw'``) by walking the live objects, so the snapshot can be grouped by ``'type'``
+    and ``'lineno+type'``. The walk's cost grows with the number of live objects.
 
     With *retention* > 0, also explain why the objects of the *retention* largest
     allocation sites (by the most recent frame, as ``statistics('lineno')`` groups them)
@@ -134,7 +141,7 @@ def take_snapshot(*, retention: int = 0, baseline=None, retention_limit: int = 3
     per site, what holds its objects (grouped by the holders' type and allocation site),
     up to *retention_limit* sample reference chains and the retained size. Read them with
     :meth:`Snapshot.referrer_paths`; they are saved by :meth:`Snapshot.dump`. This walks
-    the whole heap once (about a second per million objects).
+    the whole heap once more (about a second per million objects).
 
     Raises :exc:`RuntimeError` if the module is not tracing.
     """
@@ -152,8 +159,12 @@ def take_snapshot(*, retention: int = 0, baseline=None, retention_limit: int = 3
     if _get_traces is _native.get_traces:
         # The fast path: traces go from the live table to the snapshot without ever
         # becoming Python tuples.
-        snapshot = Snapshot._from_data(_native.take_snapshot())
+        snapshot = Snapshot._from_data(_native.take_snapshot(bool(objects)))
     else:
+        if objects:
+            raise RuntimeError(
+                "take_snapshot(objects=True) cannot be used with a replaced _get_traces"
+            )
         # `_get_traces` was replaced (as tracemalloc's own tests do): honour the replacement.
         snapshot = Snapshot(_get_traces(), get_traceback_limit())
     if retention:

@@ -341,54 +341,87 @@ def _is_native_filter(trace_filter):
 
 
 class Statistic:
-    """Memory allocated at one place (a traceback, a line or a file): total size and count."""
+    """Memory allocated at one place (a traceback, a line or a file): total size and count.
 
-    __slots__ = ("traceback", "size", "count")
+    For the object-kind keys (``'type'`` and ``'lineno+type'``), *kind* names what the
+    blocks are: an object's type (``'dict'``, ``'app.cache.User'``), a buffer named after
+    its owner's type (``'list (items)'``), or ``'raw'``. It is ``None`` for the other keys.
+    With ``'type'`` the traceback is empty (the blocks come from anywhere).
+    """
 
-    def __init__(self, traceback, size, count):
+    __slots__ = ("traceback", "size", "count", "kind")
+
+    def __init__(self, traceback, size, count, kind=None):
         self.traceback = traceback
         self.size = size
         self.count = count
+        self.kind = kind
 
     def __hash__(self):
-        return hash((self.traceback, self.size, self.count))
+        return hash((self.traceback, self.size, self.count, self.kind))
 
     def __eq__(self, other):
         if not isinstance(other, Statistic):
             return NotImplemented
-        return (self.traceback, self.size, self.count) == (
+        return (self.traceback, self.size, self.count, self.kind) == (
             other.traceback,
             other.size,
             other.count,
+            other.kind,
         )
 
     def __str__(self):
-        text = f"{self.traceback}: size={_format_size(self.size, False)}, count={self.count:d}"
+        text = f"{_place(self.traceback, self.kind)}: size={_format_size(self.size, False)}, "
+        text += f"count={self.count:d}"
         if self.count:
             text += f", average={_format_size(self.size / self.count, False)}"
         return text
 
     def __repr__(self):
-        return f"<Statistic traceback={self.traceback!r} size={self.size:d} count={self.count:d}>"
+        kind = "" if self.kind is None else f" kind={self.kind!r}"
+        return (
+            f"<Statistic traceback={self.traceback!r}{kind} size={self.size:d} "
+            f"count={self.count:d}>"
+        )
 
     def _sort_key(self):
         return (self.size, self.count, self.traceback)
 
 
+def _place(traceback, kind):
+    """What a statistic is about, for ``str()``: ``app.py:42``, ``app.py:42: dict``, ``dict``."""
+    if kind is None:
+        return str(traceback)
+    if len(traceback):
+        return f"{traceback}: {kind}"
+    return kind
+
+
 class StatisticDiff:
-    """How the memory allocated at one place changed between an old and a new snapshot."""
+    """How the memory allocated at one place changed between an old and a new snapshot.
 
-    __slots__ = ("traceback", "size", "size_diff", "count", "count_diff")
+    *kind* is set for the object-kind keys, as in :class:`Statistic`.
+    """
 
-    def __init__(self, traceback, size, size_diff, count, count_diff):
+    __slots__ = ("traceback", "size", "size_diff", "count", "count_diff", "kind")
+
+    def __init__(self, traceback, size, size_diff, count, count_diff, kind=None):
         self.traceback = traceback
         self.size = size
         self.size_diff = size_diff
         self.count = count
         self.count_diff = count_diff
+        self.kind = kind
 
     def _fields(self):
-        return (self.traceback, self.size, self.size_diff, self.count, self.count_diff)
+        return (
+            self.traceback,
+            self.size,
+            self.size_diff,
+            self.count,
+            self.count_diff,
+            self.kind,
+        )
 
     def __hash__(self):
         return hash(self._fields())
@@ -400,7 +433,7 @@ class StatisticDiff:
 
     def __str__(self):
         text = (
-            f"{self.traceback}: size={_format_size(self.size, False)} "
+            f"{_place(self.traceback, self.kind)}: size={_format_size(self.size, False)} "
             f"({_format_size(self.size_diff, True)}), "
             f"count={self.count:d} ({self.count_diff:+d})"
         )
@@ -409,8 +442,9 @@ class StatisticDiff:
         return text
 
     def __repr__(self):
+        kind = "" if self.kind is None else f" kind={self.kind!r}"
         return (
-            f"<StatisticDiff traceback={self.traceback!r} size={self.size:d} "
+            f"<StatisticDiff traceback={self.traceback!r}{kind} size={self.size:d} "
             f"({self.size_diff:+d}) count={self.count:d} ({self.count_diff:+d})>"
         )
 
@@ -591,12 +625,17 @@ class Snapshot:
     def statistics(self, key_type, cumulative=False):
         """Statistics grouped by *key_type* (``'traceback'``, ``'lineno'`` or
         ``'filename'``), largest first. *cumulative* counts every frame of a traceback,
-        not only the most recent one."""
+        not only the most recent one.
+
+        Snapshots taken with ``take_snapshot(objects=True)`` also group by object kind:
+        ``'type'`` (what the blocks are, wherever allocated) and ``'lineno+type'`` (per
+        line and kind); each :class:`Statistic` then has its ``kind`` set. Those keys raise
+        :exc:`ValueError` on a snapshot without object kinds, and with *cumulative*."""
         return _statistics(self._data.statistics(key_type, bool(cumulative)))
 
     def compare_to(self, old_snapshot, key_type, cumulative=False):
         """Differences against *old_snapshot*, grouped by *key_type*, biggest change
-        first."""
+        first. The object-kind keys need both snapshots taken with ``objects=True``."""
         old = old_snapshot._data if isinstance(old_snapshot, Snapshot) else None
         if old is None:
             # A tracemalloc.Snapshot (or anything shaped like one) is compared by its traces.
@@ -657,11 +696,12 @@ def _traceback_of(frames):
 def _statistics(rows):
     out = []
     append = out.append
-    for frames, size, count in rows:
+    for row in rows:
         stat = _new(Statistic)
-        stat.traceback = _traceback_of(frames)
-        stat.size = size
-        stat.count = count
+        stat.traceback = _traceback_of(row[0])
+        stat.size = row[1]
+        stat.count = row[2]
+        stat.kind = row[3] if len(row) > 3 else None
         append(stat)
     return out
 
@@ -669,13 +709,14 @@ def _statistics(rows):
 def _statistic_diffs(rows):
     out = []
     append = out.append
-    for frames, size, size_diff, count, count_diff in rows:
+    for row in rows:
         diff = _new(StatisticDiff)
-        diff.traceback = _traceback_of(frames)
-        diff.size = size
-        diff.size_diff = size_diff
-        diff.count = count
-        diff.count_diff = count_diff
+        diff.traceback = _traceback_of(row[0])
+        diff.size = row[1]
+        diff.size_diff = row[2]
+        diff.count = row[3]
+        diff.count_diff = row[4]
+        diff.kind = row[5] if len(row) > 5 else None
         append(diff)
     return out
 

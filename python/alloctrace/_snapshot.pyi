@@ -72,7 +72,10 @@ class Statistic:
     traceback: Traceback
     size: int
     count: int
-    def __init__(self, traceback: Traceback, size: int, count: int) -> None: ...
+    kind: Optional[str]
+    def __init__(
+        self, traceback: Traceback, size: int, count: int, kind: Optional[str] = None
+    ) -> None: ...
 
 class StatisticDiff:
     traceback: Traceback
@@ -80,8 +83,15 @@ class StatisticDiff:
     size_diff: int
     count: int
     count_diff: int
+    kind: Optional[str]
     def __init__(
-        self, traceback: Traceback, size: int, size_diff: int, count: int, count_diff: int
+        self,
+        traceback: Traceback,
+        size: int,
+        size_diff: int,
+        count: int,
+        count_diff: int,
+        kind: Optional[str] = None,
     ) -> None: ...
 
 class BaseFilter:

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use globset::{GlobBuilder, GlobMatcher};
 use parking_lot::Mutex;
 
-use crate::analysis::snapshot::{Snapshot, SnapshotBuilder};
+use crate::analysis::snapshot::{Kinds, Snapshot, SnapshotBuilder};
 use crate::error::{Error, Result};
 
 /// One filter, as `tracemalloc.Filter` / `tracemalloc.DomainFilter` describe it.
@@ -628,16 +628,34 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
         traces: Vec::new(),
         traceback_limit: snapshot.traceback_limit,
         metadata: snapshot.metadata.clone(),
+        kinds: None,
     };
-    out.traces = snapshot
+    let keep: Vec<bool> = snapshot
         .traces
         .iter()
-        .filter(|tr| {
+        .map(|tr| {
             let base = tr.traceback as usize * nf;
             set.keep_with(tr.domain, |i| tb_hit[base + i])
         })
-        .copied()
         .collect();
+    out.traces = snapshot
+        .traces
+        .iter()
+        .zip(&keep)
+        .filter(|&(_, &k)| k)
+        .map(|(tr, _)| *tr)
+        .collect();
+    // Object kinds stay aligned with the traces kept.
+    out.kinds = snapshot.kinds.as_ref().map(|kinds| Kinds {
+        names: kinds.names.clone(),
+        of_trace: kinds
+            .of_trace
+            .iter()
+            .zip(&keep)
+            .filter(|&(_, &k)| k)
+            .map(|(&id, _)| id)
+            .collect(),
+    });
     compact(out)
 }
 
@@ -687,6 +705,7 @@ pub fn compact(snapshot: Snapshot) -> Snapshot {
         b.trace(tr.domain, tr.size, tb_map[tr.traceback as usize]);
     }
     b.metadata(snapshot.metadata);
+    b.kinds(snapshot.kinds);
     b.finish()
 }
 

@@ -12,8 +12,10 @@
 //!
 //! Sections: 1 metadata (bincode + serde), 2 filenames, 3 frames, 4 tracebacks, 5 traces,
 //! 6 user attributes, 7 functions per traceback frame (optional: absent in files written before function
-//! names were recorded, which load with every function unknown), 11 retention reports (optional:
-//! see [`check_retention`]). Tables are written once and referenced by index; integers inside the
+//! names were recorded, which load with every function unknown), 10 object kinds (optional:
+//! the kind-name table, then one kind id per trace, in trace order; written only for
+//! snapshots taken with `objects=True`), 11 retention reports (optional: see
+//! [`check_retention`]). Tables are written once and referenced by index; integers inside the
 //! tables are unsigned LEB128, and traces are stored by column (run-length domains, sizes,
 //! traceback ids) because that is what makes a 1M-trace dump a few MB.
 //!
@@ -35,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::analysis::filter::is_surrogatepass_utf8;
 use crate::analysis::snapshot::{
-    Frame, Function, FunctionId, Metadata, Snapshot, Trace, Traceback,
+    Frame, Function, FunctionId, Kinds, Metadata, Snapshot, Trace, Traceback,
 };
 use crate::error::{Error, Result};
 
@@ -51,6 +53,8 @@ const TAG_TRACEBACKS: u32 = 4;
 const TAG_TRACES: u32 = 5;
 const TAG_ATTRS: u32 = 6;
 const TAG_FUNCTIONS: u32 = 7;
+/// Object kinds per trace (optional; see [`decode_kinds`]).
+const TAG_KINDS: u32 = 10;
 const TAG_RETENTION: u32 = 11;
 /// The name under which section 11 (retention reports) travels with the user attributes
 /// between this module and Python: a name no attribute set with `snapshot.name = ...` can
@@ -305,6 +309,19 @@ pub fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Vec<u8> {
             }
         }
         section(&mut out, TAG_FUNCTIONS, &buf);
+    }
+
+    if let Some(kinds) = &snapshot.kinds {
+        buf.clear();
+        put_uleb(&mut buf, kinds.names.len() as u64);
+        for name in &kinds.names {
+            put_bytes(&mut buf, name);
+        }
+        put_uleb(&mut buf, kinds.of_trace.len() as u64);
+        for &id in &kinds.of_trace {
+            put_uleb(&mut buf, id as u64);
+        }
+        section(&mut out, TAG_KINDS, &buf);
     }
 
     if let Some((_, v)) = attrs.iter().find(|(name, _)| name == RETENTION_ATTR) {
@@ -731,6 +748,11 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         None => (Vec::new(), Vec::new()),
     };
 
+    let kinds = match sections.iter().find(|&&(t, _)| t == TAG_KINDS) {
+        Some(&(_, payload)) => Some(decode_kinds(payload, traces.len())?),
+        None => None,
+    };
+
     let mut attrs = Vec::new();
     if let Some(&(_, payload)) = sections.iter().find(|&&(t, _)| t == TAG_ATTRS) {
         let mut r = Reader::new(payload, "attributes");
@@ -769,6 +791,7 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
             pid: meta.pid,
             argv: meta.argv,
         },
+        kinds,
     };
     Ok((snapshot, attrs))
 }
@@ -815,6 +838,39 @@ pub fn check_retention(value: &AttrValue) -> std::result::Result<(), Reason> {
         }
     }
     Ok(())
+}
+
+/// Section 10: the kind names, then one kind id per trace (exactly as many as traces).
+fn decode_kinds(payload: &[u8], ntraces: usize) -> std::result::Result<Kinds, Reason> {
+    let mut r = Reader::new(payload, "object kinds");
+    let n = r.count(1, "kind names")?;
+    let mut names = Vec::with_capacity(n);
+    for _ in 0..n {
+        let name = r.bytes("kind name")?;
+        if !is_surrogatepass_utf8(name) {
+            return Err("a kind name is not valid UTF-8".into());
+        }
+        names.push(Box::from(name));
+    }
+    let count = r.count(1, "kinds")?;
+    if count != ntraces {
+        return Err(format!(
+            "the object kinds section has {count} entries for {ntraces} traces"
+        ));
+    }
+    let mut of_trace = Vec::with_capacity(count);
+    for i in 0..count {
+        let id = r.u32("kind id")?;
+        if id as usize >= names.len() {
+            return Err(format!(
+                "trace {i} has kind {id}, but there are only {} kind names",
+                names.len()
+            ));
+        }
+        of_trace.push(id);
+    }
+    r.finish()?;
+    Ok(Kinds { names, of_trace })
 }
 
 type Functions = (Vec<Function>, Vec<Box<[Option<FunctionId>]>>);
@@ -999,6 +1055,60 @@ mod tests {
             ),
         ];
         (b.finish(), attrs)
+    }
+
+    fn with_kinds() -> Snapshot {
+        let (mut s, _) = sample();
+        s.kinds = Some(Kinds {
+            names: vec![b"dict".to_vec().into(), b"list (items)".to_vec().into()],
+            of_trace: vec![1, 0, 1],
+        });
+        s
+    }
+
+    #[test]
+    fn kinds_round_trip_and_old_files_load_without_them() {
+        let s = with_kinds();
+        let data = encode(&s, &vec![]);
+        assert_eq!(decode(&data).unwrap().0, s);
+        let (old, _) = decode(&without_section(&data, TAG_KINDS)).unwrap();
+        assert_eq!(old.kinds, None);
+        assert_eq!(
+            old,
+            Snapshot {
+                kinds: None,
+                ..s.clone()
+            }
+        );
+        // Without kinds, no section is written: files stay what they were.
+        let plain = Snapshot { kinds: None, ..s };
+        assert_eq!(encode(&plain, &vec![]), without_section(&data, TAG_KINDS));
+    }
+
+    #[test]
+    fn hostile_kinds_sections_are_errors() {
+        let data = encode(&with_kinds(), &vec![]);
+        let at = section_payload_offset(&data, TAG_KINDS);
+        // Payload: 2 names (1 + 4 "dict", 1 + 12 "list (items)"), count 3, ids 1 0 1.
+        let ids_at = at + 1 + 5 + 13 + 1;
+        let mut bad_id = data.clone();
+        bad_id[ids_at + 1] = 2;
+        let e = decode(&reseal(bad_id)).unwrap_err();
+        assert!(e.contains("trace 1 has kind 2"), "{e}");
+        let mut bad_count = data.clone();
+        bad_count[ids_at - 1] = 2;
+        let e = decode(&reseal(bad_count)).unwrap_err();
+        assert!(
+            e.contains("2 entries for 3 traces") || e.contains("object kinds"),
+            "{e}"
+        );
+        let mut bad_name = data.clone();
+        bad_name[at + 2] = 0xff;
+        let e = decode(&reseal(bad_name)).unwrap_err();
+        assert!(e.contains("kind name is not valid UTF-8"), "{e}");
+        for n in 0..data.len() {
+            assert!(decode(&data[..n]).is_err(), "truncated at {n}");
+        }
     }
 
     #[test]

@@ -93,7 +93,23 @@ pub struct Snapshot {
     pub traces: Vec<Trace>,
     pub traceback_limit: u32,
     pub metadata: Metadata,
+    /// What each traced block is (`take_snapshot(objects=True)`); `None` when not captured.
+    pub kinds: Option<Kinds>,
 }
+
+/// Object kinds: per trace, an index into a table of kind names. A kind is an object's type
+/// (`module.QualName`, builtins bare: `dict`, `app.cache.User`), a buffer named after its
+/// owner's type (`list (items)`, `dict (keys)`), or [`RAW_KIND`] for a block the heap walk
+/// could not attribute. Names are surrogatepass UTF-8, each once.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Kinds {
+    pub names: Vec<Box<[u8]>>,
+    /// One entry per trace, in trace order: `names[of_trace[i]]` is trace `i`'s kind.
+    pub of_trace: Vec<u32>,
+}
+
+/// The kind of a traced block that is neither an object nor a buffer the walk attributed.
+pub const RAW_KIND: &[u8] = b"raw";
 
 impl Snapshot {
     pub fn frame_filename(&self, frame: FrameId) -> &[u8] {
@@ -209,6 +225,11 @@ impl SnapshotBuilder {
 
     pub fn metadata(&mut self, metadata: Metadata) {
         self.snapshot.metadata = metadata;
+    }
+
+    /// Sets the object kinds; `of_trace` must line up with the traces added.
+    pub fn kinds(&mut self, kinds: Option<Kinds>) {
+        self.snapshot.kinds = kinds;
     }
 
     pub fn finish(mut self) -> Snapshot {

@@ -67,6 +67,7 @@ int main(void) {
     OFF("SET_SMALLTABLE", PySetObject, smalltable);
     printf("pub const SET_ENTRY_SIZE: usize = %zu;\n", sizeof(setentry));
     OFF("HEAPTYPE_QUALNAME", PyHeapTypeObject, ht_qualname);
+    OFF("HEAPTYPE_CACHED_KEYS", PyHeapTypeObject, ht_cached_keys);
     OFF("TSTATE_THREAD_ID", PyThreadState, thread_id);
 #if PY_VERSION_HEX >= 0x030B0000
     OFF("IFRAME_LOCALS", _PyInterpreterFrame, f_locals);

@@ -333,11 +333,13 @@ unsafe fn field<T: Copy>(obj: *mut ffi::PyObject, offset: usize) -> T {
     *((obj as *const u8).add(offset) as *const T)
 }
 
-/// The separately allocated blocks a built-in container owns, as `(address, label, estimated
-/// size)`: a list's item array, a dict's keys table (unless shared by a class's instances)
-/// and, before 3.11, its split values array, a bytearray's buffer, a set's hash table once it
-/// outgrows the one inside the object. Subclasses own theirs too. Dict values from 3.11 are
-/// allocated with a prefix before the address the dict keeps, so they are not matched here.
+/// The separately allocated blocks an object owns, as `(address, label, estimated size)`:
+/// a list's item array; a dict's keys table (unless shared by a class's instances: then the
+/// class owns it, as its `cached keys`) and its split values array; the attribute values of
+/// a 3.11/3.12 instance kept outside any dict (`values`; from 3.13 they are inside the
+/// object's own block); a bytearray's buffer; a set's hash table once it outgrows the one
+/// inside the object. Subclasses own theirs too. An estimate of 0 means unknown (only traced
+/// sizes count then).
 ///
 /// # Safety
 /// `obj` is a live object of type `tp` and the GIL is held.
@@ -357,8 +359,8 @@ unsafe fn owned_buffers(
         let values: usize = field(obj, layout::DICT_VALUES);
         if values == 0 {
             found[0] = Some((keys, "keys", 0));
-        } else if cfg!(not(Py_3_11)) {
-            found[0] = Some((values, "values", 0));
+        } else {
+            found[0] = values_block(values).map(|block| (block, "values", 0));
         }
     } else if is_subtype(tp, std::ptr::addr_of_mut!(ffi::PyByteArray_Type)) {
         let bytes: usize = field(obj, layout::BYTEARRAY_BYTES);
@@ -373,11 +375,62 @@ unsafe fn owned_buffers(
             let size = (mask.max(0) as u64 + 1) * layout::SET_ENTRY_SIZE as u64;
             found[0] = Some((table, "table", size));
         }
+    } else if flags & ffi::Py_TPFLAGS_TYPE_SUBCLASS != 0 && flags & ffi::Py_TPFLAGS_HEAPTYPE != 0 {
+        let keys: usize = field(obj, layout::HEAPTYPE_CACHED_KEYS);
+        found[0] = Some((keys, "cached keys", 0));
+    }
+    if flags & MANAGED_DICT != 0 {
+        found[1] = managed_values(obj).map(|block| (block, "values", 0));
     }
     found
         .into_iter()
         .flatten()
         .filter(|&(addr, _, _)| addr != 0)
+}
+
+/// `Py_TPFLAGS_MANAGED_DICT` (3.11+): the instance keeps its dict (or its attribute values)
+/// in the pre-header.
+const MANAGED_DICT: std::ffi::c_ulong = 1 << 4;
+
+/// The block holding a dict's split values array (`PyDictValues*`), as the allocator saw it.
+/// Up to 3.10 the array is its own block. In 3.11 and 3.12 it is allocated with a prefix
+/// whose size is stored in the byte just before the array. From 3.13 the array starts its
+/// block, unless it is embedded in the instance that owns it (then it is not a block).
+unsafe fn values_block(values: usize) -> Option<usize> {
+    if cfg!(Py_3_13) {
+        let embedded = *(values as *const u8).add(2);
+        (embedded == 0).then_some(values)
+    } else if cfg!(Py_3_11) {
+        let prefix = *(values as *const u8).sub(1) as usize;
+        (prefix != 0).then(|| values - prefix)
+    } else {
+        Some(values)
+    }
+}
+
+/// The block of a 3.11/3.12 instance's attribute values kept in its pre-header (when it has
+/// no dict object): 3.11 keeps a values pointer four words before the object, 3.12 a tagged
+/// dict-or-values pointer three words before it (low bit set: values, stored minus one).
+unsafe fn managed_values(obj: *mut ffi::PyObject) -> Option<usize> {
+    let word = std::mem::size_of::<usize>();
+    let base = obj as *const u8;
+    let values = if cfg!(Py_3_13) {
+        return None;
+    } else if cfg!(Py_3_12) {
+        let stored = *(base.sub(3 * word) as *const usize);
+        if stored & 1 == 0 {
+            return None;
+        }
+        stored + 1
+    } else if cfg!(Py_3_11) {
+        *(base.sub(4 * word) as *const usize)
+    } else {
+        return None;
+    };
+    if values == 0 {
+        return None;
+    }
+    values_block(values)
 }
 
 /// `PyType_IsSubtype` reads the type's MRO tuple (or its base chain); it runs no code.

@@ -249,8 +249,18 @@ impl<'py, 'a> PyTables<'py, 'a> {
             }
             GroupKey::Frame(f) => PyTuple::new(py, [self.frame(f)?]),
             GroupKey::Filename(n) => PyTuple::new(py, [(self.name(n)?, 0).into_pyobject(py)?]),
-            GroupKey::Empty => Ok(PyTuple::empty(py)),
+            GroupKey::Empty | GroupKey::Kind(_) | GroupKey::LineKind(None, _) => {
+                Ok(PyTuple::empty(py))
+            }
+            GroupKey::LineKind(Some(f), _) => PyTuple::new(py, [self.frame(f)?]),
         }
+    }
+
+    /// The kind name a key groups by (`None` for the tracemalloc keys).
+    fn kind(&self, key: GroupKey) -> PyResult<Option<Bound<'py, PyString>>> {
+        stats::key_kind(self.snapshot, key)
+            .map(|name| bytes_str(self.py, name))
+            .transpose()
     }
 
     fn frames(&mut self, tb: TracebackId) -> PyResult<Bound<'py, PyTuple>> {
@@ -545,12 +555,18 @@ impl PySnapshotData {
     ) -> PyResult<Bound<'py, PyList>> {
         let key = self::key_type(key_type, cumulative)?;
         let snap: &Snapshot = &self.inner;
+        key.check(snap)?;
         let rows = py.detach(|| stats::statistics(snap, key, cumulative));
         let mut tables = PyTables::new(py, snap);
         let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
             let row = (tables.key(r.key)?, py_uint(py, r.size)?, r.count);
-            out.push(row.into_pyobject(py)?);
+            if key.uses_kinds() {
+                let (frames, size, count) = row;
+                out.push((frames, size, count, tables.kind(r.key)?).into_pyobject(py)?);
+            } else {
+                out.push(row.into_pyobject(py)?);
+            }
         }
         PyList::new(py, out)
     }
@@ -567,6 +583,8 @@ impl PySnapshotData {
     ) -> PyResult<Bound<'py, PyList>> {
         let key = self::key_type(key_type, cumulative)?;
         let (new_s, old_s): (&Snapshot, &Snapshot) = (&self.inner, &old.inner);
+        key.check(new_s)?;
+        key.check(old_s)?;
         let rows = py.detach(|| stats::compare(new_s, old_s, key, cumulative));
         let mut new_tables = PyTables::new(py, new_s);
         let mut old_tables = PyTables::new(py, old_s);
@@ -584,7 +602,13 @@ impl PySnapshotData {
                 r.count,
                 r.count_diff,
             );
-            out.push(row.into_pyobject(py)?);
+            if key.uses_kinds() {
+                let (frames, size, size_diff, count, count_diff) = row;
+                let kind = tables.kind(r.key)?;
+                out.push((frames, size, size_diff, count, count_diff, kind).into_pyobject(py)?);
+            } else {
+                out.push(row.into_pyobject(py)?);
+            }
         }
         PyList::new(py, out)
     }
