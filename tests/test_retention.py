@@ -397,3 +397,17 @@ def test_why_cli(leaky, stopped_tracer, tmp_path):
 
     done = cli("why", str(path), "--line", "nonsense")
     assert done.returncode == 2 and "FILE:LINE" in done.stderr
+
+
+def test_objects_and_retention_together(leaky, stopped_tracer, tmp_path):
+    alloctrace.start(1)
+    leaky.kept = leaky.sessions(1000)
+    snapshot = alloctrace.take_snapshot(True, retention=1)
+    alloctrace.stop()
+    site = f"{leaky.__file__}:{SESSION_LINE}"
+    assert snapshot.referrer_paths(site).count >= 1500
+    assert any(s.kind == "dict" for s in snapshot.statistics("type"))
+    snapshot.dump(tmp_path / "both")
+    loaded = alloctrace.Snapshot.load(tmp_path / "both")
+    assert str(loaded.referrer_paths(site)) == str(snapshot.referrer_paths(site))
+    assert loaded.statistics("type") == snapshot.statistics("type")
