@@ -63,7 +63,7 @@ def test_smoke_run_reports_every_part(pyperformance_path: str, tmp_path: Path) -
     assert "| part | case | nframe | tracemalloc | alloctrace |" in table
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
     parts = {line.split(" | ")[0].strip("| ") for line in rows}
-    assert parts == {"overhead", "hook", "memory", "snapshot"}
+    assert parts == {"overhead", "hook", "memory", "snapshot", "objects"}
     # Every benchmark in the smoke preset got a slowdown under tracemalloc at both depths.
     for name in ("deepcopy", "deepcopy_memo", "deepcopy_reduce", "json_loads"):
         assert sum(f"| overhead | {name} (untraced" in line for line in rows) == 2, table

@@ -25,7 +25,9 @@ from typing import Any, NoReturn
 from . import _report, _startup
 
 PROG = "alloctrace"
-KEY_TYPES = ("lineno", "filename", "traceback")
+KEY_TYPES = ("lineno", "filename", "traceback", "type", "lineno+type")
+#: Keys that group by object kind: they need snapshots taken with objects=True.
+KIND_KEYS = ("type", "lineno+type")
 DEFAULT_LIMIT = 10
 
 #: Status for bad usage (as argparse), and for an unreadable snapshot or other failure.
@@ -148,9 +150,18 @@ def _totals(snapshot) -> tuple[int, int]:
 
 
 def _check_key(args: argparse.Namespace) -> None:
-    if args.cumulative and args.key == "traceback":
+    if args.cumulative and (args.key == "traceback" or args.key in KIND_KEYS):
         raise CommandError(
-            "--cumulative works with --key lineno or filename, not traceback", USAGE_ERROR
+            f"--cumulative works with --key lineno or filename, not {args.key}", USAGE_ERROR
+        )
+
+
+def _check_objects(path: str, snapshot, args: argparse.Namespace) -> None:
+    """Object-kind keys need a snapshot that recorded kinds: say so, naming the file."""
+    if args.key in KIND_KEYS and not getattr(snapshot, "has_objects", False):
+        raise CommandError(
+            f"{path} has no object kinds, needed for --key {args.key}: take it with "
+            "take_snapshot(objects=True) or run the program with ALLOCTRACE_OBJECTS=1"
         )
 
 
@@ -233,6 +244,7 @@ def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[
 def _cmd_stats(args: argparse.Namespace) -> int:
     _check_key(args)
     snapshot = _load(args.file, args.allow_pickle)
+    _check_objects(args.file, snapshot, args)
     if args.json:
         _, described = _filters(args)
         snapshot, stats, total_size, total_count = _statistics(snapshot, args)
@@ -257,6 +269,8 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     _check_key(args)
     old = _load(args.old, args.allow_pickle)
     new = _load(args.new, args.allow_pickle)
+    _check_objects(args.old, old, args)
+    _check_objects(args.new, new, args)
     filters, described = _filters(args)
     if filters:
         old = old.filter_traces(filters)
@@ -699,7 +713,8 @@ def _add_report_options(parser: argparse.ArgumentParser, full: bool = True) -> N
             "--key",
             choices=KEY_TYPES,
             default="lineno",
-            help="group by line (default), file or whole traceback",
+            help="group by line (default), file, whole traceback, object kind (type) or line "
+            "and object kind (lineno+type; these two need snapshots taken with objects)",
         )
         parser.add_argument(
             "--cumulative",

@@ -523,6 +523,12 @@ class Snapshot:
         return self._data.traceback_limit
 
     @property
+    def has_objects(self):
+        """Whether the snapshot records object kinds (``take_snapshot(objects=True)``), so
+        that it can be grouped by ``'type'`` and ``'lineno+type'``."""
+        return self._data.has_objects
+
+    @property
     def metadata(self):
         """Where and when the snapshot was taken: a dict with ``python_version``,
         ``timestamp``, ``pid`` and ``argv`` (``None`` or ``[]`` where unknown)."""

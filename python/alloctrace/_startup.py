@@ -14,6 +14,9 @@ set; otherwise this module is never imported and costs nothing.
     ``{pid}``, ``{time}`` and ``{n}`` in PATH are replaced (see :func:`expand_path`).
 ``ALLOCTRACE_INTERVAL=SECONDS``
     With ``ALLOCTRACE_DUMP``, also write numbered snapshots every SECONDS from a daemon thread.
+``ALLOCTRACE_OBJECTS=1``
+    With ``ALLOCTRACE_DUMP``, the snapshots also record object kinds (as
+    ``take_snapshot(objects=True)``), for ``alloctrace stats --key type``. ``0`` or empty: off.
 
 A configuration error stops the interpreter with one line on stderr: running the program
 untraced when the user asked for tracing would waste the run. A failure to *write* a snapshot is
@@ -33,6 +36,7 @@ MAX_NFRAME = 65535
 ENV_NFRAME = "ALLOCTRACE"
 ENV_DUMP = "ALLOCTRACE_DUMP"
 ENV_INTERVAL = "ALLOCTRACE_INTERVAL"
+ENV_OBJECTS = "ALLOCTRACE_OBJECTS"
 XOPTION = "alloctrace"
 
 #: Exit status when the start-up configuration is invalid (the usual "bad usage" status).
@@ -48,15 +52,33 @@ class ConfigError(ValueError):
 class Config:
     """The start-up settings read from the environment and ``-X`` options."""
 
-    __slots__ = ("nframe", "dump", "interval")
+    __slots__ = ("nframe", "dump", "interval", "objects")
 
-    def __init__(self, nframe: int, dump: str | None = None, interval: float | None = None):
+    def __init__(
+        self,
+        nframe: int,
+        dump: str | None = None,
+        interval: float | None = None,
+        objects: bool = False,
+    ):
         self.nframe = nframe
         self.dump = dump
         self.interval = interval
+        self.objects = objects
 
     def __repr__(self) -> str:
-        return f"Config(nframe={self.nframe!r}, dump={self.dump!r}, interval={self.interval!r})"
+        return (
+            f"Config(nframe={self.nframe!r}, dump={self.dump!r}, interval={self.interval!r}, "
+            f"objects={self.objects!r})"
+        )
+
+
+def parse_objects(value: str) -> bool:
+    """Parse ``ALLOCTRACE_OBJECTS``: ``1`` (record object kinds) or ``0`` (do not)."""
+    text = value.strip()
+    if text not in ("0", "1"):
+        raise ConfigError(f"{ENV_OBJECTS}={value!r} is invalid: expected 1 (on) or 0 (off)")
+    return text == "1"
 
 
 def parse_nframe(value: str, source: str) -> int:
@@ -161,12 +183,21 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
             raise ConfigError(
                 f"{ENV_INTERVAL} is set but {ENV_DUMP} is not: periodic snapshots need a path"
             )
+    objects = False
+    env_objects = environ.get(ENV_OBJECTS, "")
+    if env_objects:
+        objects = parse_objects(env_objects)
+        if objects and dump is None:
+            raise ConfigError(
+                f"{ENV_OBJECTS} is set but {ENV_DUMP} is not: object kinds are recorded in "
+                "the dumped snapshots"
+            )
     if nframe is None:
         nframe = 1 if dump is not None else 0
     if nframe == 0:
         # Tracing explicitly off: there is nothing to dump either.
         return Config(0)
-    return Config(nframe, dump, interval)
+    return Config(nframe, dump, interval, objects)
 
 
 def _warn(message: str) -> None:
@@ -185,7 +216,7 @@ class Dumper:
     fork), and its own snapshot files when the path has ``{pid}``.
     """
 
-    def __init__(self, template: str, interval: float | None):
+    def __init__(self, template: str, interval: float | None, objects: bool = False):
         import atexit
         import signal
         import threading
@@ -196,6 +227,7 @@ class Dumper:
         # Relative to where the program started, even if it changes directory later.
         self.template = os.path.abspath(template)
         self.interval = interval
+        self.objects = objects
         # Re-entrant: the SIGTERM handler may interrupt the main thread inside dump_at_exit.
         self._lock = threading.RLock()
         self._count = 0
@@ -257,7 +289,7 @@ class Dumper:
             if not alloctrace.is_tracing():
                 _warn(f"no snapshot written to {path}: tracing was stopped by the program")
                 return
-            alloctrace.take_snapshot().dump(path)
+            alloctrace.take_snapshot(objects=self.objects).dump(path)
         except BaseException as exc:
             # Never let a failed dump change how the program ends.
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
@@ -308,7 +340,9 @@ def install() -> None:
         return
     # Everything the dumps need is imported and set up before tracing starts, so that our own
     # imports (threading, signal...) do not show up in the program's snapshots.
-    dumper = Dumper(config.dump, config.interval) if config.dump is not None else None
+    dumper = (
+        Dumper(config.dump, config.interval, config.objects) if config.dump is not None else None
+    )
     try:
         alloctrace.start(config.nframe)
     except Exception as exc:

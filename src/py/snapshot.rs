@@ -502,6 +502,12 @@ impl PySnapshotData {
         Ok(Self::new(snapshot_from_raw(traces, limit)?))
     }
 
+    /// Whether the snapshot records object kinds (taken with `objects=True`).
+    #[getter]
+    fn has_objects(&self) -> bool {
+        self.inner.kinds.is_some()
+    }
+
     #[getter]
     fn traceback_limit(&self) -> u32 {
         self.inner.traceback_limit
