@@ -411,3 +411,29 @@ def test_objects_and_retention_together(leaky, stopped_tracer, tmp_path):
     loaded = alloctrace.Snapshot.load(tmp_path / "both")
     assert str(loaded.referrer_paths(site)) == str(snapshot.referrer_paths(site))
     assert loaded.statistics("type") == snapshot.statistics("type")
+
+
+def test_dump_at_exit_with_objects_has_reports(tmp_path):
+    (tmp_path / "leaky_app.py").write_text(LEAKY_SOURCE)
+    (tmp_path / "main.py").write_text(
+        "import leaky_app\nleaky_app.kept = leaky_app.sessions(500)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
+    env.update(ALLOCTRACE_DUMP="exit.snap", ALLOCTRACE_OBJECTS="1")
+    done = subprocess.run(
+        [sys.executable, "main.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    snapshot = alloctrace.Snapshot.load(tmp_path / "exit.snap")
+    assert snapshot.has_objects and snapshot.has_retention
+    report = snapshot.referrer_paths(f"{tmp_path / 'leaky_app.py'}:{SESSION_LINE}")
+    assert report is not None and report.count >= 500
+    assert any(p.startswith("leaky_app.kept") for p in report.paths), report.paths
+    why = cli("why", str(tmp_path / "exit.snap"), "--line", f"leaky_app.py:{SESSION_LINE}")
+    assert why.returncode == 0, why.stderr
+    assert "held by:" in why.stdout

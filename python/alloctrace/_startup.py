@@ -16,7 +16,10 @@ set; otherwise this module is never imported and costs nothing.
     With ``ALLOCTRACE_DUMP``, also write numbered snapshots every SECONDS from a daemon thread.
 ``ALLOCTRACE_OBJECTS=1``
     With ``ALLOCTRACE_DUMP``, the snapshots also record object kinds (as
-    ``take_snapshot(objects=True)``), for ``alloctrace stats --key type``. ``0`` or empty: off.
+    ``take_snapshot(objects=True)``), for ``alloctrace stats --key type``, and retention
+    reports for ``alloctrace why``: for the top sites by size in the first snapshot a process
+    writes, then for the sites that grew most since its previous one (as
+    ``take_snapshot(retention=RETENTION_SITES, baseline=previous)``). ``0`` or empty: off.
 
 A configuration error stops the interpreter with one line on stderr: running the program
 untraced when the user asked for tracing would waste the run. A failure to *write* a snapshot is
@@ -37,6 +40,8 @@ ENV_NFRAME = "ALLOCTRACE"
 ENV_DUMP = "ALLOCTRACE_DUMP"
 ENV_INTERVAL = "ALLOCTRACE_INTERVAL"
 ENV_OBJECTS = "ALLOCTRACE_OBJECTS"
+#: Sites that get a retention report in each dump written with ``ALLOCTRACE_OBJECTS=1``.
+RETENTION_SITES = 5
 XOPTION = "alloctrace"
 
 #: Exit status when the start-up configuration is invalid (the usual "bad usage" status).
@@ -228,6 +233,8 @@ class Dumper:
         self.template = os.path.abspath(template)
         self.interval = interval
         self.objects = objects
+        # The last snapshot written with objects: the next one reports what grew since.
+        self._previous = None
         # Re-entrant: the SIGTERM handler may interrupt the main thread inside dump_at_exit.
         self._lock = threading.RLock()
         self._count = 0
@@ -289,13 +296,21 @@ class Dumper:
             if not alloctrace.is_tracing():
                 _warn(f"no snapshot written to {path}: tracing was stopped by the program")
                 return
-            alloctrace.take_snapshot(objects=self.objects).dump(path)
+            if not self.objects:
+                alloctrace.take_snapshot().dump(path)
+                return
+            snapshot = alloctrace.take_snapshot(
+                objects=True, retention=RETENTION_SITES, baseline=self._previous
+            )
+            snapshot.dump(path)
+            self._previous = snapshot
         except BaseException as exc:
             # Never let a failed dump change how the program ends.
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             _warn(f"cannot write snapshot to {path}: {reason}")
 
     def _after_fork_in_child(self) -> None:
+        self._previous = None
         self._lock = self._threading.RLock()
         self._stop = self._threading.Event()
         self._count = 0
