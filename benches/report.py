@@ -21,6 +21,8 @@ BYTES_PER_BLOCK_MAX = 24.0
 LONG_FUNCTION_MAX_EXTRA = 0.20
 SNAPSHOT_SPEEDUP_MIN = 30.0
 DUMP_SIZE_MAX_RATIO = 0.5
+#: "A few seconds" for take_snapshot(objects=True) on a million live objects.
+OBJECTS_SNAPSHOT_MAX_SECONDS = 5.0
 #: Below this overhead (ratio - 1) tracemalloc's cost is within run-to-run noise, so the
 #: "4x less overhead" comparison on that benchmark would compare noise with noise.
 NOISE_FLOOR = 0.05
@@ -358,11 +360,65 @@ def snapshot_rows(part: dict[str, Any], have_at: bool) -> list[str]:
     return rows
 
 
+def objects_rows(part: dict[str, Any], have_at: bool) -> list[str]:
+    """Part 5 rows: take_snapshot() and take_snapshot(objects=True) on the same heap."""
+    missing = "not measured" if not have_at else "failed"
+    by_mode = part["by_mode"]
+    plain, objects = by_mode.get("plain"), by_mode.get("objects")
+    case = f"{part['objects']:,} live objects"
+    rows = []
+    if plain is not None:
+        rows.append(
+            _row(
+                "objects",
+                f"take_snapshot(), {case} ({plain['traces']:,} traces)",
+                "1",
+                "—",
+                _seconds(plain["seconds"]),
+                "—",
+                "(reference)",
+                "—",
+            )
+        )
+    if objects is not None:
+        ratio = objects["seconds"] / plain["seconds"] if plain else None
+        rows.append(
+            _row(
+                "objects",
+                f"take_snapshot(objects=True), {case} ({objects['kinds']} kinds)",
+                "1",
+                "—",
+                _seconds(objects["seconds"]),
+                f"{ratio:.1f}x take_snapshot()" if ratio is not None else "—",
+                f"≤{OBJECTS_SNAPSHOT_MAX_SECONDS:g} s",
+                _verdict(objects["seconds"] <= OBJECTS_SNAPSHOT_MAX_SECONDS),
+            )
+        )
+        growth = objects["peak_rss_growth"]
+        base = plain["peak_rss_growth"] if plain else None
+        rows.append(
+            _row(
+                "objects",
+                f"peak RSS growth during take_snapshot(objects=True), {case}",
+                "1",
+                "—",
+                _size(growth),
+                f"take_snapshot(): {_size(base)}" if base is not None else "—",
+                "(reported)",
+                "—",
+            )
+        )
+    if not rows:
+        rows.append(_row("objects", case, "1", "—", "—", "—", "—", missing))
+    return rows
+
+
 RENDERERS = {
     "overhead": overhead_rows,
     "hook": hook_rows,
     "memory": memory_rows,
     "snapshot": snapshot_rows,
+    "objects": objects_rows,
 }
 
 

@@ -3,10 +3,12 @@
 Usage::
 
     python benches/run.py [--quick] [--python 3.11|all|3.9,3.13|current]
-                          [--only overhead,hook,memory,snapshot] [--out results.md]
+                          [--only overhead,hook,memory,snapshot,objects] [--out results.md]
 
-The four parts (see their modules) compare the same workload untraced, under the standard
-``tracemalloc`` and under ``alloctrace``.  By default each interpreter gets a venv under
+The first four parts (see their modules) compare the same workload untraced, under the
+standard ``tracemalloc`` and under ``alloctrace``; the fifth (``objects``) measures what
+``take_snapshot(objects=True)`` costs over a plain snapshot, which tracemalloc cannot do.
+By default each interpreter gets a venv under
 ``--cache`` with pyperformance and a release wheel of this checkout; ``--python current`` measures
 the running interpreter as installed.  The table goes to stdout (and ``--out``); progress goes to
 stderr.  This is not part of the test suite's pass/fail: a MISS is a finding, not an error.
@@ -24,6 +26,7 @@ from pathlib import Path
 import environments
 import hook
 import memory
+import objects
 import overhead
 import report
 import snapshot_ops
@@ -33,6 +36,7 @@ PARTS = {
     "hook": hook,
     "memory": memory,
     "snapshot": snapshot_ops,
+    "objects": objects,
 }
 
 

@@ -338,6 +338,15 @@ fn check_nframe(nframe: i64) -> Result<usize> {
     Ok(nframe as usize)
 }
 
+/// The size of the traced block at `address`, while tracing (the heap walk sizes objects and
+/// their buffers by their traced blocks where it can).
+pub fn traced_size(address: usize) -> Option<usize> {
+    if !is_tracing() {
+        return None;
+    }
+    TABLE.get()?.get(address).map(|trace| trace.size)
+}
+
 pub fn is_tracing() -> bool {
     TRACING.load(Relaxed)
 }
@@ -607,11 +616,18 @@ fn with_resolver<R>(f: impl FnOnce(&Resolver) -> R) -> Option<R> {
 struct Collected {
     /// `(size, index into stacks)` per live block.
     traces: Vec<(usize, u32)>,
+    /// Each live block's address, in the order of `traces` (only when asked for).
+    addresses: Vec<usize>,
     stacks: Vec<(ResolvedStack, ResolvedFunctions)>,
 }
 
-fn collect(py: Python<'_>, functions: bool) -> Collected {
+fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Collected {
     let live = table().collect();
+    let addresses = if addresses {
+        live.iter().map(|&(address, _)| address).collect()
+    } else {
+        Vec::new()
+    };
     let mut dense: HashMap<TracebackId, u32> = HashMap::new();
     let mut ids = Vec::new();
     let traces = live
@@ -627,18 +643,31 @@ fn collect(py: Python<'_>, functions: bool) -> Collected {
         .collect();
     Collected {
         traces,
+        addresses,
         stacks: resolve_stacks(py, &ids, functions),
     }
 }
 
-/// A snapshot of every live trace, resolved and interned for analysis.
-pub fn take_snapshot(py: Python<'_>) -> Result<Snapshot> {
+/// A snapshot of every live trace, resolved and interned for analysis; with `objects`, also
+/// the kind of each traced block (see [`crate::heap::kinds`]).
+///
+/// The heap is walked first, then the trace table is read at once: between the two only the
+/// walk's type-name reads run, which allocate no object the walk saw, so every object in the
+/// graph is still at its address when the traces are matched to it. Resolving tracebacks
+/// (which runs Python code) comes after both.
+pub fn take_snapshot(py: Python<'_>, objects: bool) -> Result<Snapshot> {
     if !is_tracing() {
         return Err(Error::State(
             "the tracemalloc module must be tracing memory allocations to take a snapshot".into(),
         ));
     }
-    let collected = collect(py, true);
+    let graph = if objects {
+        Some(crate::heap::walk::walk(py, &[])?)
+    } else {
+        None
+    };
+    let collected = collect(py, true, objects);
+    let kinds = graph.map(|graph| crate::heap::kinds::kinds_of(&graph, &collected.addresses));
     let limit = traceback_limit() as u32;
     let snapshot = with_resolver(|resolver| {
         let mut builder = SnapshotBuilder::new(limit);
@@ -686,6 +715,7 @@ pub fn take_snapshot(py: Python<'_>) -> Result<Snapshot> {
             builder.trace(DEFAULT_DOMAIN, size as u64, tracebacks[stack as usize]);
         }
         builder.metadata(metadata(py));
+        builder.kinds(kinds);
         builder.finish()
     });
     Ok(snapshot.unwrap_or_default())
@@ -737,7 +767,7 @@ pub fn raw_traces(py: Python<'_>) -> PyResult<RawTraces<'_>> {
             frames: Vec::new(),
         });
     }
-    let collected = collect(py, false);
+    let collected = collect(py, false, false);
     let frames = with_resolver(|resolver| {
         collected
             .stacks
@@ -813,4 +843,57 @@ extern "C" fn after_fork() {
         }
         let _ = IN_TRACER.try_with(|inside| inside.set(false));
     }
+}
+
+/// An allocation site: filename (surrogatepass UTF-8) and line.
+pub type Site = (Box<[u8]>, u32);
+
+/// Where each object was allocated, for retention reports: per address the index of its
+/// allocation site (the most recent frame, as `(filename, lineno)`) in the returned table, or
+/// `None` where the object's block is not traced.
+///
+/// Every block is looked up before anything is resolved, because resolving line numbers
+/// reads code objects through the C API, which may allocate.
+///
+/// # Safety
+/// The GIL is held and every address is a live object.
+pub unsafe fn object_sites(py: Python<'_>, addrs: &[usize]) -> (Vec<Option<u32>>, Vec<Site>) {
+    if !is_tracing() {
+        return (vec![None; addrs.len()], Vec::new());
+    }
+    let table = table();
+    let mut dense: HashMap<TracebackId, u32> = HashMap::new();
+    let mut ids = Vec::new();
+    let per_object: Vec<Option<u32>> = addrs
+        .iter()
+        .map(|&addr| {
+            let trace = table.get(Current::object_block(addr as *mut ffi::PyObject))?;
+            let next = ids.len() as u32;
+            Some(*dense.entry(trace.traceback).or_insert_with(|| {
+                ids.push(trace.traceback);
+                next
+            }))
+        })
+        .collect();
+    let stacks = resolve_stacks(py, &ids, false);
+    let mut sites: Vec<Site> = Vec::new();
+    let mut site_ids: HashMap<(u32, u32), u32> = HashMap::new();
+    let stack_site: Vec<Option<u32>> = with_resolver(|resolver| {
+        stacks
+            .iter()
+            .map(|((frames, _), _)| {
+                let &(filename, lineno) = frames.first()?;
+                Some(*site_ids.entry((filename, lineno)).or_insert_with(|| {
+                    sites.push((resolver.filename(filename).bytes.clone(), lineno));
+                    sites.len() as u32 - 1
+                }))
+            })
+            .collect()
+    })
+    .unwrap_or_default();
+    let per_object = per_object
+        .into_iter()
+        .map(|s| stack_site.get(s? as usize).copied().flatten())
+        .collect();
+    (per_object, sites)
 }

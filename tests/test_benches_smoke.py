@@ -63,7 +63,7 @@ def test_smoke_run_reports_every_part(pyperformance_path: str, tmp_path: Path) -
     assert "| part | case | nframe | tracemalloc | alloctrace |" in table
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
     parts = {line.split(" | ")[0].strip("| ") for line in rows}
-    assert parts == {"overhead", "hook", "memory", "snapshot"}
+    assert parts == {"overhead", "hook", "memory", "snapshot", "objects"}
     have_alloctrace = importlib.util.find_spec("alloctrace") is not None
     # Every benchmark in the smoke preset got a slowdown under tracemalloc at both depths,
     # and one more row for alloctrace's sampled mode when alloctrace is installed.

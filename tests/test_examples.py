@@ -90,3 +90,25 @@ def test_service_with_interval_then_offline_diff(tmp_path):
 
     cli = run(["-m", "alloctrace", "diff", first, last, "--include", "*service.py"], tmp_path)
     assert f"service.py:{session_line}: +" in cli.stdout.splitlines()[1]
+
+
+def test_why_leak_diff_then_why(tmp_path):
+    result = run([str(EXAMPLES / "why_leak.py"), "before.snap", "after.snap"], tmp_path)
+    assert result.stdout.strip() == "500 sessions, 21000 entries"
+    leak_line = line_of("why_leak.py", "session.history.append(bytes(200))")
+    diff = run(["-m", "alloctrace", "diff", "before.snap", "after.snap", "--limit", "1"], tmp_path)
+    assert f"why_leak.py:{leak_line}: +" in diff.stdout
+    why = run(
+        ["-m", "alloctrace", "why", "after.snap", "--line", f"why_leak.py:{leak_line}"], tmp_path
+    )
+    lines = why.stdout.splitlines()
+    assert lines[0].startswith(f"{EXAMPLES / 'why_leak.py'}:{leak_line}: 21,000 live objects")
+    if sys.version_info >= (3, 11):
+        # Attributes live in the object: the history lists are held by the sessions.
+        holder = "__main__.Session", line_of("why_leak.py", "= Session(client)")
+    else:
+        # Each session's __dict__, made by its first attribute assignment, holds them.
+        holder = "dict", line_of("why_leak.py", "self.client = client")
+    assert f"× {holder[0]} ({EXAMPLES / 'why_leak.py'}:{holder[1]})" in why.stdout
+    assert "  __main__._sessions → dict['client-" in why.stdout
+    assert "Session.__dict__['history'] → list[" in why.stdout

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import linecache  # noqa: F401  (tracemalloc exposes it; tests patch linecache.getline through it)
 
-from alloctrace import _native
+from alloctrace import _native, _retention
 from alloctrace._native import (
     SnapshotFormatError,
     clear_traces,
@@ -38,6 +38,15 @@ from alloctrace._native import (
 )
 from alloctrace._native import get_object_traceback as _get_object_traceback
 from alloctrace._native import get_traces as _get_traces
+from alloctrace._retention import (
+    Edge,
+    ReferrerPath,
+    Retention,
+    SiteRetention,
+    referrer_paths,
+    retained_size,
+    retention,
+)
 from alloctrace._snapshot import (
     BaseFilter,
     DomainFilter,
@@ -54,8 +63,12 @@ from alloctrace._snapshot import (
 __all__ = [
     "BaseFilter",
     "DomainFilter",
+    "Edge",
     "Filter",
     "Frame",
+    "ReferrerPath",
+    "Retention",
+    "SiteRetention",
     "Snapshot",
     "SnapshotFormatError",
     "Statistic",
@@ -75,7 +88,10 @@ __all__ = [
     "get_tracemalloc_memory",
     "is_enabled",
     "is_tracing",
+    "referrer_paths",
     "reset_peak",
+    "retained_size",
+    "retention",
     "set_traceback_limit",
     "start",
     "stop",
@@ -140,11 +156,33 @@ def get_object_traceback(obj):
     return Traceback(frames)
 
 
-def take_snapshot() -> Snapshot:
+def take_snapshot(
+    objects: bool = False, *, retention: int = 0, baseline=None, retention_limit: int = 3
+) -> Snapshot:
     """Take a snapshot of the traces of memory blocks allocated by Python.
+
+    With *objects* true, also record what each traced block is (its object kind: the
+    object's type, a buffer named after its owner's type such as ``'list (items)'``, or
+    ``'raw'``) by walking the live objects, so the snapshot can be grouped by ``'type'``
+    and ``'lineno+type'``. The walk's cost grows with the number of live objects.
+
+    With *retention* > 0, also explain why the objects of the *retention* largest
+    allocation sites (by the most recent frame, as ``statistics('lineno')`` groups them)
+    are alive, or of the sites that grew most since the snapshot *baseline* when given:
+    per site, what holds its objects (grouped by the holders' type and allocation site),
+    up to *retention_limit* sample reference chains and the retained size. Read them with
+    :meth:`Snapshot.referrer_paths`; they are saved by :meth:`Snapshot.dump`. This walks
+    the whole heap once more (about a second per million objects).
 
     Raises :exc:`RuntimeError` if the module is not tracing.
     """
+    for name, value in (("retention", retention), ("retention_limit", retention_limit)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, not {value}")
+    if baseline is not None and not isinstance(baseline, Snapshot):
+        raise TypeError(f"baseline must be a Snapshot, not {type(baseline).__name__}")
     if not is_tracing():
         raise RuntimeError(
             "the tracemalloc module must be tracing memory allocations to take a snapshot"
@@ -152,9 +190,17 @@ def take_snapshot() -> Snapshot:
     if _get_traces is _native.get_traces:
         # The fast path: traces go from the live table to the snapshot without ever
         # becoming Python tuples.
-        return Snapshot._from_data(_native.take_snapshot())
-    # `_get_traces` was replaced (as tracemalloc's own tests do): honour the replacement.
-    return Snapshot(_get_traces(), get_traceback_limit())
+        snapshot = Snapshot._from_data(_native.take_snapshot(bool(objects)))
+    else:
+        if objects:
+            raise RuntimeError(
+                "take_snapshot(objects=True) cannot be used with a replaced _get_traces"
+            )
+        # `_get_traces` was replaced (as tracemalloc's own tests do): honour the replacement.
+        snapshot = Snapshot(_get_traces(), get_traceback_limit())
+    if retention:
+        snapshot._retention = _retention._capture(snapshot, retention, baseline, retention_limit)
+    return snapshot
 
 
 # Trace-time filters, in the order they were added (the native side holds them compiled).

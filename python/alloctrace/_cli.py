@@ -25,7 +25,9 @@ from typing import Any, NoReturn
 from . import _report, _startup
 
 PROG = "alloctrace"
-KEY_TYPES = ("lineno", "filename", "traceback")
+KEY_TYPES = ("lineno", "filename", "traceback", "type", "lineno+type")
+#: Keys that group by object kind: they need snapshots taken with objects=True.
+KIND_KEYS = ("type", "lineno+type")
 DEFAULT_LIMIT = 10
 
 #: Status for bad usage (as argparse), and for an unreadable snapshot or other failure.
@@ -148,9 +150,18 @@ def _totals(snapshot) -> tuple[int, int]:
 
 
 def _check_key(args: argparse.Namespace) -> None:
-    if args.cumulative and args.key == "traceback":
+    if args.cumulative and (args.key == "traceback" or args.key in KIND_KEYS):
         raise CommandError(
-            "--cumulative works with --key lineno or filename, not traceback", USAGE_ERROR
+            f"--cumulative works with --key lineno or filename, not {args.key}", USAGE_ERROR
+        )
+
+
+def _check_objects(path: str, snapshot, args: argparse.Namespace) -> None:
+    """Object-kind keys need a snapshot that recorded kinds: say so, naming the file."""
+    if args.key in KIND_KEYS and not getattr(snapshot, "has_objects", False):
+        raise CommandError(
+            f"{path} has no object kinds, needed for --key {args.key}: take it with "
+            "take_snapshot(objects=True) or run the program with ALLOCTRACE_OBJECTS=1"
         )
 
 
@@ -238,6 +249,7 @@ def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[
 def _cmd_stats(args: argparse.Namespace) -> int:
     _check_key(args)
     snapshot = _load(args.file, args.allow_pickle)
+    _check_objects(args.file, snapshot, args)
     if args.json:
         _, described = _filters(args)
         snapshot, stats, total_size, total_count = _statistics(snapshot, args)
@@ -262,6 +274,8 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     _check_key(args)
     old = _load(args.old, args.allow_pickle)
     new = _load(args.new, args.allow_pickle)
+    _check_objects(args.old, old, args)
+    _check_objects(args.new, new, args)
     filters, described = _filters(args)
     if filters:
         old = old.filter_traces(filters)
@@ -326,6 +340,57 @@ def _write_json(document: dict[str, Any]) -> None:
     json.dump(document, sys.stdout, indent=2)
     sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+# --------------------------------------------------------------------------- why
+
+
+def _site_matches(report, filename: str, lineno: int) -> bool:
+    """Whether a report's site is FILE:LINE, FILE a full path or a trailing part of one."""
+    if report["lineno"] != lineno:
+        return False
+    name = report["filename"]
+    return name == filename or name.endswith("/" + filename.lstrip("/"))
+
+
+def _cmd_why(args: argparse.Namespace) -> int:
+    snapshot = _load(args.file, args.allow_pickle)
+    reports = snapshot.__dict__.get("_retention")
+    if reports is None:
+        raise CommandError(
+            f"{args.file} holds no retention reports: capture them with "
+            "alloctrace.take_snapshot(retention=N) before dump(), or run with "
+            "ALLOCTRACE_OBJECTS=1 for dumps at exit"
+        )
+    from alloctrace._retention import SiteRetention
+
+    if args.line is None:
+        chosen = list(reports)
+    else:
+        filename, sep, line = args.line.rpartition(":")
+        if not sep or not filename or not line.isdigit():
+            raise CommandError(
+                f"--line expects FILE:LINE (like app.py:42), not {args.line!r}", USAGE_ERROR
+            )
+        chosen = [r for r in reports if _site_matches(r, filename, int(line))]
+        if not chosen:
+            captured = ", ".join(f"{r['filename']}:{r['lineno']}" for r in reports) or "none"
+            raise CommandError(
+                f"{args.file} has no retention report for {args.line} (captured for: {captured})"
+            )
+    sites = [SiteRetention(r) for r in chosen]
+    for site in sites:
+        if args.limit is not None:
+            site.paths = site.paths[: args.limit]
+    if args.json:
+        _write_json({"file": args.file, "reports": [site._json() for site in sites]})
+    else:
+        text = "\n\n".join(str(site) for site in sites)
+        if not args.full_paths:
+            # As stats and diff do: files under the current directory, relative to it.
+            text = text.replace(os.getcwd().rstrip("/") + "/", "")
+        _write_lines(text.split("\n"))
+    return 0
 
 
 # --------------------------------------------------------------------------- export
@@ -694,7 +759,8 @@ def _add_report_options(parser: argparse.ArgumentParser, full: bool = True) -> N
             "--key",
             choices=KEY_TYPES,
             default="lineno",
-            help="group by line (default), file or whole traceback",
+            help="group by line (default), file, whole traceback, object kind (type) or line "
+            "and object kind (lineno+type; these two need snapshots taken with objects)",
         )
         parser.add_argument(
             "--cumulative",
@@ -761,6 +827,26 @@ def build_parser() -> _Parser:
     )
     flamegraph.add_argument("--title", help="title at the top of the picture")
     _add_export_options(flamegraph)
+
+    why = commands.add_parser(
+        "why", help="why the objects of a line are alive (retention report captured in a dump)"
+    )
+    why.add_argument("file", help="snapshot file with retention reports")
+    why.add_argument(
+        "--line",
+        metavar="FILE:LINE",
+        help="the allocation site (FILE may be the end of the path); default: every report",
+    )
+    why.add_argument(
+        "--limit", type=_positive_int, metavar="N", help="show at most N sample paths per site"
+    )
+    why.add_argument("--json", action="store_true", help="write the reports as JSON")
+    why.add_argument(
+        "--full-paths",
+        action="store_true",
+        help="show file names in full (default: relative to the current directory)",
+    )
+    _add_pickle_option(why)
     return parser
 
 
@@ -773,7 +859,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command is None:
             raise CommandError(
-                "a command is required: run, stats, top, diff, export or flamegraph", USAGE_ERROR
+                "a command is required: run, stats, top, diff, export, flamegraph or why",
+                USAGE_ERROR,
             )
         if args.command in ("stats", "top"):
             return _cmd_stats(args)
@@ -781,6 +868,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_export(args)
         if args.command == "flamegraph":
             return _cmd_flamegraph(args)
+        if args.command == "why":
+            return _cmd_why(args)
         return _cmd_diff(args)
     except CommandError as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")

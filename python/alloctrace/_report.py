@@ -17,8 +17,20 @@ from typing import Any, Callable
 #: Bumped only when a field of the JSON output changes meaning or disappears.
 JSON_VERSION = 1
 
-KEY_TITLES = {"lineno": "lines", "filename": "files", "traceback": "tracebacks"}
-KEY_SINGULAR = {"lineno": "line", "filename": "file", "traceback": "traceback"}
+KEY_TITLES = {
+    "lineno": "lines",
+    "filename": "files",
+    "traceback": "tracebacks",
+    "type": "object kinds",
+    "lineno+type": "lines and object kinds",
+}
+KEY_SINGULAR = {
+    "lineno": "line",
+    "filename": "file",
+    "traceback": "traceback",
+    "type": "object kind",
+    "lineno+type": "line and object kind",
+}
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _STDLIB_RE = re.compile(r"/lib/python3\.\d+/")
@@ -170,8 +182,19 @@ class Renderer:
         if text:
             lines.append(fit_head(indent + text, self.width))
 
-    def _entry(self, lines: list[str], rank: int, traceback, key_type: str, figures: str) -> None:
+    def _entry(
+        self, lines: list[str], rank: int, traceback, key_type: str, figures: str, kind=None
+    ) -> None:
         frames = _frames(traceback)
+        if key_type == "type" or (key_type == "lineno+type" and not frames):
+            lines.append(fit_head(f"#{rank}: {kind}: {figures}", self.width))
+            return
+        if key_type == "lineno+type":
+            frame = frames[-1]
+            location = self._location(frame, "lineno")
+            lines.append(_fit_location(f"#{rank}: ", location, f": {kind}: {figures}", self.width))
+            self._with_source(lines, frame, "    ")
+            return
         if key_type == "traceback":
             lines.append(fit_head(f"#{rank}: {figures}", self.width))
             for frame in frames:
@@ -204,7 +227,7 @@ class Renderer:
             figures = f"{format_size(stat.size)} in {_blocks(stat.count)}"
             if stat.count:
                 figures += f" (average {format_size(stat.size // stat.count)})"
-            self._entry(lines, rank, stat.traceback, key_type, figures)
+            self._entry(lines, rank, stat.traceback, key_type, figures, _kind(stat))
         rest = stats[len(shown) :]
         if rest:
             if cumulative:
@@ -238,7 +261,7 @@ class Renderer:
                 f"{format_size(stat.size_diff, True)} ({_blocks(stat.count_diff, True)}), "
                 f"now {format_size(stat.size)} in {_blocks(stat.count)}"
             )
-            self._entry(lines, rank, stat.traceback, key_type, figures)
+            self._entry(lines, rank, stat.traceback, key_type, figures, _kind(stat))
         rest = diffs[len(shown) :]
         if rest:
             if cumulative:
@@ -257,6 +280,18 @@ class Renderer:
             f"now {format_size(total['size'])} in {_blocks(total['count'])}"
         )
         return [fit_head(line, self.width) for line in lines]
+
+
+def _kind(stat) -> Any:
+    return getattr(stat, "kind", None)
+
+
+def _with_kind(entry: dict[str, Any], stat) -> dict[str, Any]:
+    """Adds ``kind`` to a JSON entry of an object-kind statistic (absent otherwise)."""
+    kind = _kind(stat)
+    if kind is not None:
+        entry["kind"] = kind
+    return entry
 
 
 def traceback_json(traceback) -> list[dict[str, Any]]:
@@ -299,7 +334,14 @@ def stats_json(
         "filters": filters,
         "total": {"size": total_size, "count": total_count},
         "stats": [
-            {"size": stat.size, "count": stat.count, "traceback": traceback_json(stat.traceback)}
+            _with_kind(
+                {
+                    "size": stat.size,
+                    "count": stat.count,
+                    "traceback": traceback_json(stat.traceback),
+                },
+                stat,
+            )
             for stat in shown
         ],
         "other": {
@@ -333,13 +375,16 @@ def diff_json(
         "filters": filters,
         "total": dict(total),
         "stats": [
-            {
-                "size": stat.size,
-                "size_diff": stat.size_diff,
-                "count": stat.count,
-                "count_diff": stat.count_diff,
-                "traceback": traceback_json(stat.traceback),
-            }
+            _with_kind(
+                {
+                    "size": stat.size,
+                    "size_diff": stat.size_diff,
+                    "count": stat.count,
+                    "count_diff": stat.count_diff,
+                    "traceback": traceback_json(stat.traceback),
+                },
+                stat,
+            )
             for stat in shown
         ],
         "other": {

@@ -341,54 +341,87 @@ def _is_native_filter(trace_filter):
 
 
 class Statistic:
-    """Memory allocated at one place (a traceback, a line or a file): total size and count."""
+    """Memory allocated at one place (a traceback, a line or a file): total size and count.
 
-    __slots__ = ("traceback", "size", "count")
+    For the object-kind keys (``'type'`` and ``'lineno+type'``), *kind* names what the
+    blocks are: an object's type (``'dict'``, ``'app.cache.User'``), a buffer named after
+    its owner's type (``'list (items)'``), or ``'raw'``. It is ``None`` for the other keys.
+    With ``'type'`` the traceback is empty (the blocks come from anywhere).
+    """
 
-    def __init__(self, traceback, size, count):
+    __slots__ = ("traceback", "size", "count", "kind")
+
+    def __init__(self, traceback, size, count, kind=None):
         self.traceback = traceback
         self.size = size
         self.count = count
+        self.kind = kind
 
     def __hash__(self):
-        return hash((self.traceback, self.size, self.count))
+        return hash((self.traceback, self.size, self.count, self.kind))
 
     def __eq__(self, other):
         if not isinstance(other, Statistic):
             return NotImplemented
-        return (self.traceback, self.size, self.count) == (
+        return (self.traceback, self.size, self.count, self.kind) == (
             other.traceback,
             other.size,
             other.count,
+            other.kind,
         )
 
     def __str__(self):
-        text = f"{self.traceback}: size={_format_size(self.size, False)}, count={self.count:d}"
+        text = f"{_place(self.traceback, self.kind)}: size={_format_size(self.size, False)}, "
+        text += f"count={self.count:d}"
         if self.count:
             text += f", average={_format_size(self.size / self.count, False)}"
         return text
 
     def __repr__(self):
-        return f"<Statistic traceback={self.traceback!r} size={self.size:d} count={self.count:d}>"
+        kind = "" if self.kind is None else f" kind={self.kind!r}"
+        return (
+            f"<Statistic traceback={self.traceback!r}{kind} size={self.size:d} "
+            f"count={self.count:d}>"
+        )
 
     def _sort_key(self):
         return (self.size, self.count, self.traceback)
 
 
+def _place(traceback, kind):
+    """What a statistic is about, for ``str()``: ``app.py:42``, ``app.py:42: dict``, ``dict``."""
+    if kind is None:
+        return str(traceback)
+    if len(traceback):
+        return f"{traceback}: {kind}"
+    return kind
+
+
 class StatisticDiff:
-    """How the memory allocated at one place changed between an old and a new snapshot."""
+    """How the memory allocated at one place changed between an old and a new snapshot.
 
-    __slots__ = ("traceback", "size", "size_diff", "count", "count_diff")
+    *kind* is set for the object-kind keys, as in :class:`Statistic`.
+    """
 
-    def __init__(self, traceback, size, size_diff, count, count_diff):
+    __slots__ = ("traceback", "size", "size_diff", "count", "count_diff", "kind")
+
+    def __init__(self, traceback, size, size_diff, count, count_diff, kind=None):
         self.traceback = traceback
         self.size = size
         self.size_diff = size_diff
         self.count = count
         self.count_diff = count_diff
+        self.kind = kind
 
     def _fields(self):
-        return (self.traceback, self.size, self.size_diff, self.count, self.count_diff)
+        return (
+            self.traceback,
+            self.size,
+            self.size_diff,
+            self.count,
+            self.count_diff,
+            self.kind,
+        )
 
     def __hash__(self):
         return hash(self._fields())
@@ -400,7 +433,7 @@ class StatisticDiff:
 
     def __str__(self):
         text = (
-            f"{self.traceback}: size={_format_size(self.size, False)} "
+            f"{_place(self.traceback, self.kind)}: size={_format_size(self.size, False)} "
             f"({_format_size(self.size_diff, True)}), "
             f"count={self.count:d} ({self.count_diff:+d})"
         )
@@ -409,8 +442,9 @@ class StatisticDiff:
         return text
 
     def __repr__(self):
+        kind = "" if self.kind is None else f" kind={self.kind!r}"
         return (
-            f"<StatisticDiff traceback={self.traceback!r} size={self.size:d} "
+            f"<StatisticDiff traceback={self.traceback!r}{kind} size={self.size:d} "
             f"({self.size_diff:+d}) count={self.count:d} ({self.count_diff:+d})>"
         )
 
@@ -425,7 +459,9 @@ class StatisticDiff:
 
 
 # Instance attributes that are the snapshot itself, not user attributes to dump.
-_INTERNAL_ATTRIBUTES = frozenset({"_data", "_traces_view"})
+_INTERNAL_ATTRIBUTES = frozenset({"_data", "_traces_view", "_retention"})
+# The name under which retention reports travel to and from the file format (section 11).
+_RETENTION_ATTR = "\0retention"
 _PICKLE_PROTOCOL_BYTES = {b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"}
 
 
@@ -433,6 +469,27 @@ def _path(filename):
     """*filename* as ``str``: ``bytes`` and path-like objects are accepted, as by ``open()``."""
     path = os.fspath(filename)
     return os.fsdecode(path) if isinstance(path, bytes) else path
+
+
+def _site_of(key):
+    """``(filename, lineno)`` of an allocation site named by a string, frame or traceback."""
+    if isinstance(key, (Statistic, StatisticDiff)):
+        key = key.traceback
+    if isinstance(key, Traceback):
+        if not len(key):
+            raise ValueError("the traceback has no frame to name an allocation site")
+        key = key[-1]
+    if isinstance(key, Frame):
+        return key.filename, key.lineno
+    if isinstance(key, str):
+        filename, sep, line = key.rpartition(":")
+        if not sep or not filename or not line.isdigit():
+            raise ValueError(f"expected 'file:line' naming an allocation site, got {key!r}")
+        return filename, int(line)
+    raise TypeError(
+        "an allocation site is named by a 'file:line' str, a Frame, a Traceback or a "
+        f"Statistic, not {type(key).__name__}"
+    )
 
 
 class Snapshot:
@@ -479,6 +536,12 @@ class Snapshot:
         return self._data.sample_interval
 
     @property
+    def has_objects(self):
+        """Whether the snapshot records object kinds (``take_snapshot(objects=True)``), so
+        that it can be grouped by ``'type'`` and ``'lineno+type'``."""
+        return self._data.has_objects
+
+    @property
     def metadata(self):
         """Where and when the snapshot was taken: a dict with ``python_version``,
         ``timestamp``, ``pid`` and ``argv`` (``None`` or ``[]`` where unknown)."""
@@ -502,7 +565,11 @@ class Snapshot:
 
         The file is replaced atomically: a failed dump leaves any previous file intact.
         """
-        self._data.dump(_path(filename), self._attributes())
+        attributes = self._attributes()
+        retention = self.__dict__.get("_retention")
+        if retention is not None:
+            attributes[_RETENTION_ATTR] = retention
+        self._data.dump(_path(filename), attributes)
 
     @staticmethod
     def load(filename, *, allow_pickle=False):
@@ -519,9 +586,42 @@ class Snapshot:
                 return _load_pickle(filename)
         data, attributes = SnapshotData.load(filename)
         snapshot = Snapshot._from_data(data)
+        retention = attributes.pop(_RETENTION_ATTR, None)
+        if retention is not None:
+            snapshot._retention = retention
         for name, value in attributes.items():
             setattr(snapshot, name, value)
         return snapshot
+
+    @property
+    def has_retention(self):
+        """Whether the snapshot holds retention reports (see :meth:`referrer_paths`)."""
+        return self.__dict__.get("_retention") is not None
+
+    def referrer_paths(self, key):
+        """The retention report captured for an allocation site, or ``None``.
+
+        *key* names the site: a ``'file:line'`` string, a :class:`Frame`, or a
+        :class:`Traceback` or :class:`Statistic`/:class:`StatisticDiff` (its most recent
+        frame). Returns an :class:`alloctrace.SiteRetention` (what holds the site's objects,
+        sample reference chains, retained size), or ``None`` when none was captured for that
+        site. Raises :exc:`ValueError` if the snapshot holds no retention reports at all:
+        take it with ``take_snapshot(retention=N)``, or dump at exit with
+        ``ALLOCTRACE_OBJECTS=1``.
+        """
+        from alloctrace._retention import SiteRetention
+
+        filename, lineno = _site_of(key)
+        reports = self.__dict__.get("_retention")
+        if reports is None:
+            raise ValueError(
+                "this snapshot holds no retention reports: take it with "
+                "alloctrace.take_snapshot(retention=N), or set ALLOCTRACE_OBJECTS=1 for dumps"
+            )
+        for report in reports:
+            if report["lineno"] == lineno and report["filename"] == filename:
+                return SiteRetention(report)
+        return None
 
     def _filter_trace(self, include_filters, exclude_filters, trace):
         if include_filters and not any(f._match(trace) for f in include_filters):
@@ -551,7 +651,12 @@ class Snapshot:
     def statistics(self, key_type, cumulative=False):
         """Statistics grouped by *key_type* (``'traceback'``, ``'lineno'`` or
         ``'filename'``), largest first. *cumulative* counts every frame of a traceback,
-        not only the most recent one."""
+        not only the most recent one.
+
+        Snapshots taken with ``take_snapshot(objects=True)`` also group by object kind:
+        ``'type'`` (what the blocks are, wherever allocated) and ``'lineno+type'`` (per
+        line and kind); each :class:`Statistic` then has its ``kind`` set. Those keys raise
+        :exc:`ValueError` on a snapshot without object kinds, and with *cumulative*."""
         return _statistics(self._data.statistics(key_type, bool(cumulative)))
 
     def compare_to(self, old_snapshot, key_type, cumulative=False):
@@ -560,6 +665,7 @@ class Snapshot:
 
         Either snapshot may be sampled: each side then contributes its estimates (exact
         figures for an exact one), so the differences estimate the true change.
+        The object-kind keys need both snapshots taken with ``objects=True``.
         """
         old = old_snapshot._data if isinstance(old_snapshot, Snapshot) else None
         if old is None:
@@ -626,11 +732,12 @@ def _traceback_of(frames):
 def _statistics(rows):
     out = []
     append = out.append
-    for frames, size, count in rows:
+    for row in rows:
         stat = _new(Statistic)
-        stat.traceback = _traceback_of(frames)
-        stat.size = size
-        stat.count = count
+        stat.traceback = _traceback_of(row[0])
+        stat.size = row[1]
+        stat.count = row[2]
+        stat.kind = row[3] if len(row) > 3 else None
         append(stat)
     return out
 
@@ -638,13 +745,14 @@ def _statistics(rows):
 def _statistic_diffs(rows):
     out = []
     append = out.append
-    for frames, size, size_diff, count, count_diff in rows:
+    for row in rows:
         diff = _new(StatisticDiff)
-        diff.traceback = _traceback_of(frames)
-        diff.size = size
-        diff.size_diff = size_diff
-        diff.count = count
-        diff.count_diff = count_diff
+        diff.traceback = _traceback_of(row[0])
+        diff.size = row[1]
+        diff.size_diff = row[2]
+        diff.count = row[3]
+        diff.count_diff = row[4]
+        diff.kind = row[5] if len(row) > 5 else None
         append(diff)
     return out
 

@@ -6,6 +6,7 @@ from typing import Any, Optional, Union, overload
 
 from alloctrace._native import SnapshotData
 from alloctrace._native import SnapshotFormatError as SnapshotFormatError
+from alloctrace._retention import SiteRetention
 
 _RawFrame = tuple[str, int]
 _RawTrace = Union[
@@ -71,7 +72,10 @@ class Statistic:
     traceback: Traceback
     size: int
     count: int
-    def __init__(self, traceback: Traceback, size: int, count: int) -> None: ...
+    kind: Optional[str]
+    def __init__(
+        self, traceback: Traceback, size: int, count: int, kind: Optional[str] = None
+    ) -> None: ...
 
 class StatisticDiff:
     traceback: Traceback
@@ -79,8 +83,15 @@ class StatisticDiff:
     size_diff: int
     count: int
     count_diff: int
+    kind: Optional[str]
     def __init__(
-        self, traceback: Traceback, size: int, size_diff: int, count: int, count_diff: int
+        self,
+        traceback: Traceback,
+        size: int,
+        size_diff: int,
+        count: int,
+        count_diff: int,
+        kind: Optional[str] = None,
     ) -> None: ...
 
 class BaseFilter:
@@ -128,8 +139,15 @@ class Snapshot:
     @property
     def sample_interval(self) -> Optional[int]: ...
     @property
+    def has_objects(self) -> bool: ...
+    @property
     def metadata(self) -> dict[str, Any]: ...
     def dump(self, filename: _Path) -> None: ...
+    @property
+    def has_retention(self) -> bool: ...
+    def referrer_paths(
+        self, key: Union[str, Frame, Traceback, Statistic, StatisticDiff]
+    ) -> Optional[SiteRetention]: ...
     @staticmethod
     def load(filename: _Path, *, allow_pickle: bool = False) -> Snapshot: ...
     def filter_traces(self, filters: Sequence[BaseFilter]) -> Snapshot: ...

@@ -22,6 +22,12 @@ set; otherwise this module is never imported and costs nothing.
 ``ALLOCTRACE_SAMPLE_SEED=N``
     Seed the sampler (an integer from 0 to 2**64-1) so that a run samples the same
     allocations every time; only with ``ALLOCTRACE_SAMPLE_INTERVAL``.
+``ALLOCTRACE_OBJECTS=1``
+    With ``ALLOCTRACE_DUMP``, the snapshots also record object kinds (as
+    ``take_snapshot(objects=True)``), for ``alloctrace stats --key type``, and retention
+    reports for ``alloctrace why``: for the top sites by size in the first snapshot a process
+    writes, then for the sites that grew most since its previous one (as
+    ``take_snapshot(retention=RETENTION_SITES, baseline=previous)``). ``0`` or empty: off.
 
 A configuration error stops the interpreter with one line on stderr: running the program
 untraced when the user asked for tracing would waste the run. A failure to *write* a snapshot is
@@ -43,6 +49,9 @@ ENV_DUMP = "ALLOCTRACE_DUMP"
 ENV_INTERVAL = "ALLOCTRACE_INTERVAL"
 ENV_SAMPLE_INTERVAL = "ALLOCTRACE_SAMPLE_INTERVAL"
 ENV_SAMPLE_SEED = "ALLOCTRACE_SAMPLE_SEED"
+ENV_OBJECTS = "ALLOCTRACE_OBJECTS"
+#: Sites that get a retention report in each dump written with ``ALLOCTRACE_OBJECTS=1``.
+RETENTION_SITES = 5
 XOPTION = "alloctrace"
 
 #: Exit status when the start-up configuration is invalid (the usual "bad usage" status).
@@ -76,7 +85,7 @@ class ConfigError(ValueError):
 class Config:
     """The start-up settings read from the environment and ``-X`` options."""
 
-    __slots__ = ("nframe", "dump", "interval", "sample_interval", "sample_seed")
+    __slots__ = ("nframe", "dump", "interval", "sample_interval", "sample_seed", "objects")
 
     def __init__(
         self,
@@ -85,18 +94,29 @@ class Config:
         interval: float | None = None,
         sample_interval: int | None = None,
         sample_seed: int | None = None,
+        objects: bool = False,
     ):
         self.nframe = nframe
         self.dump = dump
         self.interval = interval
         self.sample_interval = sample_interval
         self.sample_seed = sample_seed
+        self.objects = objects
 
     def __repr__(self) -> str:
         return (
             f"Config(nframe={self.nframe!r}, dump={self.dump!r}, interval={self.interval!r}, "
-            f"sample_interval={self.sample_interval!r}, sample_seed={self.sample_seed!r})"
+            f"sample_interval={self.sample_interval!r}, sample_seed={self.sample_seed!r}, "
+            f"objects={self.objects!r})"
         )
+
+
+def parse_objects(value: str) -> bool:
+    """Parse ``ALLOCTRACE_OBJECTS``: ``1`` (record object kinds) or ``0`` (do not)."""
+    text = value.strip()
+    if text not in ("0", "1"):
+        raise ConfigError(f"{ENV_OBJECTS}={value!r} is invalid: expected 1 (on) or 0 (off)")
+    return text == "1"
 
 
 def parse_nframe(value: str, source: str) -> int:
@@ -256,12 +276,21 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
                 f"{ENV_SAMPLE_SEED} is set but {ENV_SAMPLE_INTERVAL} is not: the seed only "
                 "applies to sampled tracing"
             )
+    objects = False
+    env_objects = environ.get(ENV_OBJECTS, "")
+    if env_objects:
+        objects = parse_objects(env_objects)
+        if objects and dump is None:
+            raise ConfigError(
+                f"{ENV_OBJECTS} is set but {ENV_DUMP} is not: object kinds are recorded in "
+                "the dumped snapshots"
+            )
     if nframe is None:
         nframe = 1 if dump is not None or sample_interval is not None else 0
     if nframe == 0:
         # Tracing explicitly off: there is nothing to dump either.
         return Config(0)
-    return Config(nframe, dump, interval, sample_interval or None, sample_seed)
+    return Config(nframe, dump, interval, sample_interval or None, sample_seed, objects)
 
 
 def _warn(message: str) -> None:
@@ -280,7 +309,7 @@ class Dumper:
     fork), and its own snapshot files when the path has ``{pid}``.
     """
 
-    def __init__(self, template: str, interval: float | None):
+    def __init__(self, template: str, interval: float | None, objects: bool = False):
         import atexit
         import signal
         import threading
@@ -291,6 +320,9 @@ class Dumper:
         # Relative to where the program started, even if it changes directory later.
         self.template = os.path.abspath(template)
         self.interval = interval
+        self.objects = objects
+        # The last snapshot written with objects: the next one reports what grew since.
+        self._previous = None
         # Re-entrant: the SIGTERM handler may interrupt the main thread inside dump_at_exit.
         self._lock = threading.RLock()
         self._count = 0
@@ -352,13 +384,21 @@ class Dumper:
             if not alloctrace.is_tracing():
                 _warn(f"no snapshot written to {path}: tracing was stopped by the program")
                 return
-            alloctrace.take_snapshot().dump(path)
+            if not self.objects:
+                alloctrace.take_snapshot().dump(path)
+                return
+            snapshot = alloctrace.take_snapshot(
+                objects=True, retention=RETENTION_SITES, baseline=self._previous
+            )
+            snapshot.dump(path)
+            self._previous = snapshot
         except BaseException as exc:
             # Never let a failed dump change how the program ends.
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             _warn(f"cannot write snapshot to {path}: {reason}")
 
     def _after_fork_in_child(self) -> None:
+        self._previous = None
         self._lock = self._threading.RLock()
         self._stop = self._threading.Event()
         self._count = 0
@@ -403,7 +443,9 @@ def install() -> None:
         return
     # Everything the dumps need is imported and set up before tracing starts, so that our own
     # imports (threading, signal...) do not show up in the program's snapshots.
-    dumper = Dumper(config.dump, config.interval) if config.dump is not None else None
+    dumper = (
+        Dumper(config.dump, config.interval, config.objects) if config.dump is not None else None
+    )
     try:
         alloctrace.start(
             config.nframe,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use globset::{GlobBuilder, GlobMatcher};
 use parking_lot::Mutex;
 
-use crate::analysis::snapshot::{Snapshot, SnapshotBuilder};
+use crate::analysis::snapshot::{Kinds, Snapshot, SnapshotBuilder};
 use crate::error::{Error, Result};
 
 /// One filter, as `tracemalloc.Filter` / `tracemalloc.DomainFilter` describe it.
@@ -629,16 +629,34 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
         traceback_limit: snapshot.traceback_limit,
         metadata: snapshot.metadata.clone(),
         sample_interval: snapshot.sample_interval,
+        kinds: None,
     };
-    out.traces = snapshot
+    let keep: Vec<bool> = snapshot
         .traces
         .iter()
-        .filter(|tr| {
+        .map(|tr| {
             let base = tr.traceback as usize * nf;
             set.keep_with(tr.domain, |i| tb_hit[base + i])
         })
-        .copied()
         .collect();
+    out.traces = snapshot
+        .traces
+        .iter()
+        .zip(&keep)
+        .filter(|&(_, &k)| k)
+        .map(|(tr, _)| *tr)
+        .collect();
+    // Object kinds stay aligned with the traces kept.
+    out.kinds = snapshot.kinds.as_ref().map(|kinds| Kinds {
+        names: kinds.names.clone(),
+        of_trace: kinds
+            .of_trace
+            .iter()
+            .zip(&keep)
+            .filter(|&(_, &k)| k)
+            .map(|(&id, _)| id)
+            .collect(),
+    });
     compact(out)
 }
 
@@ -689,6 +707,7 @@ pub fn compact(snapshot: Snapshot) -> Snapshot {
     }
     b.metadata(snapshot.metadata);
     b.sample_interval(snapshot.sample_interval);
+    b.kinds(snapshot.kinds);
     b.finish()
 }
 

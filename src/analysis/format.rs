@@ -12,8 +12,11 @@
 //! ```
 //!
 //! Sections: 1 metadata (bincode + serde), 2 filenames, 3 frames, 4 tracebacks, 5 traces,
-//! 6 user attributes, 9 sampling interval (below), 7 functions per traceback frame (optional: absent in files written before function
-//! names were recorded, which load with every function unknown). Tables are written once and referenced by index; integers inside the
+//! 6 user attributes, 7 functions per traceback frame (optional: absent in files written before function
+//! names were recorded, which load with every function unknown), 9 sampling interval (below), 10 object kinds (optional:
+//! the kind-name table, then one kind id per trace, in trace order; written only for
+//! snapshots taken with `objects=True`), 11 retention reports (optional: see
+//! [`check_retention`]). Tables are written once and referenced by index; integers inside the
 //! tables are unsigned LEB128, and traces are stored by column (run-length domains, sizes,
 //! traceback ids) because that is what makes a 1M-trace dump a few MB.
 //!
@@ -45,7 +48,7 @@ use serde::{Deserialize, Serialize};
 use crate::analysis::filter::is_surrogatepass_utf8;
 use crate::analysis::sampling::MAX_INTERVAL;
 use crate::analysis::snapshot::{
-    Frame, Function, FunctionId, Metadata, Snapshot, Trace, Traceback,
+    Frame, Function, FunctionId, Kinds, Metadata, Snapshot, Trace, Traceback,
 };
 use crate::error::{Error, Result};
 
@@ -67,6 +70,13 @@ const TAG_TRACES: u32 = 5;
 const TAG_ATTRS: u32 = 6;
 const TAG_FUNCTIONS: u32 = 7;
 const TAG_SAMPLING: u32 = 9;
+/// Object kinds per trace (optional; see [`decode_kinds`]).
+const TAG_KINDS: u32 = 10;
+const TAG_RETENTION: u32 = 11;
+/// The name under which section 11 (retention reports) travels with the user attributes
+/// between this module and Python: a name no attribute set with `snapshot.name = ...` can
+/// collide with by accident, kept out of section 6 and written to its own section instead.
+pub const RETENTION_ATTR: &[u8] = b"\0retention";
 const HEADER_LEN: usize = 12;
 const SECTION_HEADER_LEN: usize = 12;
 /// Deepest nesting of list/tuple/dict attribute values accepted, when storing and loading.
@@ -328,10 +338,30 @@ pub fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Vec<u8> {
         section(&mut out, TAG_SAMPLING, &buf);
     }
 
-    if !attrs.is_empty() {
+    if let Some(kinds) = &snapshot.kinds {
         buf.clear();
-        put_uleb(&mut buf, attrs.len() as u64);
-        for (name, v) in attrs {
+        put_uleb(&mut buf, kinds.names.len() as u64);
+        for name in &kinds.names {
+            put_bytes(&mut buf, name);
+        }
+        put_uleb(&mut buf, kinds.of_trace.len() as u64);
+        for &id in &kinds.of_trace {
+            put_uleb(&mut buf, id as u64);
+        }
+        section(&mut out, TAG_KINDS, &buf);
+    }
+
+    if let Some((_, v)) = attrs.iter().find(|(name, _)| name == RETENTION_ATTR) {
+        buf.clear();
+        put_attr(&mut buf, v);
+        section(&mut out, TAG_RETENTION, &buf);
+    }
+
+    let user_attrs = || attrs.iter().filter(|(name, _)| name != RETENTION_ATTR);
+    if user_attrs().next().is_some() {
+        buf.clear();
+        put_uleb(&mut buf, user_attrs().count() as u64);
+        for (name, v) in user_attrs() {
             put_bytes(&mut buf, name);
             put_attr(&mut buf, v);
         }
@@ -760,6 +790,11 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         None => None,
     };
 
+    let kinds = match sections.iter().find(|&&(t, _)| t == TAG_KINDS) {
+        Some(&(_, payload)) => Some(decode_kinds(payload, traces.len())?),
+        None => None,
+    };
+
     let mut attrs = Vec::new();
     if let Some(&(_, payload)) = sections.iter().find(|&&(t, _)| t == TAG_ATTRS) {
         let mut r = Reader::new(payload, "attributes");
@@ -769,9 +804,19 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
             if !is_surrogatepass_utf8(name) {
                 return Err("an attribute name is not valid UTF-8".into());
             }
+            if name == RETENTION_ATTR {
+                return Err("an attribute uses the name reserved for retention reports".into());
+            }
             attrs.push((name.to_vec(), read_attr(&mut r, 0)?));
         }
         r.finish()?;
+    }
+    if let Some(&(_, payload)) = sections.iter().find(|&&(t, _)| t == TAG_RETENTION) {
+        let mut r = Reader::new(payload, "retention reports");
+        let value = read_attr(&mut r, 0)?;
+        r.finish()?;
+        check_retention(&value)?;
+        attrs.push((RETENTION_ATTR.to_vec(), value));
     }
 
     let snapshot = Snapshot {
@@ -789,8 +834,86 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
             argv: meta.argv,
         },
         sample_interval,
+        kinds,
     };
     Ok((snapshot, attrs))
+}
+
+/// Checks the shape of section 11: a list of reports, one per allocation site, each a dict
+/// with exactly the keys `filename` (str), `lineno`, `count`, `unreachable`, `size`,
+/// `retained` (non-negative ints), `paths` and `pattern` (lists of str: sample reference chains and the
+/// referrer pattern, rendered when captured, because naming edges needs the live objects).
+pub fn check_retention(value: &AttrValue) -> std::result::Result<(), Reason> {
+    const INTS: [&[u8]; 5] = [b"lineno", b"count", b"unreachable", b"size", b"retained"];
+    let AttrValue::List(reports) = value else {
+        return Err("retention section is not a list of reports".into());
+    };
+    for (i, report) in reports.iter().enumerate() {
+        let AttrValue::Dict(fields) = report else {
+            return Err(format!("retention report {i} is not a dict"));
+        };
+        let mut seen: Vec<&[u8]> = Vec::new();
+        for (key, v) in fields {
+            let name = String::from_utf8_lossy(key);
+            if seen.contains(&key.as_slice()) {
+                return Err(format!("retention report {i} repeats field {name:?}"));
+            }
+            seen.push(key);
+            let ok = match (key.as_slice(), v) {
+                (b"filename", AttrValue::Str(_)) => true,
+                (b"paths" | b"pattern", AttrValue::List(items)) => {
+                    items.iter().all(|s| matches!(s, AttrValue::Str(_)))
+                }
+                (k, AttrValue::Int(n)) => *n >= 0 && INTS.contains(&k),
+                _ => false,
+            };
+            if !ok {
+                return Err(format!(
+                    "retention report {i} has an unknown field {name:?} or one of the wrong type"
+                ));
+            }
+        }
+        if seen.len() != 8 {
+            return Err(format!(
+                "retention report {i} has {} fields, not the 8 expected",
+                seen.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Section 10: the kind names, then one kind id per trace (exactly as many as traces).
+fn decode_kinds(payload: &[u8], ntraces: usize) -> std::result::Result<Kinds, Reason> {
+    let mut r = Reader::new(payload, "object kinds");
+    let n = r.count(1, "kind names")?;
+    let mut names = Vec::with_capacity(n);
+    for _ in 0..n {
+        let name = r.bytes("kind name")?;
+        if !is_surrogatepass_utf8(name) {
+            return Err("a kind name is not valid UTF-8".into());
+        }
+        names.push(Box::from(name));
+    }
+    let count = r.count(1, "kinds")?;
+    if count != ntraces {
+        return Err(format!(
+            "the object kinds section has {count} entries for {ntraces} traces"
+        ));
+    }
+    let mut of_trace = Vec::with_capacity(count);
+    for i in 0..count {
+        let id = r.u32("kind id")?;
+        if id as usize >= names.len() {
+            return Err(format!(
+                "trace {i} has kind {id}, but there are only {} kind names",
+                names.len()
+            ));
+        }
+        of_trace.push(id);
+    }
+    r.finish()?;
+    Ok(Kinds { names, of_trace })
 }
 
 type Functions = (Vec<Function>, Vec<Box<[Option<FunctionId>]>>);
@@ -975,6 +1098,60 @@ mod tests {
             ),
         ];
         (b.finish(), attrs)
+    }
+
+    fn with_kinds() -> Snapshot {
+        let (mut s, _) = sample();
+        s.kinds = Some(Kinds {
+            names: vec![b"dict".to_vec().into(), b"list (items)".to_vec().into()],
+            of_trace: vec![1, 0, 1],
+        });
+        s
+    }
+
+    #[test]
+    fn kinds_round_trip_and_old_files_load_without_them() {
+        let s = with_kinds();
+        let data = encode(&s, &vec![]);
+        assert_eq!(decode(&data).unwrap().0, s);
+        let (old, _) = decode(&without_section(&data, TAG_KINDS)).unwrap();
+        assert_eq!(old.kinds, None);
+        assert_eq!(
+            old,
+            Snapshot {
+                kinds: None,
+                ..s.clone()
+            }
+        );
+        // Without kinds, no section is written: files stay what they were.
+        let plain = Snapshot { kinds: None, ..s };
+        assert_eq!(encode(&plain, &vec![]), without_section(&data, TAG_KINDS));
+    }
+
+    #[test]
+    fn hostile_kinds_sections_are_errors() {
+        let data = encode(&with_kinds(), &vec![]);
+        let at = section_payload_offset(&data, TAG_KINDS);
+        // Payload: 2 names (1 + 4 "dict", 1 + 12 "list (items)"), count 3, ids 1 0 1.
+        let ids_at = at + 1 + 5 + 13 + 1;
+        let mut bad_id = data.clone();
+        bad_id[ids_at + 1] = 2;
+        let e = decode(&reseal(bad_id)).unwrap_err();
+        assert!(e.contains("trace 1 has kind 2"), "{e}");
+        let mut bad_count = data.clone();
+        bad_count[ids_at - 1] = 2;
+        let e = decode(&reseal(bad_count)).unwrap_err();
+        assert!(
+            e.contains("2 entries for 3 traces") || e.contains("object kinds"),
+            "{e}"
+        );
+        let mut bad_name = data.clone();
+        bad_name[at + 2] = 0xff;
+        let e = decode(&reseal(bad_name)).unwrap_err();
+        assert!(e.contains("kind name is not valid UTF-8"), "{e}");
+        for n in 0..data.len() {
+            assert!(decode(&data[..n]).is_err(), "truncated at {n}");
+        }
     }
 
     #[test]
@@ -1266,5 +1443,99 @@ mod tests {
         let left: Vec<_> = fs::read_dir(&dir).unwrap().collect();
         assert_eq!(left.len(), 1);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn report(filename: &[u8], lineno: i64) -> AttrValue {
+        let strs = |items: &[&str]| {
+            AttrValue::List(
+                items
+                    .iter()
+                    .map(|s| AttrValue::Str(s.as_bytes().to_vec()))
+                    .collect(),
+            )
+        };
+        AttrValue::Dict(vec![
+            (b"filename".to_vec(), AttrValue::Str(filename.to_vec())),
+            (b"lineno".to_vec(), AttrValue::Int(lineno)),
+            (b"count".to_vec(), AttrValue::Int(3)),
+            (b"unreachable".to_vec(), AttrValue::Int(0)),
+            (b"size".to_vec(), AttrValue::Int(300)),
+            (b"retained".to_vec(), AttrValue::Int(900)),
+            (b"paths".to_vec(), strs(&["module app → app.cache", "x"])),
+            (b"pattern".to_vec(), strs(&["3 × list ← 3 × dict"])),
+        ])
+    }
+
+    fn with_retention(value: AttrValue) -> (Snapshot, Attributes) {
+        let (s, mut attrs) = sample();
+        attrs.push((RETENTION_ATTR.to_vec(), value));
+        (s, attrs)
+    }
+
+    #[test]
+    fn retention_section_round_trips_and_truncations_fail() {
+        let (s, attrs) = with_retention(AttrValue::List(vec![
+            report(b"a.py", 2),
+            report(b"b.py", 0),
+        ]));
+        let data = encode(&s, &attrs);
+        assert_ne!(section_payload_offset(&data, TAG_RETENTION), 0);
+        let (s2, attrs2) = decode(&data).unwrap();
+        assert_eq!(s2, s);
+        assert_eq!(attrs2, attrs);
+        for len in 0..data.len() {
+            assert!(
+                decode(&data[..len]).is_err(),
+                "prefix of {len} bytes accepted"
+            );
+        }
+        // A file without the section (as every file before it) has no retention attribute.
+        let (s, attrs) = sample();
+        let (_, plain) = decode(&encode(&s, &attrs)).unwrap();
+        assert!(plain.iter().all(|(name, _)| name != RETENTION_ATTR));
+    }
+
+    #[test]
+    fn retention_section_shapes_are_checked() {
+        let mut missing = report(b"a.py", 1);
+        if let AttrValue::Dict(fields) = &mut missing {
+            fields.pop();
+        }
+        let mut repeated = report(b"a.py", 1);
+        if let AttrValue::Dict(fields) = &mut repeated {
+            fields[7] = (b"lineno".to_vec(), AttrValue::Int(1));
+        }
+        let mut non_str_path = report(b"a.py", 1);
+        if let AttrValue::Dict(fields) = &mut non_str_path {
+            fields[6].1 = AttrValue::List(vec![AttrValue::Int(1)]);
+        }
+        let cases: &[(AttrValue, &str)] = &[
+            (AttrValue::Int(1), "not a list"),
+            (
+                AttrValue::List(vec![AttrValue::None]),
+                "report 0 is not a dict",
+            ),
+            (AttrValue::List(vec![report(b"a.py", -1)]), "wrong type"),
+            (
+                AttrValue::List(vec![report(b"a.py", 1), missing]),
+                "report 1 has 7 fields",
+            ),
+            (AttrValue::List(vec![repeated]), "repeats field"),
+            (AttrValue::List(vec![non_str_path]), "wrong type"),
+        ];
+        for (value, want) in cases {
+            let err = check_retention(value).unwrap_err();
+            assert!(err.contains(want), "{err:?} lacks {want:?}");
+            let (s, attrs) = with_retention(value.clone());
+            let err = decode(&encode(&s, &attrs)).unwrap_err();
+            assert!(err.contains(want), "decode: {err:?} lacks {want:?}");
+        }
+        // The reserved name may not come in through the user attributes section.
+        let s = SnapshotBuilder::new(1).finish();
+        let mut data = encode(&s, &vec![(b"Xretention".to_vec(), AttrValue::None)]);
+        let at = section_payload_offset(&data, TAG_ATTRS) + 2;
+        assert_eq!(data[at], b'X');
+        data[at] = 0;
+        assert!(decode(&reseal(data)).unwrap_err().contains("reserved"));
     }
 }

@@ -97,7 +97,23 @@ pub struct Snapshot {
     /// hold only the sampled blocks, and every total is an estimate (see
     /// [`crate::analysis::sampling`]). `None` for an exact snapshot.
     pub sample_interval: Option<u64>,
+    /// What each traced block is (`take_snapshot(objects=True)`); `None` when not captured.
+    pub kinds: Option<Kinds>,
 }
+
+/// Object kinds: per trace, an index into a table of kind names. A kind is an object's type
+/// (`module.QualName`, builtins bare: `dict`, `app.cache.User`), a buffer named after its
+/// owner's type (`list (items)`, `dict (keys)`), or [`RAW_KIND`] for a block the heap walk
+/// could not attribute. Names are surrogatepass UTF-8, each once.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Kinds {
+    pub names: Vec<Box<[u8]>>,
+    /// One entry per trace, in trace order: `names[of_trace[i]]` is trace `i`'s kind.
+    pub of_trace: Vec<u32>,
+}
+
+/// The kind of a traced block that is neither an object nor a buffer the walk attributed.
+pub const RAW_KIND: &[u8] = b"raw";
 
 impl Snapshot {
     pub fn frame_filename(&self, frame: FrameId) -> &[u8] {
@@ -218,6 +234,11 @@ impl SnapshotBuilder {
     /// Marks the snapshot as sampled at `interval` bytes (`None`: exact).
     pub fn sample_interval(&mut self, interval: Option<u64>) {
         self.snapshot.sample_interval = interval;
+    }
+
+    /// Sets the object kinds; `of_trace` must line up with the traces added.
+    pub fn kinds(&mut self, kinds: Option<Kinds>) {
+        self.snapshot.kinds = kinds;
     }
 
     pub fn finish(mut self) -> Snapshot {

@@ -1,5 +1,7 @@
 //! `Snapshot.statistics` and `Snapshot.compare_to`: grouping by traceback, line or file
-//! (optionally cumulative), diffing two snapshots, and sorting exactly as `tracemalloc` sorts.
+//! (optionally cumulative), or by object kind alone or per line (`'type'`, `'lineno+type'`,
+//! snapshots taken with `objects=True`), diffing two snapshots, and sorting exactly as
+//! `tracemalloc` sorts.
 //!
 //! A sampled snapshot's rows are estimates: each trace counts with its sampling weight
 //! ([`crate::analysis::sampling`]), and counts are rounded per row. Comparing a sampled
@@ -24,15 +26,39 @@ pub enum KeyType {
     Traceback,
     Lineno,
     Filename,
+    /// Object kind (`'type'`): what the blocks are, wherever they were allocated.
+    Type,
+    /// Most recent line and object kind (`'lineno+type'`).
+    LinenoType,
 }
 
+/// The error for kind keys on a snapshot without object kinds.
+pub const NO_KINDS: &str = "this snapshot has no object kinds: take the snapshot with \
+     take_snapshot(objects=True) (or run with ALLOCTRACE_OBJECTS=1) to group by 'type' or \
+     'lineno+type'";
+
 impl KeyType {
+    /// Whether the key groups by object kind (and so needs a snapshot with kinds).
+    pub fn uses_kinds(self) -> bool {
+        matches!(self, KeyType::Type | KeyType::LinenoType)
+    }
+
+    /// Checks that `snapshot` has what grouping by this key needs.
+    pub fn check(self, snapshot: &Snapshot) -> Result<()> {
+        if self.uses_kinds() && snapshot.kinds.is_none() {
+            return Err(Error::InvalidArgument(NO_KINDS.into()));
+        }
+        Ok(())
+    }
+
     /// Parses `key_type` and checks it against `cumulative` with `tracemalloc`'s messages.
     pub fn parse(key_type: &str, cumulative: bool) -> Result<Self> {
         let key = match key_type {
             "traceback" => KeyType::Traceback,
             "lineno" => KeyType::Lineno,
             "filename" => KeyType::Filename,
+            "type" => KeyType::Type,
+            "lineno+type" => KeyType::LinenoType,
             other => {
                 return Err(Error::InvalidArgument(format!(
                     "unknown key_type: {}",
@@ -40,7 +66,14 @@ impl KeyType {
                 )));
             }
         };
-        if cumulative && key == KeyType::Traceback {
+        // Cumulative kinds have no single obvious meaning (a block has one kind but many
+        // frames), so they are refused rather than guessed.
+        if cumulative
+            && matches!(
+                key,
+                KeyType::Traceback | KeyType::Type | KeyType::LinenoType
+            )
+        {
             return Err(Error::InvalidArgument(format!(
                 "cumulative mode cannot by used with key type {}",
                 py_repr_str(key_type)
@@ -71,6 +104,19 @@ pub enum GroupKey {
     Filename(FilenameId),
     /// The key of an empty traceback: no frames.
     Empty,
+    /// An object kind (index into the snapshot's kind names), no frames.
+    Kind(u32),
+    /// A most recent frame (`None`: empty traceback) and an object kind.
+    LineKind(Option<FrameId>, u32),
+}
+
+/// The kind name a key groups by, if it groups by kind.
+pub fn key_kind(snapshot: &Snapshot, key: GroupKey) -> Option<&[u8]> {
+    let id = match key {
+        GroupKey::Kind(k) | GroupKey::LineKind(_, k) => k,
+        _ => return None,
+    };
+    Some(&snapshot.kinds.as_ref()?.names[id as usize])
 }
 
 /// A key's frames, most recent first, resolved to `(filename bytes, lineno)`.
@@ -85,7 +131,8 @@ pub fn key_frames(snapshot: &Snapshot, key: GroupKey) -> KeyFrames<'_> {
         }
         GroupKey::Frame(f) => KeyFrames::One(Some(one(f))),
         GroupKey::Filename(n) => KeyFrames::One(Some((&snapshot.filenames[n as usize][..], 0))),
-        GroupKey::Empty => KeyFrames::One(None),
+        GroupKey::Empty | GroupKey::Kind(_) | GroupKey::LineKind(None, _) => KeyFrames::One(None),
+        GroupKey::LineKind(Some(f), _) => KeyFrames::One(Some(one(f))),
     }
 }
 
@@ -127,9 +174,13 @@ impl DoubleEndedIterator for KeyFrames<'_> {
 enum Content<'a> {
     One(&'a [u8], u32),
     Many(Vec<(&'a [u8], u32)>),
+    Kind(Option<(&'a [u8], u32)>, &'a [u8]),
 }
 
 fn content(snapshot: &Snapshot, key: GroupKey) -> Content<'_> {
+    if let Some(kind) = key_kind(snapshot, key) {
+        return Content::Kind(key_frames(snapshot, key).next(), kind);
+    }
     match key {
         GroupKey::Traceback(_) | GroupKey::Empty => {
             Content::Many(key_frames(snapshot, key).collect())
@@ -148,7 +199,10 @@ pub fn cmp_keys(a: (&Snapshot, GroupKey), b: (&Snapshot, GroupKey)) -> Ordering 
     if std::ptr::eq(a.0, b.0) && a.1 == b.1 {
         return Ordering::Equal;
     }
-    key_frames(a.0, a.1).rev().cmp(key_frames(b.0, b.1).rev())
+    key_frames(a.0, a.1)
+        .rev()
+        .cmp(key_frames(b.0, b.1).rev())
+        .then_with(|| key_kind(a.0, a.1).cmp(&key_kind(b.0, b.1)))
 }
 
 /// One row of `statistics()`.
@@ -213,10 +267,13 @@ impl Accumulator {
 /// summed into tables indexed by frame or filename id (no hashing), or, for traceback keys,
 /// merged by frame list (tracebacks differing only by `total_nframe` group together).
 pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<Stat> {
+    let weights = Weights::new(snapshot.sample_interval);
+    if key_type.uses_kinds() {
+        return group_kinds(snapshot, key_type == KeyType::LinenoType, weights);
+    }
     let ntb = snapshot.tracebacks.len();
     let mut tb_size = vec![0u128; ntb];
     let mut tb_count = vec![0u64; ntb];
-    let weights = Weights::new(snapshot.sample_interval);
     if weights.is_exact() {
         for tr in &snapshot.traces {
             let t = tr.traceback as usize;
@@ -234,6 +291,7 @@ pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<St
     let live = (0..ntb).filter(|&t| tb_count[t] > 0);
     let mut empty = (0u128, 0u64);
     let mut rows = match (key_type, cumulative) {
+        (KeyType::Type, _) | (KeyType::LinenoType, _) => unreachable!("grouped above"),
         (KeyType::Traceback, _) => {
             let mut index: HashMap<&[FrameId], usize> = HashMap::new();
             let mut rows: Vec<Stat> = Vec::new();
@@ -311,6 +369,46 @@ pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<St
         for row in &mut rows {
             row.count = count_from_units(row.count);
         }
+    }
+    rows
+}
+
+/// Groups by kind, or by (most recent frame, kind): a pass over the traces with their kind
+/// column. A snapshot without kinds groups to nothing (callers check with
+/// [`KeyType::check`] first and report [`NO_KINDS`]). Sampled traces count with their
+/// weights, as in [`group`].
+fn group_kinds(snapshot: &Snapshot, per_line: bool, weights: Weights) -> Vec<Stat> {
+    let Some(kinds) = &snapshot.kinds else {
+        return Vec::new();
+    };
+    let mut index: HashMap<(Option<FrameId>, u32), usize> = HashMap::new();
+    let mut rows: Vec<Stat> = Vec::new();
+    for (tr, &kind) in snapshot.traces.iter().zip(&kinds.of_trace) {
+        let frame = if per_line {
+            snapshot.tracebacks[tr.traceback as usize]
+                .frames
+                .first()
+                .copied()
+        } else {
+            None
+        };
+        let i = *index.entry((frame, kind)).or_insert_with(|| {
+            rows.push(Stat {
+                key: if per_line {
+                    GroupKey::LineKind(frame, kind)
+                } else {
+                    GroupKey::Kind(kind)
+                },
+                size: 0,
+                count: 0,
+            });
+            rows.len() - 1
+        });
+        rows[i].size += weights.bytes(tr.size) as u128;
+        rows[i].count += weights.count_units(tr.size);
+    }
+    for row in &mut rows {
+        row.count = count_from_units(row.count);
     }
     rows
 }
@@ -440,6 +538,35 @@ mod tests {
         assert_eq!((large.size_diff, large.count_diff), (0, 0));
     }
 
+    #[test]
+    fn sampled_snapshots_weight_kinds_too() {
+        let interval = 1024;
+        let w = Weights::new(Some(interval));
+        let raw: Vec<Raw<'_>> = [100u64, 100, 1 << 20]
+            .iter()
+            .map(|&size| (0, size, &[("a.py", 1)][..]))
+            .collect();
+        let mut s = with_kinds(build(&raw), &["dict", "bytes"], &[0, 0, 1]);
+        s.sample_interval = Some(interval);
+        for key in [KeyType::Type, KeyType::LinenoType] {
+            let rows: Vec<(u128, u64)> = statistics(&s, key, false)
+                .iter()
+                .map(|r| (r.size, r.count))
+                .collect();
+            assert_eq!(
+                rows,
+                vec![
+                    (1 << 20, 1),
+                    (
+                        2 * w.bytes(100) as u128,
+                        count_from_units(2 * w.count_units(100))
+                    )
+                ],
+                "{key:?}"
+            );
+        }
+    }
+
     type Raw<'a> = (u32, u64, &'a [(&'a str, u32)]);
 
     fn build(traces: &[Raw<'_>]) -> Snapshot {
@@ -456,6 +583,99 @@ mod tests {
             b.trace(domain, size, tb);
         }
         b.finish()
+    }
+
+    fn with_kinds(mut s: Snapshot, names: &[&str], of_trace: &[u32]) -> Snapshot {
+        s.kinds = Some(crate::analysis::snapshot::Kinds {
+            names: names.iter().map(|n| n.as_bytes().into()).collect(),
+            of_trace: of_trace.to_vec(),
+        });
+        s
+    }
+
+    fn kind_rows(s: &Snapshot, stats: &[Stat]) -> Vec<(String, u128, u64)> {
+        stats
+            .iter()
+            .map(|st| {
+                let line = key_frames(s, st.key)
+                    .next()
+                    .map(|(n, l)| format!("{}:{l} ", String::from_utf8_lossy(n)))
+                    .unwrap_or_default();
+                let kind = String::from_utf8_lossy(key_kind(s, st.key).unwrap()).into_owned();
+                (format!("{line}{kind}"), st.size, st.count)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn grouping_by_kind_and_by_line_and_kind() {
+        // first(): traces 10,10,10 @a.py:2; 2 @a.py:5; 66 @b.py:1; 7 @<unknown>:0
+        let s = with_kinds(
+            first(),
+            &["dict", "list (items)", "raw"],
+            &[0, 0, 1, 0, 1, 2],
+        );
+        type Row = (&'static str, u128, u64);
+        let table: &[(KeyType, &[Row])] = &[
+            (
+                KeyType::Type,
+                &[("list (items)", 76, 2), ("dict", 22, 3), ("raw", 7, 1)],
+            ),
+            (
+                KeyType::LinenoType,
+                &[
+                    ("b.py:1 list (items)", 66, 1),
+                    ("a.py:2 dict", 20, 2),
+                    ("a.py:2 list (items)", 10, 1),
+                    ("<unknown>:0 raw", 7, 1),
+                    ("a.py:5 dict", 2, 1),
+                ],
+            ),
+        ];
+        for &(key, want) in table {
+            let got = kind_rows(&s, &statistics(&s, key, false));
+            let want: Vec<_> = want
+                .iter()
+                .map(|&(k, sz, c)| (k.to_string(), sz, c))
+                .collect();
+            assert_eq!(got, want, "{key:?}");
+        }
+    }
+
+    #[test]
+    fn kinds_compare_by_name_across_snapshots_and_need_kinds() {
+        // Names interned in a different order in each snapshot still match by content.
+        let old = with_kinds(first(), &["raw", "dict"], &[1, 1, 1, 1, 1, 0]);
+        let new = with_kinds(second(), &["dict", "bytes"], &[0, 0, 0, 0, 1, 1]);
+        let got: Vec<(String, i128, i64)> = compare(&new, &old, KeyType::Type, false)
+            .iter()
+            .map(|d| {
+                let side = if d.in_new { &new } else { &old };
+                let kind = String::from_utf8_lossy(key_kind(side, d.key).unwrap()).into_owned();
+                (kind, d.size_diff, d.count_diff)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("bytes".to_string(), 5400, 2),
+                ("dict".to_string(), -66, -1),
+                ("raw".to_string(), -7, -1),
+            ]
+        );
+        let plain = first();
+        assert!(KeyType::Type
+            .check(&plain)
+            .unwrap_err()
+            .to_string()
+            .contains("objects=True"));
+        assert!(KeyType::Lineno.check(&plain).is_ok());
+        assert!(KeyType::parse("type", true).is_err());
+        assert!(KeyType::parse("lineno+type", true).is_err());
+        assert_eq!(
+            KeyType::parse("lineno+type", false).unwrap(),
+            KeyType::LinenoType
+        );
     }
 
     fn first() -> Snapshot {

@@ -12,6 +12,7 @@
 #include "frameobject.h"
 #include "internal/pycore_gc.h"
 #endif
+#include "internal/pycore_interp.h"
 
 #define OFF(name, type, field) \
     printf("pub const %s: usize = %zu;\n", name, offsetof(type, field))
@@ -47,5 +48,41 @@ int main(void) {
 #endif
     OFF("CODE_FILENAME", PyCodeObject, co_filename);
     printf("pub const GC_HEAD_SIZE: usize = %zu;\n", sizeof(PyGC_Head));
+    /* The heap walk (src/heap/walk.rs): the collector's generation lists, and the fields of
+     * the built-in containers whose separately allocated buffers it attributes to them. */
+    OFF("INTERP_GC_GENERATIONS", PyInterpreterState, gc.generations);
+    OFF("INTERP_GC_PERMANENT", PyInterpreterState, gc.permanent_generation);
+    OFF("INTERP_GC_COLLECTING", PyInterpreterState, gc.collecting);
+    printf("pub const GC_GENERATION_SIZE: usize = %zu;\n", sizeof(struct gc_generation));
+    printf("pub const GC_NUM_GENERATIONS: usize = %d;\n", NUM_GENERATIONS);
+    OFF("GC_HEAD_NEXT", PyGC_Head, _gc_next);
+    OFF("LIST_ITEMS", PyListObject, ob_item);
+    OFF("LIST_ALLOCATED", PyListObject, allocated);
+    OFF("DICT_KEYS", PyDictObject, ma_keys);
+    OFF("DICT_VALUES", PyDictObject, ma_values);
+    OFF("BYTEARRAY_BYTES", PyByteArrayObject, ob_bytes);
+    OFF("BYTEARRAY_ALLOC", PyByteArrayObject, ob_alloc);
+    OFF("SET_MASK", PySetObject, mask);
+    OFF("SET_TABLE", PySetObject, table);
+    OFF("SET_SMALLTABLE", PySetObject, smalltable);
+    printf("pub const SET_ENTRY_SIZE: usize = %zu;\n", sizeof(setentry));
+    OFF("HEAPTYPE_QUALNAME", PyHeapTypeObject, ht_qualname);
+    OFF("HEAPTYPE_CACHED_KEYS", PyHeapTypeObject, ht_cached_keys);
+    OFF("TSTATE_THREAD_ID", PyThreadState, thread_id);
+#if PY_VERSION_HEX >= 0x030B0000
+    OFF("IFRAME_LOCALS", _PyInterpreterFrame, f_locals);
+    OFF("IFRAME_FRAME_OBJ", _PyInterpreterFrame, frame_obj);
+    OFF("IFRAME_LOCALSPLUS", _PyInterpreterFrame, localsplus);
+    OFF("CODE_NLOCALSPLUS", PyCodeObject, co_nlocalsplus);
+#endif
+#if PY_VERSION_HEX >= 0x030C0000
+    OFF("IFRAME_FUNC", _PyInterpreterFrame, f_funcobj);
+#elif PY_VERSION_HEX >= 0x030B0000
+    OFF("IFRAME_FUNC", _PyInterpreterFrame, f_func);
+#endif
+#if PY_VERSION_HEX >= 0x030C0000
+    OFF("LONG_TAG", PyLongObject, long_value.lv_tag);
+    printf("pub const LONG_NON_SIZE_BITS: usize = %d;\n", _PyLong_NON_SIZE_BITS);
+#endif
     return 0;
 }

@@ -12,6 +12,11 @@
 
 use std::collections::HashMap;
 
+use crate::table::BuildAddressHasher;
+
+/// Addresses are keys of the hottest maps here; the trace table's hasher suits them.
+type AddrMap = HashMap<usize, NodeId, BuildAddressHasher>;
+
 /// Index of a node in a [`HeapGraph`].
 pub type NodeId = u32;
 /// Index into [`HeapGraph::type_names`].
@@ -31,7 +36,28 @@ pub struct HeapGraph {
     /// Referents of node `n` are `targets[offsets[n]..offsets[n + 1]]`.
     offsets: Vec<u32>,
     targets: Vec<NodeId>,
-    by_addr: HashMap<usize, NodeId>,
+    by_addr: AddrMap,
+    /// Start of the memory block holding the object, per node (before the GC header and the
+    /// 3.11+ pre-header); the address allocation traces are keyed by. Equal to the address
+    /// when the builder was not told otherwise.
+    blocks: Vec<usize>,
+    /// Separately allocated blocks that belong to an object (a list's item array, ...).
+    buffers: Vec<Buffer>,
+    /// Objects held by threads' running frames: `(thread id, node)`.
+    stack_refs: Vec<(u64, NodeId)>,
+}
+
+/// A memory block that is not an object but belongs to one: what it is named after
+/// (`list (items)`) and how big it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buffer {
+    /// The block's address, as allocation traces key it.
+    pub addr: usize,
+    pub owner: NodeId,
+    /// What the block is to its owner: `items`, `keys`, `values`, `buffer`, `table`.
+    pub label: &'static str,
+    /// Its traced size, or an estimate from the owner's fields, or 0 if neither is known.
+    pub size: u64,
 }
 
 impl HeapGraph {
@@ -78,6 +104,25 @@ impl HeapGraph {
     pub fn edge_count(&self) -> usize {
         self.targets.len()
     }
+
+    /// The start of the memory block that holds the object (see [`crate::capture::Interpreter::object_block`]).
+    pub fn block(&self, node: NodeId) -> usize {
+        self.blocks[node as usize]
+    }
+
+    /// The non-object blocks attributed to objects, in the order the walk found them.
+    pub fn buffers(&self) -> &[Buffer] {
+        &self.buffers
+    }
+
+    /// The objects each thread's running frames hold directly, as `(thread id, node)` (the
+    /// thread id is `threading.get_ident()`'s), innermost frame first. Up to 3.10 the frames
+    /// are objects and the nodes are the frames; from 3.11 a running frame is not an object
+    /// and the nodes are its locals, function and `f_locals`. Objects held only by a running
+    /// function are found through these.
+    pub fn stack_refs(&self) -> &[(u64, NodeId)] {
+        &self.stack_refs
+    }
 }
 
 /// Accumulates nodes and edges in any order, then freezes them into a [`HeapGraph`].
@@ -88,8 +133,11 @@ pub struct GraphBuilder {
     sizes: Vec<u64>,
     type_names: Vec<Box<[u8]>>,
     type_ids: HashMap<Box<[u8]>, TypeNameId>,
-    by_addr: HashMap<usize, NodeId>,
+    by_addr: AddrMap,
     edges: Vec<(NodeId, NodeId)>,
+    blocks: Vec<usize>,
+    buffers: Vec<Buffer>,
+    stack_refs: Vec<(u64, NodeId)>,
 }
 
 impl GraphBuilder {
@@ -103,7 +151,47 @@ impl GraphBuilder {
         if let Some(&node) = self.by_addr.get(&addr) {
             return node;
         }
-        let type_id = match self.type_ids.get(type_name) {
+        let type_id = self.intern_type(type_name);
+        self.push(addr, type_id, size)
+    }
+
+    fn push(&mut self, addr: usize, type_id: TypeNameId, size: u64) -> NodeId {
+        let node = self.addrs.len() as NodeId;
+        self.addrs.push(addr);
+        self.types.push(type_id);
+        self.sizes.push(size);
+        self.blocks.push(addr);
+        self.by_addr.insert(addr, node);
+        node
+    }
+
+    /// Adds the object at `addr` with a provisional type number, to be named later by
+    /// [`GraphBuilder::name_types`]; returns its node and whether it is new. The walk cannot
+    /// read type names while walking (that may allocate), so it numbers the distinct type
+    /// objects and names them afterwards.
+    pub fn add_node_unnamed(
+        &mut self,
+        addr: usize,
+        provisional_type: u32,
+        size: u64,
+    ) -> (NodeId, bool) {
+        if let Some(&node) = self.by_addr.get(&addr) {
+            return (node, false);
+        }
+        (self.push(addr, provisional_type, size), true)
+    }
+
+    /// Names the provisional type numbers of [`GraphBuilder::add_node_unnamed`]:
+    /// `names[provisional]`. Distinct type objects with one name share a type id.
+    pub fn name_types(&mut self, names: &[Box<[u8]>]) {
+        let ids: Vec<TypeNameId> = names.iter().map(|name| self.intern_type(name)).collect();
+        for t in &mut self.types {
+            *t = ids[*t as usize];
+        }
+    }
+
+    fn intern_type(&mut self, type_name: &[u8]) -> TypeNameId {
+        match self.type_ids.get(type_name) {
             Some(&id) => id,
             None => {
                 let id = self.type_names.len() as TypeNameId;
@@ -111,13 +199,23 @@ impl GraphBuilder {
                 self.type_ids.insert(type_name.into(), id);
                 id
             }
-        };
-        let node = self.addrs.len() as NodeId;
-        self.addrs.push(addr);
-        self.types.push(type_id);
-        self.sizes.push(size);
-        self.by_addr.insert(addr, node);
-        node
+        }
+    }
+
+    /// Records where the object's memory block starts, when it is not at the object's address.
+    pub fn set_block(&mut self, node: NodeId, block: usize) {
+        self.blocks[node as usize] = block;
+    }
+
+    /// Records that a running frame of `thread` holds `node`.
+    pub fn add_stack_ref(&mut self, thread: u64, node: NodeId) {
+        self.stack_refs.push((thread, node));
+    }
+
+    /// Records a non-object block owned by `owner` and adds its size to the owner's.
+    pub fn add_buffer(&mut self, buffer: Buffer) {
+        self.sizes[buffer.owner as usize] += buffer.size;
+        self.buffers.push(buffer);
     }
 
     pub fn node_of(&self, addr: usize) -> Option<NodeId> {
@@ -158,6 +256,9 @@ impl GraphBuilder {
             offsets,
             targets,
             by_addr: self.by_addr,
+            blocks: self.blocks,
+            buffers: self.buffers,
+            stack_refs: self.stack_refs,
         }
     }
 }
@@ -189,6 +290,47 @@ mod tests {
         assert_eq!(g.node_of(0x3000), Some(s));
         assert_eq!(g.node_of(0x4000), None);
         assert_eq!(g.type_names().len(), 3);
+    }
+
+    #[test]
+    fn provisional_types_are_named_after_the_walk_and_merged_by_name() {
+        let mut b = GraphBuilder::new();
+        let (a, new_a) = b.add_node_unnamed(0x1000, 0, 32);
+        let (c, _) = b.add_node_unnamed(0x2000, 1, 48);
+        let (d, _) = b.add_node_unnamed(0x3000, 2, 16);
+        assert_eq!(b.add_node_unnamed(0x1000, 2, 1), (a, false));
+        assert!(new_a);
+        b.set_block(c, 0x1ff0);
+        b.add_buffer(Buffer {
+            addr: 0x9000,
+            owner: c,
+            label: "items",
+            size: 64,
+        });
+        b.add_stack_ref(7, d);
+        b.name_types(&[
+            b"app.User".to_vec().into(),
+            b"list".to_vec().into(),
+            b"app.User".to_vec().into(),
+        ]);
+        let g = b.finish();
+        assert_eq!(g.type_name(a), b"app.User");
+        assert_eq!(g.type_name(c), b"list");
+        assert_eq!(g.type_id(a), g.type_id(d));
+        assert_eq!(g.type_names().len(), 2);
+        assert_eq!(g.block(a), 0x1000);
+        assert_eq!(g.block(c), 0x1ff0);
+        assert_eq!(g.size(c), 112);
+        assert_eq!(g.stack_refs(), &[(7, d)]);
+        assert_eq!(
+            g.buffers(),
+            &[Buffer {
+                addr: 0x9000,
+                owner: c,
+                label: "items",
+                size: 64
+            }]
+        );
     }
 
     #[test]

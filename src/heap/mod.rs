@@ -3,3 +3,7 @@
 //! [`graph::HeapGraph`]; the analyses over it are plain Rust.
 
 pub mod graph;
+pub mod kinds;
+pub mod paths;
+pub mod retention;
+pub mod walk;

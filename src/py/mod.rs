@@ -6,6 +6,8 @@ use pyo3::prelude::*;
 
 use crate::error::Error;
 
+pub mod heap_walk;
+pub mod retention;
 pub mod snapshot;
 pub mod tracer;
 
@@ -39,7 +41,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "SnapshotFormatError",
         m.py().get_type::<SnapshotFormatError>(),
     )?;
+    retention::register(m)?;
     snapshot::register(m)?;
     tracer::register(m)?;
+    heap_walk::register(m)?;
     Ok(())
 }

@@ -35,7 +35,7 @@ impl PySnapshotData {
 }
 
 /// A `str` as surrogatepass UTF-8.
-fn str_bytes(s: &Bound<'_, PyString>) -> PyResult<Vec<u8>> {
+pub(crate) fn str_bytes(s: &Bound<'_, PyString>) -> PyResult<Vec<u8>> {
     if let Ok(text) = s.to_str() {
         return Ok(text.as_bytes().to_vec());
     }
@@ -54,7 +54,7 @@ fn str_bytes(s: &Bound<'_, PyString>) -> PyResult<Vec<u8>> {
 }
 
 /// surrogatepass UTF-8 back to a `str`.
-fn bytes_str<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyString>> {
+pub(crate) fn bytes_str<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyString>> {
     match std::str::from_utf8(b) {
         Ok(s) => Ok(PyString::new(py, s)),
         Err(_) => PyString::from_encoded_object(
@@ -250,8 +250,18 @@ impl<'py, 'a> PyTables<'py, 'a> {
             }
             GroupKey::Frame(f) => PyTuple::new(py, [self.frame(f)?]),
             GroupKey::Filename(n) => PyTuple::new(py, [(self.name(n)?, 0).into_pyobject(py)?]),
-            GroupKey::Empty => Ok(PyTuple::empty(py)),
+            GroupKey::Empty | GroupKey::Kind(_) | GroupKey::LineKind(None, _) => {
+                Ok(PyTuple::empty(py))
+            }
+            GroupKey::LineKind(Some(f), _) => PyTuple::new(py, [self.frame(f)?]),
         }
+    }
+
+    /// The kind name a key groups by (`None` for the tracemalloc keys).
+    fn kind(&self, key: GroupKey) -> PyResult<Option<Bound<'py, PyString>>> {
+        stats::key_kind(self.snapshot, key)
+            .map(|name| bytes_str(self.py, name))
+            .transpose()
     }
 
     fn frames(&mut self, tb: TracebackId) -> PyResult<Bound<'py, PyTuple>> {
@@ -514,6 +524,12 @@ impl PySnapshotData {
         Ok(Self::new(snapshot))
     }
 
+    /// Whether the snapshot records object kinds (taken with `objects=True`).
+    #[getter]
+    fn has_objects(&self) -> bool {
+        self.inner.kinds.is_some()
+    }
+
     #[getter]
     fn traceback_limit(&self) -> u32 {
         self.inner.traceback_limit
@@ -573,12 +589,18 @@ impl PySnapshotData {
     ) -> PyResult<Bound<'py, PyList>> {
         let key = self::key_type(key_type, cumulative)?;
         let snap: &Snapshot = &self.inner;
+        key.check(snap)?;
         let rows = py.detach(|| stats::statistics(snap, key, cumulative));
         let mut tables = PyTables::new(py, snap);
         let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
             let row = (tables.key(r.key)?, py_uint(py, r.size)?, r.count);
-            out.push(row.into_pyobject(py)?);
+            if key.uses_kinds() {
+                let (frames, size, count) = row;
+                out.push((frames, size, count, tables.kind(r.key)?).into_pyobject(py)?);
+            } else {
+                out.push(row.into_pyobject(py)?);
+            }
         }
         PyList::new(py, out)
     }
@@ -595,6 +617,8 @@ impl PySnapshotData {
     ) -> PyResult<Bound<'py, PyList>> {
         let key = self::key_type(key_type, cumulative)?;
         let (new_s, old_s): (&Snapshot, &Snapshot) = (&self.inner, &old.inner);
+        key.check(new_s)?;
+        key.check(old_s)?;
         let rows = py.detach(|| stats::compare(new_s, old_s, key, cumulative));
         let mut new_tables = PyTables::new(py, new_s);
         let mut old_tables = PyTables::new(py, old_s);
@@ -612,7 +636,13 @@ impl PySnapshotData {
                 r.count,
                 r.count_diff,
             );
-            out.push(row.into_pyobject(py)?);
+            if key.uses_kinds() {
+                let (frames, size, size_diff, count, count_diff) = row;
+                let kind = tables.kind(r.key)?;
+                out.push((frames, size, size_diff, count, count_diff, kind).into_pyobject(py)?);
+            } else {
+                out.push(row.into_pyobject(py)?);
+            }
         }
         PyList::new(py, out)
     }
@@ -639,7 +669,12 @@ impl PySnapshotData {
                 .cast::<PyString>()
                 .map_err(|_| PyTypeError::new_err("snapshot attribute names must be str"))?;
             let label = name.to_string_lossy().into_owned();
-            attrs.push((str_bytes(name)?, attr_from_py(&v, &label, 0)?));
+            let name = str_bytes(name)?;
+            let value = attr_from_py(&v, &label, 0)?;
+            if name == format::RETENTION_ATTR {
+                format::check_retention(&value).map_err(PyValueError::new_err)?;
+            }
+            attrs.push((name, value));
         }
         let snap: &Snapshot = &self.inner;
         py.detach(|| format::dump(&path, snap, &attrs))?;

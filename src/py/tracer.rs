@@ -224,9 +224,10 @@ fn set_trace_filters(specs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
 }
 
 #[pyfunction]
-fn take_snapshot(py: Python<'_>) -> PyResult<PySnapshotData> {
+#[pyo3(signature = (objects = false))]
+fn take_snapshot(py: Python<'_>, objects: bool) -> PyResult<PySnapshotData> {
     require_main_interpreter("take_snapshot")?;
-    Ok(PySnapshotData::new(tracer::take_snapshot(py)?))
+    Ok(PySnapshotData::new(tracer::take_snapshot(py, objects)?))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

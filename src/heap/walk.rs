@@ -1,0 +1,490 @@
+//! The heap walk: every object the cyclic collector tracks, everything they refer to, and the
+//! blocks the built-in containers own, as a [`HeapGraph`].
+//!
+//! Where the objects come from: the collector's generation lists (and the permanent generation
+//! of `gc.freeze()`), read directly from the interpreter state with the offsets `layout.c`
+//! derives from each version's headers. `gc.get_objects()` would allocate a list (which would
+//! then be part of the heap being described) and misses frozen objects; reading the lists
+//! allocates nothing. Objects that are not tracked (str, int, bytes, untracked tuples and
+//! dicts) are reached through the `tp_traverse` of the objects that refer to them, as the
+//! collector and `gc.get_referents()` reach them.
+//!
+//! Why the graph is consistent: the walk holds the GIL and calls nothing that can run Python
+//! code, allocate a Python object, release the GIL or start a collection. It reads fields,
+//! calls `tp_is_gc`/`tp_traverse` (which the collector itself calls in the middle of
+//! collections, so they cannot run code), and keeps its own data in Rust's allocator, which
+//! is not PyMem, so none of it is traced. Type names need Python strings encoded, so they are
+//! read once per distinct type after the walk, when the graph is complete.
+//!
+//! What is not found: objects referred to only from C (static variables of an extension, the
+//! interpreter's own state) and not from any tracked object, and objects whose owner has no
+//! `tp_traverse` for them (an extension type that does not support the collector hides what
+//! it holds). A walk started while a collection is running (from a `__del__` method or a
+//! `gc.callbacks` callback) is refused: objects are then in the collector's private lists.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void, CStr};
+
+use pyo3::ffi;
+use pyo3::Python;
+
+use super::graph::{Buffer, GraphBuilder, HeapGraph, NodeId};
+use crate::capture::{Current, Interpreter};
+use crate::error::{Error, Result};
+use crate::table::BuildAddressHasher;
+
+#[allow(dead_code)]
+mod layout {
+    include!(concat!(env!("OUT_DIR"), "/layout.rs"));
+}
+
+/// Walks every object the cyclic collector tracks and, transitively through `tp_traverse`,
+/// every object they refer to, plus `extra_roots` and what they reach.
+///
+/// Nodes are numbered in the order they were found: the collector's objects first (youngest
+/// generation first, in list order), then `extra_roots`, then what was reached from them,
+/// breadth first. Each node's referents are what its `tp_traverse` visits, in order. A node's
+/// size is its block's traced size while tracing, else an estimate from `tp_basicsize` and
+/// `tp_itemsize` (see [`estimated_size`]), plus the sizes of the buffers attributed to it.
+///
+/// Needs the GIL (the `py` token proves it); see the module docs for why nothing it does can
+/// change the heap under it.
+///
+/// # Errors
+/// [`Error::State`] if a collection is running (called from a finaliser or a gc callback).
+pub fn walk(py: Python<'_>, extra_roots: &[*mut ffi::PyObject]) -> Result<HeapGraph> {
+    let _ = py;
+    // SAFETY: the GIL is held; the interpreter state outlives this call.
+    let interp = unsafe { ffi::PyInterpreterState_Get() } as *const u8;
+    // SAFETY: the offsets come from this interpreter's headers.
+    let collecting = unsafe { *(interp.add(layout::INTERP_GC_COLLECTING) as *const c_int) };
+    if collecting != 0 {
+        return Err(Error::State(
+            "cannot walk the heap while the garbage collector is collecting (from a __del__ \
+             method or a gc.callbacks callback): objects are then in the collector's private \
+             lists"
+                .into(),
+        ));
+    }
+    let mut walker = Walker::default();
+    // SAFETY: the GIL is held and nothing below runs Python code, so the lists and the objects
+    // on them stay as they are.
+    unsafe {
+        let generations = (0..layout::GC_NUM_GENERATIONS)
+            .map(|g| layout::INTERP_GC_GENERATIONS + g * layout::GC_GENERATION_SIZE)
+            .chain(std::iter::once(layout::INTERP_GC_PERMANENT));
+        for offset in generations {
+            // `struct gc_generation` starts with its list head.
+            let head = interp.add(offset);
+            let mut gc = *(head.add(layout::GC_HEAD_NEXT) as *const *const u8);
+            while !gc.is_null() && gc != head {
+                walker.reach(gc.add(layout::GC_HEAD_SIZE) as *mut ffi::PyObject);
+                gc = *(gc.add(layout::GC_HEAD_NEXT) as *const *const u8);
+            }
+        }
+        for &root in extra_roots {
+            if !root.is_null() {
+                walker.reach(root);
+            }
+        }
+        let mut tstate = ffi::PyInterpreterState_ThreadHead(interp as *mut _);
+        while !tstate.is_null() {
+            walker.reach_stack(tstate);
+            tstate = ffi::PyThreadState_Next(tstate);
+        }
+        walker.traverse_all();
+    }
+    // The graph is complete; from here on reading names may allocate.
+    // SAFETY: the GIL is held; the type objects are kept alive by the walked objects, none of
+    // which has been released (no Python code ran).
+    let names: Vec<Box<[u8]>> = walker
+        .types
+        .iter()
+        .map(|&tp| unsafe { type_name(tp) }.into_boxed_slice())
+        .collect();
+    let mut builder = walker.builder;
+    builder.name_types(&names);
+    Ok(builder.finish())
+}
+
+#[derive(Default)]
+struct Walker {
+    builder: GraphBuilder,
+    /// The distinct type objects met, in order: a node's provisional type is an index here.
+    types: Vec<*mut ffi::PyTypeObject>,
+    type_index: HashMap<usize, u32, BuildAddressHasher>,
+    /// The objects behind the nodes, by node id (the graph keeps addresses as `usize`).
+    objects: Vec<*mut ffi::PyObject>,
+    /// Filled by `visit` during one `tp_traverse` call.
+    referents: Vec<*mut ffi::PyObject>,
+}
+
+impl Walker {
+    /// The node of `obj`, adding it (with its size and buffers) if it is new.
+    ///
+    /// # Safety
+    /// `obj` is a live object and the GIL is held.
+    unsafe fn reach(&mut self, obj: *mut ffi::PyObject) -> NodeId {
+        if let Some(node) = self.builder.node_of(obj as usize) {
+            return node;
+        }
+        let tp = (*obj).ob_type;
+        let next = self.types.len() as u32;
+        let provisional = *self.type_index.entry(tp as usize).or_insert_with(|| {
+            self.types.push(tp);
+            next
+        });
+        let block = Current::object_block(obj);
+        let size = crate::tracer::traced_size(block)
+            .map(|s| s as u64)
+            .unwrap_or_else(|| estimated_size(obj, tp, block));
+        let (node, _) = self
+            .builder
+            .add_node_unnamed(obj as usize, provisional, size);
+        if block != obj as usize {
+            self.builder.set_block(node, block);
+        }
+        self.objects.push(obj);
+        for (addr, label, estimate) in owned_buffers(obj, tp) {
+            let size = crate::tracer::traced_size(addr)
+                .map(|s| s as u64)
+                .unwrap_or(estimate);
+            self.builder.add_buffer(Buffer {
+                addr,
+                owner: node,
+                label,
+                size,
+            });
+        }
+        node
+    }
+
+    /// Reaches what `tstate`'s running frames hold, recording it as the thread's stack refs.
+    /// A running frame is not tracked by the collector (up to 3.10 it is an untracked frame
+    /// object, from 3.11 not an object at all), so without this, objects held only by a
+    /// running function's locals would be missed. The thread is not running: it waits for
+    /// the GIL, or is this one.
+    ///
+    /// # Safety
+    /// As [`Walker::reach`]; `tstate` is a live thread state of this interpreter.
+    unsafe fn reach_stack(&mut self, tstate: *mut ffi::PyThreadState) {
+        let thread: u64 = field::<u64>(tstate.cast(), layout::TSTATE_THREAD_ID);
+        for obj in stack_objects(tstate) {
+            let node = self.reach(obj);
+            self.builder.add_stack_ref(thread, node);
+        }
+    }
+
+    /// Traverses every node in id order, including the ones added on the way.
+    ///
+    /// # Safety
+    /// As [`Walker::reach`].
+    unsafe fn traverse_all(&mut self) {
+        let mut next = 0;
+        while next < self.objects.len() {
+            let obj = self.objects[next];
+            let from = next as NodeId;
+            next += 1;
+            if !is_gc(obj) {
+                continue;
+            }
+            let Some(traverse) = (*(*obj).ob_type).tp_traverse else {
+                continue;
+            };
+            self.referents.clear();
+            traverse(obj, visit, (&mut self.referents as *mut Vec<_>).cast());
+            let referents = std::mem::take(&mut self.referents);
+            for &referent in &referents {
+                let to = self.reach(referent);
+                self.builder.add_edge(from, to);
+            }
+            self.referents = referents;
+        }
+    }
+}
+
+/// The frame objects of a thread's stack, innermost first.
+#[cfg(not(Py_3_11))]
+unsafe fn stack_objects(tstate: *mut ffi::PyThreadState) -> Vec<*mut ffi::PyObject> {
+    let mut out = Vec::new();
+    let mut frame: *mut ffi::PyObject = field(tstate.cast(), layout::TSTATE_FRAME);
+    while !frame.is_null() {
+        out.push(frame);
+        frame = field(frame, layout::FRAME_BACK);
+    }
+    out
+}
+
+/// What a thread's running frames hold, innermost frame first: per frame, its frame object if
+/// one was made, its function, its `f_locals` and its fast locals, cells and free variables
+/// (the evaluation stack past them is not read: its top is not stored while the frame runs).
+/// Shim frames owned by the C stack (3.12+) hold nothing.
+#[cfg(Py_3_11)]
+unsafe fn stack_objects(tstate: *mut ffi::PyThreadState) -> Vec<*mut ffi::PyObject> {
+    let mut out = Vec::new();
+    #[cfg(Py_3_13)]
+    let mut frame: *mut ffi::PyObject = field(tstate.cast(), layout::TSTATE_CURRENT_FRAME);
+    #[cfg(not(Py_3_13))]
+    let mut frame: *mut ffi::PyObject = {
+        let cframe: *mut ffi::PyObject = field(tstate.cast(), layout::TSTATE_CFRAME);
+        if cframe.is_null() {
+            std::ptr::null_mut()
+        } else {
+            field(cframe, layout::CFRAME_CURRENT_FRAME)
+        }
+    };
+    while !frame.is_null() {
+        let owner: u8 = field(frame, layout::IFRAME_OWNER);
+        #[cfg(Py_3_12)]
+        let on_c_stack = owner == layout::OWNED_BY_CSTACK;
+        #[cfg(not(Py_3_12))]
+        let on_c_stack = {
+            let _ = owner;
+            false
+        };
+        let code: *mut ffi::PyObject = field(frame, layout::IFRAME_CODE);
+        if !on_c_stack
+            && !code.is_null()
+            && (*code).ob_type == std::ptr::addr_of_mut!(ffi::PyCode_Type)
+        {
+            for offset in [
+                layout::IFRAME_FRAME_OBJ,
+                layout::IFRAME_FUNC,
+                layout::IFRAME_LOCALS,
+            ] {
+                let obj: *mut ffi::PyObject = field(frame, offset);
+                if !obj.is_null() {
+                    out.push(obj);
+                }
+            }
+            let n: c_int = field(code, layout::CODE_NLOCALSPLUS);
+            let locals =
+                (frame as *const u8).add(layout::IFRAME_LOCALSPLUS) as *const *mut ffi::PyObject;
+            for i in 0..n.max(0) as usize {
+                let obj = *locals.add(i);
+                if !obj.is_null() {
+                    out.push(obj);
+                }
+            }
+        }
+        frame = field(frame, layout::IFRAME_PREVIOUS);
+    }
+    out
+}
+
+/// The collector's test for "has GC links and may be traversed": static types have the GC
+/// flag but their `tp_is_gc` says no, and their `tp_traverse` must not be called.
+///
+/// # Safety
+/// `obj` is a live object and the GIL is held.
+unsafe fn is_gc(obj: *mut ffi::PyObject) -> bool {
+    let tp = (*obj).ob_type;
+    if (*tp).tp_flags & ffi::Py_TPFLAGS_HAVE_GC == 0 {
+        return false;
+    }
+    match (*tp).tp_is_gc {
+        Some(is_gc) => is_gc(obj.cast()) != 0,
+        None => true,
+    }
+}
+
+/// The `visitproc` handed to `tp_traverse`: records the referent, never fails.
+unsafe extern "C" fn visit(obj: *mut ffi::PyObject, arg: *mut c_void) -> c_int {
+    if !obj.is_null() {
+        (*(arg as *mut Vec<*mut ffi::PyObject>)).push(obj);
+    }
+    0
+}
+
+/// What an untraced object's block is estimated to take: the pre-header (GC header, managed
+/// dict/weakref slots) plus `tp_basicsize`, plus `tp_itemsize` per item for variable-size
+/// types (an int's digit count read from its own tag from 3.12). Types whose data is not
+/// counted by `ob_size` (str, whose characters follow a fixed header) are underestimated;
+/// while tracing, objects allocated after `start()` have their exact traced size instead.
+///
+/// # Safety
+/// `obj` is a live object of type `tp`, holding its block from `block`.
+unsafe fn estimated_size(obj: *mut ffi::PyObject, tp: *mut ffi::PyTypeObject, block: usize) -> u64 {
+    let basic = (*tp).tp_basicsize.max(0) as u64;
+    let itemsize = (*tp).tp_itemsize.max(0) as u64;
+    let items = if itemsize == 0 {
+        0
+    } else if (*tp).tp_flags & ffi::Py_TPFLAGS_LONG_SUBCLASS != 0 {
+        long_digits(obj)
+    } else {
+        (*(obj as *mut ffi::PyVarObject)).ob_size.unsigned_abs() as u64
+    };
+    (obj as usize - block) as u64 + basic + itemsize * items
+}
+
+#[cfg(Py_3_12)]
+unsafe fn long_digits(obj: *mut ffi::PyObject) -> u64 {
+    let tag = *((obj as *const u8).add(layout::LONG_TAG) as *const usize);
+    (tag >> layout::LONG_NON_SIZE_BITS) as u64
+}
+
+#[cfg(not(Py_3_12))]
+unsafe fn long_digits(obj: *mut ffi::PyObject) -> u64 {
+    (*(obj as *mut ffi::PyVarObject)).ob_size.unsigned_abs() as u64
+}
+
+/// Reads the pointer stored `offset` bytes into `obj`.
+unsafe fn field<T: Copy>(obj: *mut ffi::PyObject, offset: usize) -> T {
+    *((obj as *const u8).add(offset) as *const T)
+}
+
+/// The separately allocated blocks an object owns, as `(address, label, estimated size)`:
+/// a list's item array; a dict's keys table (unless shared by a class's instances: then the
+/// class owns it, as its `cached keys`) and its split values array; the attribute values of
+/// a 3.11/3.12 instance kept outside any dict (`values`; from 3.13 they are inside the
+/// object's own block); a bytearray's buffer; a set's hash table once it outgrows the one
+/// inside the object. Subclasses own theirs too. An estimate of 0 means unknown (only traced
+/// sizes count then).
+///
+/// # Safety
+/// `obj` is a live object of type `tp` and the GIL is held.
+unsafe fn owned_buffers(
+    obj: *mut ffi::PyObject,
+    tp: *mut ffi::PyTypeObject,
+) -> impl Iterator<Item = (usize, &'static str, u64)> {
+    let flags = (*tp).tp_flags;
+    let word = std::mem::size_of::<usize>() as u64;
+    let mut found: [Option<(usize, &'static str, u64)>; 2] = [None, None];
+    if flags & ffi::Py_TPFLAGS_LIST_SUBCLASS != 0 {
+        let items: usize = field(obj, layout::LIST_ITEMS);
+        let allocated: ffi::Py_ssize_t = field(obj, layout::LIST_ALLOCATED);
+        found[0] = Some((items, "items", allocated.max(0) as u64 * word));
+    } else if flags & ffi::Py_TPFLAGS_DICT_SUBCLASS != 0 {
+        let keys: usize = field(obj, layout::DICT_KEYS);
+        let values: usize = field(obj, layout::DICT_VALUES);
+        if values == 0 {
+            found[0] = Some((keys, "keys", 0));
+        } else {
+            found[0] = values_block(values).map(|block| (block, "values", 0));
+        }
+    } else if is_subtype(tp, std::ptr::addr_of_mut!(ffi::PyByteArray_Type)) {
+        let bytes: usize = field(obj, layout::BYTEARRAY_BYTES);
+        let alloc: ffi::Py_ssize_t = field(obj, layout::BYTEARRAY_ALLOC);
+        found[0] = Some((bytes, "buffer", alloc.max(0) as u64));
+    } else if is_subtype(tp, std::ptr::addr_of_mut!(ffi::PySet_Type))
+        || is_subtype(tp, std::ptr::addr_of_mut!(ffi::PyFrozenSet_Type))
+    {
+        let table: usize = field(obj, layout::SET_TABLE);
+        let mask: ffi::Py_ssize_t = field(obj, layout::SET_MASK);
+        if table != obj as usize + layout::SET_SMALLTABLE {
+            let size = (mask.max(0) as u64 + 1) * layout::SET_ENTRY_SIZE as u64;
+            found[0] = Some((table, "table", size));
+        }
+    } else if flags & ffi::Py_TPFLAGS_TYPE_SUBCLASS != 0 && flags & ffi::Py_TPFLAGS_HEAPTYPE != 0 {
+        let keys: usize = field(obj, layout::HEAPTYPE_CACHED_KEYS);
+        found[0] = Some((keys, "cached keys", 0));
+    }
+    if flags & MANAGED_DICT != 0 {
+        found[1] = managed_values(obj).map(|block| (block, "values", 0));
+    }
+    found
+        .into_iter()
+        .flatten()
+        .filter(|&(addr, _, _)| addr != 0)
+}
+
+/// `Py_TPFLAGS_MANAGED_DICT` (3.11+): the instance keeps its dict (or its attribute values)
+/// in the pre-header.
+const MANAGED_DICT: std::ffi::c_ulong = 1 << 4;
+
+/// The block holding a dict's split values array (`PyDictValues*`), as the allocator saw it.
+/// Up to 3.10 the array is its own block. In 3.11 and 3.12 it is allocated with a prefix
+/// whose size is stored in the byte just before the array. From 3.13 the array starts its
+/// block, unless it is embedded in the instance that owns it (then it is not a block).
+unsafe fn values_block(values: usize) -> Option<usize> {
+    if cfg!(Py_3_13) {
+        let embedded = *(values as *const u8).add(2);
+        (embedded == 0).then_some(values)
+    } else if cfg!(Py_3_11) {
+        let prefix = *(values as *const u8).sub(1) as usize;
+        (prefix != 0).then(|| values - prefix)
+    } else {
+        Some(values)
+    }
+}
+
+/// The block of a 3.11/3.12 instance's attribute values kept in its pre-header (when it has
+/// no dict object): 3.11 keeps a values pointer four words before the object, 3.12 a tagged
+/// dict-or-values pointer three words before it (low bit set: values, stored minus one).
+unsafe fn managed_values(obj: *mut ffi::PyObject) -> Option<usize> {
+    let word = std::mem::size_of::<usize>();
+    let base = obj as *const u8;
+    let values = if cfg!(Py_3_13) {
+        return None;
+    } else if cfg!(Py_3_12) {
+        let stored = *(base.sub(3 * word) as *const usize);
+        if stored & 1 == 0 {
+            return None;
+        }
+        stored + 1
+    } else if cfg!(Py_3_11) {
+        *(base.sub(4 * word) as *const usize)
+    } else {
+        return None;
+    };
+    if values == 0 {
+        return None;
+    }
+    values_block(values)
+}
+
+/// `PyType_IsSubtype` reads the type's MRO tuple (or its base chain); it runs no code.
+unsafe fn is_subtype(tp: *mut ffi::PyTypeObject, base: *mut ffi::PyTypeObject) -> bool {
+    tp == base || ffi::PyType_IsSubtype(tp, base) != 0
+}
+
+/// The qualified name of a type: `module.QualName`, builtins bare (`dict`), as `repr()` of the
+/// class names it. Static types have it in `tp_name` already (`collections.deque`); heap
+/// types keep their `__qualname__` in the type object and `__module__` in their dict. Read
+/// from the fields, not through attribute lookup, so no metaclass code runs.
+///
+/// # Safety
+/// The GIL is held and `tp` is a live type object.
+unsafe fn type_name(tp: *mut ffi::PyTypeObject) -> Vec<u8> {
+    let static_name = || CStr::from_ptr((*tp).tp_name).to_bytes().to_vec();
+    if (*tp).tp_flags & ffi::Py_TPFLAGS_HEAPTYPE == 0 {
+        return static_name();
+    }
+    let qualname: *mut ffi::PyObject = field(tp.cast(), layout::HEAPTYPE_QUALNAME);
+    let Some(qualname) = str_bytes(qualname) else {
+        return static_name();
+    };
+    let dict = (*tp).tp_dict;
+    if dict.is_null() {
+        return qualname;
+    }
+    let module = ffi::PyDict_GetItemString(dict, c"__module__".as_ptr());
+    match str_bytes(module) {
+        Some(module) if module != b"builtins" => {
+            let mut name = module;
+            name.push(b'.');
+            name.extend_from_slice(&qualname);
+            name
+        }
+        _ => qualname,
+    }
+}
+
+/// A `str`'s UTF-8 bytes (surrogates passed through), or `None` if `obj` is not a `str`.
+unsafe fn str_bytes(obj: *mut ffi::PyObject) -> Option<Vec<u8>> {
+    if obj.is_null() || ffi::PyUnicode_Check(obj) == 0 {
+        return None;
+    }
+    let encoded = ffi::PyUnicode_AsEncodedString(obj, c"utf-8".as_ptr(), c"surrogatepass".as_ptr());
+    if encoded.is_null() {
+        ffi::PyErr_Clear();
+        return None;
+    }
+    let bytes = std::slice::from_raw_parts(
+        ffi::PyBytes_AsString(encoded) as *const u8,
+        ffi::PyBytes_Size(encoded) as usize,
+    )
+    .to_vec();
+    ffi::Py_DECREF(encoded);
+    Some(bytes)
+}
