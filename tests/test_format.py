@@ -289,3 +289,34 @@ def test_dump_writes_through_special_files_and_symlinks(tmp_path):
     Snapshot(RAW[:1], 2).dump(link)
     assert link.is_symlink()
     assert len(Snapshot.load(real).traces) == 1
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def version_1_traces():
+    """The traces of tests/data/format-version-1.alct, rebuilt: every size width (0 up to
+    2**64 - 1), many domain runs, 3- and 4-tuples, a few hundred traceback ids."""
+    sizes = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**24, 2**32 - 1, 2**32, 2**56, 2**63]
+    sizes.append(2**64 - 1)
+    raw = []
+    for i in range(700):
+        frames = tuple(
+            (f"pkg/m{(i * 7 + k) % 13}.py", (i * 31 + k) % 400 + 1) for k in range(i % 4)
+        )
+        size = sizes[i % len(sizes)] if i % 3 else 8 + (i * 37) % 3000
+        domain = 0 if i % 9 else (i // 9) % 4
+        if i % 11 == 0:
+            raw.append((domain, size, frames))
+        else:
+            raw.append((domain, size, frames, len(frames) + i % 3))
+    return raw
+
+
+def test_version_1_file_still_loads():
+    """A file written by format version 1 (LEB128 traces section, before fixed columns)."""
+    loaded = Snapshot.load(DATA / "format-version-1.alct")
+    assert loaded.traces._traces == version_1_traces()
+    assert loaded.traceback_limit == 3
+    assert loaded.note == "written by format version 1"
+    assert loaded.traces == Snapshot(version_1_traces(), 3).traces
