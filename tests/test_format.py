@@ -313,10 +313,35 @@ def version_1_traces():
     return raw
 
 
-def test_version_1_file_still_loads():
-    """A file written by format version 1 (LEB128 traces section, before fixed columns)."""
+def test_version_1_file_still_loads(tmp_path):
+    """A file written by format version 1 (LEB128 traces section), loaded and written again in
+    the current version (width-coded trace columns)."""
     loaded = Snapshot.load(DATA / "format-version-1.alct")
     assert loaded.traces._traces == version_1_traces()
     assert loaded.traceback_limit == 3
     assert loaded.note == "written by format version 1"
     assert loaded.traces == Snapshot(version_1_traces(), 3).traces
+    data = dump_bytes(tmp_path, loaded)
+    assert struct.unpack_from("<I", data, 8) == (2,)
+    again = Snapshot.load(tmp_path / "snap.atrace")
+    assert again.traces._traces == version_1_traces()
+    assert again.note == loaded.note
+
+
+def test_resealed_file_with_out_of_range_traceback_id(tmp_path):
+    s = Snapshot([(0, 1, (("a.py", 1),), 1), (0, 2, (("b.py", 1),), 1)], 1)
+    data = bytearray(dump_bytes(tmp_path, s))
+    # The traces section is tag 8; its payload: count=2, 1 domain run (0, 2), the sizes
+    # column (width code 0, 1, 2), the ids column (width code 0, 0, 1).
+    at = data.index(struct.pack("<IQ", 8, 10)) + 12
+    assert data[at : at + 10] == bytes([2, 1, 0, 2, 0, 1, 2, 0, 0, 1])
+    data[at + 9] = 2
+    with pytest.raises(SnapshotFormatError, match="trace 1 refers to traceback 2, but there are"):
+        Snapshot.load(write(tmp_path, reseal(bytes(data))))
+
+
+def test_newer_format_is_refused_by_name(tmp_path):
+    data = dump_bytes(tmp_path, Snapshot(RAW, 2))
+    future = data[:8] + struct.pack("<I", 3) + data[12:]
+    with pytest.raises(SnapshotFormatError, match=r"format version 3 is newer .*version 2\)"):
+        Snapshot.load(write(tmp_path, future))
