@@ -1067,16 +1067,16 @@ pub fn load(path: &Path) -> Result<(Snapshot, Attributes)> {
     })
 }
 
-/// Writes a snapshot file atomically (see [`write_atomic`]). The data is not fsynced (neither
-/// is `tracemalloc`'s pickle): a dump is a few milliseconds and an fsync can cost more.
+/// Writes a snapshot file atomically and durably (see [`write_atomic`]).
 pub fn dump(path: &Path, snapshot: &Snapshot, attrs: &Attributes) -> Result<()> {
     write_atomic(path, &encode(snapshot, attrs))
 }
 
-/// Writes a file atomically: the bytes go to a temporary file in the same directory, renamed
-/// over `path` only when complete, so a failed or interrupted write never leaves a partial
-/// file at `path`. On any error the temporary file is removed and an existing file at `path`
-/// is left untouched. Snapshot dumps and exports share it.
+/// Writes a file atomically: the bytes go to a temporary file in the same directory, synced
+/// to disk, then renamed over `path`, and the directory is synced, so neither a failed or
+/// interrupted write nor a crash soon after leaves a partial or empty file at `path`. On any
+/// error before the rename the temporary file is removed and an existing file at `path` is
+/// left untouched. Snapshot dumps and exports share it.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     let io_err = |action: &'static str, p: &Path| {
         let p = p.to_path_buf();
@@ -1109,13 +1109,35 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
             .open(&tmp)
             .map_err(io_err("create", &tmp))?;
         f.write_all(data).map_err(io_err("write", &tmp))?;
+        // On disk before it gets the good name: after a crash the name holds either the old
+        // file or the complete new one, never an empty or partial file.
+        f.sync_data().map_err(io_err("sync", &tmp))?;
         drop(f);
         fs::rename(&tmp, path).map_err(io_err("replace", path))
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
+        return result;
     }
-    result
+    sync_parent(path)
+}
+
+/// Makes a rename in `path`'s directory durable. Filesystems that cannot sync a directory
+/// (they answer EINVAL) are let be: there is nothing more to do on them.
+fn sync_parent(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let synced = fs::File::open(dir).and_then(|d| d.sync_all());
+    match synced {
+        Err(e) if e.raw_os_error() != Some(libc::EINVAL) => Err(Error::Io {
+            path: dir.to_path_buf(),
+            action: "sync",
+            source: e,
+        }),
+        _ => Ok(()),
+    }
 }
 
 fn temp_path(path: &Path) -> PathBuf {
