@@ -289,3 +289,59 @@ def test_dump_writes_through_special_files_and_symlinks(tmp_path):
     Snapshot(RAW[:1], 2).dump(link)
     assert link.is_symlink()
     assert len(Snapshot.load(real).traces) == 1
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def version_1_traces():
+    """The traces of tests/data/format-version-1.alct, rebuilt: every size width (0 up to
+    2**64 - 1), many domain runs, 3- and 4-tuples, a few hundred traceback ids."""
+    sizes = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**24, 2**32 - 1, 2**32, 2**56, 2**63]
+    sizes.append(2**64 - 1)
+    raw = []
+    for i in range(700):
+        frames = tuple(
+            (f"pkg/m{(i * 7 + k) % 13}.py", (i * 31 + k) % 400 + 1) for k in range(i % 4)
+        )
+        size = sizes[i % len(sizes)] if i % 3 else 8 + (i * 37) % 3000
+        domain = 0 if i % 9 else (i // 9) % 4
+        if i % 11 == 0:
+            raw.append((domain, size, frames))
+        else:
+            raw.append((domain, size, frames, len(frames) + i % 3))
+    return raw
+
+
+def test_version_1_file_still_loads(tmp_path):
+    """A file written by format version 1 (LEB128 traces section), loaded and written again in
+    the current version (width-coded trace columns)."""
+    loaded = Snapshot.load(DATA / "format-version-1.alct")
+    assert loaded.traces._traces == version_1_traces()
+    assert loaded.traceback_limit == 3
+    assert loaded.note == "written by format version 1"
+    assert loaded.traces == Snapshot(version_1_traces(), 3).traces
+    data = dump_bytes(tmp_path, loaded)
+    assert struct.unpack_from("<I", data, 8) == (2,)
+    again = Snapshot.load(tmp_path / "snap.atrace")
+    assert again.traces._traces == version_1_traces()
+    assert again.note == loaded.note
+
+
+def test_resealed_file_with_out_of_range_traceback_id(tmp_path):
+    s = Snapshot([(0, 1, (("a.py", 1),), 1), (0, 2, (("b.py", 1),), 1)], 1)
+    data = bytearray(dump_bytes(tmp_path, s))
+    # The traces section is tag 8; its payload: count=2, 1 domain run (0, 2), the sizes
+    # column (width code 0, 1, 2), the ids column (width code 0, 0, 1).
+    at = data.index(struct.pack("<IQ", 8, 10)) + 12
+    assert data[at : at + 10] == bytes([2, 1, 0, 2, 0, 1, 2, 0, 0, 1])
+    data[at + 9] = 2
+    with pytest.raises(SnapshotFormatError, match="trace 1 refers to traceback 2, but there are"):
+        Snapshot.load(write(tmp_path, reseal(bytes(data))))
+
+
+def test_newer_format_is_refused_by_name(tmp_path):
+    data = dump_bytes(tmp_path, Snapshot(RAW, 2))
+    future = data[:8] + struct.pack("<I", 3) + data[12:]
+    with pytest.raises(SnapshotFormatError, match=r"format version 3 is newer .*version 2\)"):
+        Snapshot.load(write(tmp_path, future))

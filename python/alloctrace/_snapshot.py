@@ -563,7 +563,8 @@ class Snapshot:
     def dump(self, filename):
         """Write the snapshot, with its plain-valued attributes, into a file.
 
-        The file is replaced atomically: a failed dump leaves any previous file intact.
+        The file is replaced atomically: a failed dump leaves any previous file intact. It
+        is synced to disk before it takes the name, so a crash cannot leave it empty.
         """
         attributes = self._attributes()
         retention = self.__dict__.get("_retention")
