@@ -94,6 +94,28 @@ def test_type_statistics_sum_to_the_snapshot(kinds_snapshot):
     assert sizes == sorted(sizes, reverse=True)
 
 
+def test_sampled_kinds_are_estimates_like_every_other_key(stopped_tracer):
+    # Sampled traces stand for many blocks: grouped by kind they must add up to the same
+    # estimates as grouped by file, not to the raw sampled bytes.
+    alloctrace.start(1, sample_interval=4096, sample_seed=7)
+    users = [User(i) for i in range(20_000)]  # noqa: F841
+    blobs = [bytearray(100) for _ in range(20_000)]  # noqa: F841
+    snapshot = alloctrace.take_snapshot(objects=True)
+    alloctrace.stop()
+    assert snapshot.sample_interval == 4096 and snapshot.has_objects
+    by_type = snapshot.statistics("type")
+    by_file = snapshot.statistics("filename")
+    by_line_type = snapshot.statistics("lineno+type")
+    estimated = sum(s.size for s in by_file)
+    assert sum(s.size for s in by_type) == estimated
+    assert sum(s.size for s in by_line_type) == estimated
+    sampled_bytes = sum(trace.size for trace in snapshot.traces)
+    assert estimated > 4 * sampled_bytes
+    counts = sum(s.count for s in by_file)
+    # Counts are rounded per row on each side.
+    assert abs(sum(s.count for s in by_type) - counts) <= len(by_type) + len(by_file)
+
+
 def test_statistic_text(kinds_snapshot):
     stat = next(s for s in kinds_snapshot.statistics("type") if s.kind == "bytearray (buffer)")
     assert str(stat).startswith("bytearray (buffer): size=")
