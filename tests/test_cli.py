@@ -13,6 +13,7 @@ import pytest
 
 import alloctrace
 from alloctrace import _report
+from subproc import clean_env
 
 TIMEOUT = 60
 
@@ -34,13 +35,6 @@ def helper_noise():
 noise = helper_noise()
 grow(int(sys.argv[1]))
 """
-
-
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
-    env.pop("COLUMNS", None)
-    env.update(extra)
-    return env
 
 
 def cli(*args, cwd=None, env=None, input=None):

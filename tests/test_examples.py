@@ -6,16 +6,10 @@ import subprocess
 import sys
 
 import alloctrace
+from subproc import clean_env
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 TIMEOUT = 60
-
-
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
-    env.pop("COLUMNS", None)
-    env.update(extra)
-    return env
 
 
 def run(args, cwd, **env):

@@ -3,15 +3,13 @@
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 import alloctrace
+from subproc import run_python as run
 
-TIMEOUT = 120
 THIS_FILE = __file__
 
 
@@ -182,24 +180,6 @@ class Item: __slots__ = ("i",)
 keep.extend(Item() for i in range(int(sys.argv[2])))
 alloctrace.take_snapshot(objects=sys.argv[3] == "1").dump(sys.argv[1])
 """
-
-
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
-    env.pop("COLUMNS", None)
-    env.update(extra)
-    return env
-
-
-def run(args, cwd=None, **env):
-    return subprocess.run(
-        [sys.executable, *args],
-        env=clean_env(**env),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -7,36 +7,17 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from alloctrace import _startup
+from subproc import run_python as python
 
 TIMEOUT = 120
 
 PROGRAM = """\
 kept = [bytes(1000) for _ in range(50_000)]
 """
-
-
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
-    env.pop("PYTHONTRACEMALLOC", None)
-    env.pop("COLUMNS", None)
-    env.update(extra)
-    return env
-
-
-def python(args, cwd=None, **env):
-    return subprocess.run(
-        [sys.executable, *args],
-        env=clean_env(**env),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
 
 
 def cli(*args, cwd=None, **env):

@@ -12,6 +12,8 @@ import textwrap
 import pytest
 
 import alloctrace
+from subproc import clean_env
+from subproc import run_python as run
 
 TIMEOUT = 60
 
@@ -21,24 +23,6 @@ PROBE = (
     "print(alloctrace.is_tracing(), alloctrace.is_tracing() and "
     "alloctrace.take_snapshot().traceback_limit)\n"
 )
-
-
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
-    env.pop("PYTHONTRACEMALLOC", None)
-    env.update(extra)
-    return env
-
-
-def run(args, cwd=None, **env):
-    return subprocess.run(
-        [sys.executable, *args],
-        env=clean_env(**env),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
 
 
 def write(tmp_path, name, source):
