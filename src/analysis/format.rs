@@ -159,26 +159,96 @@ fn width_code(v: u64) -> u8 {
     (v > 0xFF) as u8 + (v > 0xFFFF) as u8 + (v > 0xFFFF_FFFF) as u8
 }
 
-/// Writes `n` values as a column: one width code (0 to 3: 1, 2, 4 or 8 bytes) per block of
-/// `COLUMN_BLOCK` values (the last block may be shorter), then each block's values at its
-/// width, little-endian, back to back.
-fn put_column(out: &mut Vec<u8>, n: usize, value: impl Fn(usize) -> u64) {
-    let blocks = (0..n)
-        .step_by(COLUMN_BLOCK)
-        .map(|start| start..n.min(start + COLUMN_BLOCK));
-    let codes: Vec<u8> = blocks
-        .clone()
-        .map(|block| width_code(block.map(&value).max().unwrap_or(0)))
-        .collect();
-    out.extend_from_slice(&codes);
-    for (block, code) in blocks.zip(codes) {
-        match code {
-            0 => out.extend(block.map(|i| value(i) as u8)),
-            1 => block.for_each(|i| out.extend_from_slice(&(value(i) as u16).to_le_bytes())),
-            2 => block.for_each(|i| out.extend_from_slice(&(value(i) as u32).to_le_bytes())),
-            _ => block.for_each(|i| out.extend_from_slice(&value(i).to_le_bytes())),
+/// Writes the traces of section 8: their count, the domain runs (count, then domain and
+/// length of each), then the sizes and the traceback ids each as a column: one width code
+/// (0 to 3: 1, 2, 4 or 8 bytes) per block of `COLUMN_BLOCK` values (the last block may be
+/// shorter), then each block's values at its width, little-endian, back to back.
+///
+/// A million traces are 16 MB in memory against a 3 MB file, so the cost is reading them:
+/// this reads them twice (five times when each column and the runs took their own passes).
+/// The first pass finds the runs and each block's widths (from the OR of its values, which
+/// needs as many bytes as their maximum), so the columns' exact sizes are known; the second
+/// stores both columns into that space already sized, without a capacity check per value.
+fn put_trace_columns(out: &mut Vec<u8>, traces: &[Trace]) {
+    let nblocks = traces.len().div_ceil(COLUMN_BLOCK);
+    let mut runs: Vec<(u32, u64)> = Vec::new();
+    let mut run = traces.first().map_or((0, 0), |t| (t.domain, 0));
+    let mut size_codes = Vec::with_capacity(nblocks);
+    let mut id_codes = Vec::with_capacity(nblocks);
+    let (mut size_bytes, mut id_bytes) = (0usize, 0usize);
+    for block in traces.chunks(COLUMN_BLOCK) {
+        let (mut sizes, mut ids) = (0u64, 0u32);
+        for t in block {
+            if t.domain != run.0 {
+                runs.push(run);
+                run = (t.domain, 0);
+            }
+            run.1 += 1;
+            sizes |= t.size;
+            ids |= t.traceback;
         }
+        let (size_code, id_code) = (width_code(sizes), width_code(ids as u64));
+        size_codes.push(size_code);
+        id_codes.push(id_code);
+        size_bytes += block.len() * WIDTHS[size_code as usize];
+        id_bytes += block.len() * WIDTHS[id_code as usize];
     }
+    if run.1 > 0 {
+        runs.push(run);
+    }
+    put_uleb(out, traces.len() as u64);
+    put_uleb(out, runs.len() as u64);
+    for &(domain, len) in &runs {
+        put_uleb(out, domain as u64);
+        put_uleb(out, len);
+    }
+    out.extend_from_slice(&size_codes);
+    let at = out.len();
+    out.resize(at + size_bytes + nblocks + id_bytes, 0);
+    let (mut sizes_dst, rest) = out[at..].split_at_mut(size_bytes);
+    let (codes_dst, mut ids_dst) = rest.split_at_mut(nblocks);
+    codes_dst.copy_from_slice(&id_codes);
+    let blocks = traces
+        .chunks(COLUMN_BLOCK)
+        .zip(size_codes.iter().zip(&id_codes));
+    for (block, (&size_code, &id_code)) in blocks {
+        let (dst, tail) = sizes_dst.split_at_mut(block.len() * WIDTHS[size_code as usize]);
+        sizes_dst = tail;
+        put_block(dst, size_code, block.iter().map(|t| t.size));
+        let (dst, tail) = ids_dst.split_at_mut(block.len() * WIDTHS[id_code as usize]);
+        ids_dst = tail;
+        put_block(dst, id_code, block.iter().map(|t| t.traceback as u64));
+    }
+}
+
+/// Stores one column block's values into `dst` (sized for them) at width code `code`.
+fn put_block(dst: &mut [u8], code: u8, values: impl Iterator<Item = u64>) {
+    match code {
+        0 => dst.iter_mut().zip(values).for_each(|(d, v)| *d = v as u8),
+        1 => dst
+            .chunks_exact_mut(2)
+            .zip(values)
+            .for_each(|(d, v)| d.copy_from_slice(&(v as u16).to_le_bytes())),
+        2 => dst
+            .chunks_exact_mut(4)
+            .zip(values)
+            .for_each(|(d, v)| d.copy_from_slice(&(v as u32).to_le_bytes())),
+        _ => dst
+            .chunks_exact_mut(8)
+            .zip(values)
+            .for_each(|(d, v)| d.copy_from_slice(&v.to_le_bytes())),
+    }
+}
+
+/// Writes a section whose payload `write` appends straight to `out`, then fills in its
+/// length: the large sections are not built in a scratch buffer and copied.
+fn section_with(out: &mut Vec<u8>, tag: u32, write: impl FnOnce(&mut Vec<u8>)) {
+    out.extend_from_slice(&tag.to_le_bytes());
+    let len_at = out.len();
+    out.extend_from_slice(&0u64.to_le_bytes());
+    write(out);
+    let len = (out.len() - len_at - 8) as u64;
+    out[len_at..len_at + 8].copy_from_slice(&len.to_le_bytes());
 }
 
 fn section(out: &mut Vec<u8>, tag: u32, payload: &[u8]) {
@@ -279,24 +349,9 @@ pub fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Vec<u8> {
     }
     section(&mut out, TAG_TRACEBACKS, &buf);
 
-    buf.clear();
-    let traces = &snapshot.traces;
-    put_uleb(&mut buf, traces.len() as u64);
-    let mut runs: Vec<(u32, u64)> = Vec::new();
-    for t in traces {
-        match runs.last_mut() {
-            Some((d, n)) if *d == t.domain => *n += 1,
-            _ => runs.push((t.domain, 1)),
-        }
-    }
-    put_uleb(&mut buf, runs.len() as u64);
-    for (d, n) in runs {
-        put_uleb(&mut buf, d as u64);
-        put_uleb(&mut buf, n);
-    }
-    put_column(&mut buf, traces.len(), |i| traces[i].size);
-    put_column(&mut buf, traces.len(), |i| traces[i].traceback as u64);
-    section(&mut out, TAG_TRACE_COLUMNS, &buf);
+    section_with(&mut out, TAG_TRACE_COLUMNS, |out| {
+        put_trace_columns(out, &snapshot.traces)
+    });
 
     if !snapshot.traceback_functions.is_empty() {
         // The function table (name, first line), then per traceback its entry count (0 or
@@ -324,16 +379,16 @@ pub fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Vec<u8> {
     }
 
     if let Some(kinds) = &snapshot.kinds {
-        buf.clear();
-        put_uleb(&mut buf, kinds.names.len() as u64);
-        for name in &kinds.names {
-            put_bytes(&mut buf, name);
-        }
-        put_uleb(&mut buf, kinds.of_trace.len() as u64);
-        for &id in &kinds.of_trace {
-            put_uleb(&mut buf, id as u64);
-        }
-        section(&mut out, TAG_KINDS, &buf);
+        section_with(&mut out, TAG_KINDS, |out| {
+            put_uleb(out, kinds.names.len() as u64);
+            for name in &kinds.names {
+                put_bytes(out, name);
+            }
+            put_uleb(out, kinds.of_trace.len() as u64);
+            for &id in &kinds.of_trace {
+                put_uleb(out, id as u64);
+            }
+        });
     }
 
     if let Some((_, v)) = attrs.iter().find(|(name, _)| name == RETENTION_ATTR) {
@@ -912,7 +967,7 @@ impl Widen for u32 {
     }
 }
 
-/// A column (see [`put_column`]) being read block by block. Its extent was checked when it
+/// A column (see [`put_trace_columns`]) being read block by block. Its extent was checked when it
 /// was opened, so reading it cannot fail.
 #[derive(Clone)]
 struct Column<'a> {
@@ -1729,6 +1784,69 @@ mod tests {
         for n in [0, 1, 15, 16, 17, 255, 256, 257, 1000, 4099] {
             let s = many(n);
             assert_eq!(decode(&encode(&s, &vec![])).unwrap().0, s, "{n} traces");
+        }
+    }
+
+    /// The traces section's exact bytes, against the layout spelled out one value at a time:
+    /// the fast two-pass writer must not change the format that readers and the fuzz seeds
+    /// expect.
+    #[test]
+    fn trace_column_bytes_follow_the_documented_layout() {
+        fn column(values: &[u64]) -> Vec<u8> {
+            let code = |block: &[u64]| width_code(*block.iter().max().unwrap());
+            let mut out: Vec<u8> = values.chunks(COLUMN_BLOCK).map(code).collect();
+            for block in values.chunks(COLUMN_BLOCK) {
+                for v in block {
+                    out.extend_from_slice(&v.to_le_bytes()[..WIDTHS[code(block) as usize]]);
+                }
+            }
+            out
+        }
+        let edge = [
+            0,
+            1,
+            0xFF,
+            0x100,
+            0xFFFF,
+            0x1_0000,
+            0xFFFF_FFFF,
+            0x1_0000_0000,
+            u64::MAX,
+        ];
+        for n in [0usize, 1, 15, 16, 17, 40, 100, 300] {
+            let traces: Vec<Trace> = (0..n)
+                .map(|i| Trace {
+                    domain: [0, 0, 0, 7, 7, 1 << 31][i / 9 % 6],
+                    size: if n == 100 && i == 50 {
+                        1 << 40
+                    } else {
+                        edge[i % edge.len()]
+                    },
+                    traceback: [0, 255, 256, 65_535, 65_536, u32::MAX][i / 5 % 6],
+                })
+                .collect();
+            let mut expected = Vec::new();
+            put_uleb(&mut expected, n as u64);
+            let mut runs: Vec<(u32, u64)> = Vec::new();
+            for t in &traces {
+                match runs.last_mut() {
+                    Some((d, len)) if *d == t.domain => *len += 1,
+                    _ => runs.push((t.domain, 1)),
+                }
+            }
+            put_uleb(&mut expected, runs.len() as u64);
+            for (d, len) in runs {
+                put_uleb(&mut expected, d as u64);
+                put_uleb(&mut expected, len);
+            }
+            let sizes: Vec<u64> = traces.iter().map(|t| t.size).collect();
+            let ids: Vec<u64> = traces.iter().map(|t| t.traceback as u64).collect();
+            expected.extend(column(&sizes));
+            expected.extend(column(&ids));
+            let mut out = vec![0xAA];
+            put_trace_columns(&mut out, &traces);
+            assert_eq!(out[0], 0xAA);
+            assert_eq!(&out[1..], &expected[..], "{n} traces");
         }
     }
 
