@@ -175,6 +175,43 @@ def test_objects_held_only_by_a_thread_frame():
         thread.join(TIMEOUT)
 
 
+@pytest.mark.skipif(
+    sys.version_info < (3, 11),
+    reason="up to 3.10 a running frame does not store its value stack's top",
+)
+def test_objects_held_only_by_a_frame_evaluation_stack():
+    started = threading.Event()
+    release = threading.Event()
+    box = []
+
+    def make():
+        node = Node()
+        box.append(weakref.ref(node))
+        return node
+
+    def wait():
+        started.set()
+        release.wait(TIMEOUT)
+
+    def hold():
+        # make()'s result sits on hold's evaluation stack while wait() runs; no name holds it.
+        return [make(), wait()]
+
+    thread = threading.Thread(target=hold, name="stacker")
+    thread.start()
+    try:
+        assert started.wait(TIMEOUT)
+        report = alloctrace.retention(box[0]())
+        assert report.reachable, str(report)
+        first = str(report.paths[0])
+        assert first.startswith("thread stacker frame "), first
+        assert first.endswith(" in hold → stack temporary"), first
+        assert report.retained_size >= report.size > 0
+    finally:
+        release.set()
+        thread.join(TIMEOUT)
+
+
 def test_slots_weakrefs_and_extension_objects_never_crash(leaky):
     import array
     import collections

@@ -10,7 +10,9 @@ are modules, so whatever the interpreter keeps reachable from them, such as impo
 ``functools`` caches of module-level functions, counts as reachable), and the frames of every
 thread (:func:`sys._current_frames`, each stack followed to its oldest frame). On 3.11+ the
 locals of a running function live in the interpreter's frame, which the frame object does not
-expose to the collector, so each frame's locals are taken as a root of their own. The frames of
+expose to the collector, so each frame's locals are taken as a root of their own; the walk also
+links each frame suspended in a call to Python code to the temporaries on its evaluation stack
+(``stack temporary`` edges), which nothing else may hold. The frames of
 alloctrace itself are not roots, and those of the thread that asks (which hold the object to
 ask about it) count last: a chain through them is reported after the chains from every other
 root, and explains an object alone only when nothing else reaches it. An object that no root
@@ -245,6 +247,12 @@ def _name_edges(path, i):
             return f"local {_short_repr(key)}", 1
         if b is getattr(a, "f_globals", None):
             return "f_globals", 1
+        if b is a.f_back:
+            return "f_back", 1
+        if _MODERN_FRAMES and b is not a.f_trace:
+            # From 3.11 the walk links a running frame to nothing but f_back, f_trace and the
+            # temporaries on its evaluation stack.
+            return "stack temporary", 1
         return None, 1
     if isinstance(a, types.FunctionType):
         closure = a.__closure__
