@@ -379,6 +379,21 @@ def test_snapshot_baseline_picks_growing_sites(leaky, stopped_tracer):
     del big
 
 
+def test_shared_dict_scans_name_edges_as_a_scan_per_edge_does():
+    from alloctrace import _retention as r
+
+    shared, other = object(), object()
+    d = {"first": shared, "second": shared, "third": other}
+    plain = [r._key_of(d, v) for v in (shared, other, object())]
+    assert plain == [(True, "first"), (True, "third"), (False, None)]
+    with r._naming():
+        assert [r._key_of(d, v) for v in (shared, other, object())] == plain
+        with r._naming():  # nested: the outer index is kept
+            assert r._key_of(d, other) == (True, "third")
+        assert r._key_index is not None
+    assert r._key_index is None
+
+
 def test_malformed_reports_are_refused(stopped_tracer):
     alloctrace.start(1)
     snapshot = alloctrace.take_snapshot()
