@@ -5,6 +5,7 @@ import gc
 import importlib
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -174,6 +175,43 @@ def test_objects_held_only_by_a_thread_frame():
         thread.join(TIMEOUT)
 
 
+@pytest.mark.skipif(
+    sys.version_info < (3, 11),
+    reason="up to 3.10 a running frame does not store its value stack's top",
+)
+def test_objects_held_only_by_a_frame_evaluation_stack():
+    started = threading.Event()
+    release = threading.Event()
+    box = []
+
+    def make():
+        node = Node()
+        box.append(weakref.ref(node))
+        return node
+
+    def wait():
+        started.set()
+        release.wait(TIMEOUT)
+
+    def hold():
+        # make()'s result sits on hold's evaluation stack while wait() runs; no name holds it.
+        return [make(), wait()]
+
+    thread = threading.Thread(target=hold, name="stacker")
+    thread.start()
+    try:
+        assert started.wait(TIMEOUT)
+        report = alloctrace.retention(box[0]())
+        assert report.reachable, str(report)
+        first = str(report.paths[0])
+        assert first.startswith("thread stacker frame "), first
+        assert first.endswith(" in hold → stack temporary"), first
+        assert report.retained_size >= report.size > 0
+    finally:
+        release.set()
+        thread.join(TIMEOUT)
+
+
 def test_slots_weakrefs_and_extension_objects_never_crash(leaky):
     import array
     import collections
@@ -321,7 +359,7 @@ def test_snapshot_reports_round_trip(leaky, stopped_tracer, tmp_path):
     assert str(loaded.referrer_paths(site)) == str(report)
     assert "_retention" not in loaded._attributes()
 
-    plain = alloctrace.Snapshot._from_data(snapshot._data)
+    plain = alloctrace.Snapshot._from_data(snapshot._data.with_retention(None))
     assert not plain.has_retention
     with pytest.raises(ValueError, match="no retention reports"):
         plain.referrer_paths(site)
@@ -334,21 +372,99 @@ def test_snapshot_baseline_picks_growing_sites(leaky, stopped_tracer):
     leaky.kept = leaky.sessions(500)
     after = alloctrace.take_snapshot(retention=1, baseline=before)
     alloctrace.stop()
-    (report,) = after._retention
+    (report,) = after._data.retention
     assert (report["filename"], report["lineno"]) == (leaky.__file__, SESSION_LINE)
     with pytest.raises(TypeError, match="baseline must be a Snapshot"):
         alloctrace.take_snapshot(retention=1, baseline="x")
     del big
 
 
-def test_dump_refuses_malformed_reports(tmp_path, stopped_tracer):
+def test_shared_dict_scans_name_edges_as_a_scan_per_edge_does():
+    from alloctrace import _retention as r
+
+    shared, other = object(), object()
+    d = {"first": shared, "second": shared, "third": other}
+    plain = [r._key_of(d, v) for v in (shared, other, object())]
+    assert plain == [(True, "first"), (True, "third"), (False, None)]
+    with r._naming():
+        assert [r._key_of(d, v) for v in (shared, other, object())] == plain
+        with r._naming():  # nested: the outer index is kept
+            assert r._key_of(d, other) == (True, "third")
+        assert r._key_index is not None
+    assert r._key_index is None
+
+
+def test_malformed_reports_are_refused(stopped_tracer):
     alloctrace.start(1)
     snapshot = alloctrace.take_snapshot()
     alloctrace.stop()
-    snapshot._retention = [{"filename": "a.py"}]
-    with pytest.raises(ValueError, match="8 expected"):
-        snapshot.dump(tmp_path / "bad")
-    assert not (tmp_path / "bad").exists()
+    good = {
+        "filename": "a.py",
+        "lineno": 1,
+        "count": 2,
+        "unreachable": 0,
+        "size": 10,
+        "retained": 10,
+        "paths": ["x"],
+        "pattern": [],
+    }
+    assert snapshot._data.with_retention([good]).retention == [good]
+    cases = [
+        ({"filename": "a.py"}, ValueError, "no 'lineno' field"),
+        ({**good, "extra": 1}, ValueError, "unknown field 'extra'"),
+        ({**good, "count": -1}, ValueError, "count must be a non-negative int"),
+        ({**good, "lineno": 2**32}, ValueError, "lineno must be a non-negative int"),
+        ({**good, "size": True}, TypeError, "size must be an int, not bool"),
+        ({**good, "unreachable": 3}, ValueError, "3 unreachable objects of 2"),
+        ({**good, "filename": b"a.py"}, TypeError, "filename must be a str"),
+        ({**good, "paths": ["x", 1]}, TypeError, "paths must be a list of str"),
+        ({**good, "pattern": "x"}, TypeError, "pattern must be a list of str"),
+        ("report", TypeError, "report 0 is not a dict"),
+    ]
+    for report, error, message in cases:
+        with pytest.raises(error, match=re.escape(message)):
+            snapshot._data.with_retention([report])
+    with pytest.raises(TypeError, match="must be a list of dicts"):
+        snapshot._data.with_retention("x")
+    assert not snapshot.has_retention
+
+
+def test_reports_survive_pickling_and_filters(leaky, stopped_tracer, tmp_path):
+    alloctrace.start(1)
+    leaky.kept = leaky.sessions(2000)
+    snapshot = alloctrace.take_snapshot(retention=3)
+    alloctrace.stop()
+    site = f"{leaky.__file__}:{SESSION_LINE}"
+    report = str(snapshot.referrer_paths(site))
+    snapshot.note = "kept"
+    back = pickle.loads(pickle.dumps(snapshot))
+    assert back.has_retention and back.note == "kept"
+    assert str(back.referrer_paths(site)) == report
+    assert back._data.retention == snapshot._data.retention
+    # Without reports the state stays the plain attributes dict, as before.
+    plain = alloctrace.Snapshot._from_data(snapshot._data.with_retention(None))
+    assert plain.__reduce__()[2] == {}
+    assert not pickle.loads(pickle.dumps(plain)).has_retention
+
+    # Filters keep the reports of the sites still shown, and only those.
+    mine = alloctrace.Filter(True, leaky.__file__)
+    kept = snapshot.filter_traces([mine])
+    assert str(kept.referrer_paths(site)) == report
+    assert {(r["filename"], r["lineno"]) for r in kept._data.retention} <= {
+        (leaky.__file__, s.traceback[-1].lineno) for s in kept.statistics("lineno")
+    }
+    gone = snapshot.filter_traces([alloctrace.Filter(False, leaky.__file__)])
+    assert gone.has_retention and gone.referrer_paths(site) is None
+
+    class Mine(alloctrace.Filter):
+        def _match(self, trace):
+            return trace[2][0][0] == leaky.__file__  # raw: (domain, size, frames, ...)
+
+    custom = snapshot.filter_traces([Mine(True, "*")])
+    assert str(custom.referrer_paths(site)) == report
+    path = tmp_path / "kept.alloctrace"
+    custom.dump(path)
+    assert str(alloctrace.Snapshot.load(path).referrer_paths(site)) == report
 
 
 def cli(*args):
@@ -389,7 +505,7 @@ def test_why_cli(leaky, stopped_tracer, tmp_path):
     assert done.stderr.count("\n") == 1 and "no retention report for leaky_app.py:1" in done.stderr
 
     plain = tmp_path / "plain.alloctrace"
-    alloctrace.Snapshot._from_data(with_reports._data).dump(plain)
+    alloctrace.Snapshot._from_data(with_reports._data.with_retention(None)).dump(plain)
     done = cli("why", str(plain), "--line", f"leaky_app.py:{SESSION_LINE}")
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1

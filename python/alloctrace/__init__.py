@@ -199,7 +199,8 @@ def take_snapshot(
         # `_get_traces` was replaced (as tracemalloc's own tests do): honour the replacement.
         snapshot = Snapshot(_get_traces(), get_traceback_limit())
     if retention:
-        snapshot._retention = _retention._capture(snapshot, retention, baseline, retention_limit)
+        reports = _retention._capture(snapshot, retention, baseline, retention_limit)
+        snapshot._data = snapshot._data.with_retention(reports)
     return snapshot
 
 

@@ -355,7 +355,7 @@ def _site_matches(report, filename: str, lineno: int) -> bool:
 
 def _cmd_why(args: argparse.Namespace) -> int:
     snapshot = _load(args.file, args.allow_pickle)
-    reports = snapshot.__dict__.get("_retention")
+    reports = snapshot._data.retention
     if reports is None:
         raise CommandError(
             f"{args.file} holds no retention reports: capture them with "

@@ -10,7 +10,9 @@ are modules, so whatever the interpreter keeps reachable from them, such as impo
 ``functools`` caches of module-level functions, counts as reachable), and the frames of every
 thread (:func:`sys._current_frames`, each stack followed to its oldest frame). On 3.11+ the
 locals of a running function live in the interpreter's frame, which the frame object does not
-expose to the collector, so each frame's locals are taken as a root of their own. The frames of
+expose to the collector, so each frame's locals are taken as a root of their own; the walk also
+links each frame suspended in a call to Python code to the temporaries on its evaluation stack
+(``stack temporary`` edges), which nothing else may hold. The frames of
 alloctrace itself are not roots, and those of the thread that asks (which hold the object to
 ask about it) count last: a chain through them is reported after the chains from every other
 root, and explains an object alone only when nothing else reaches it. An object that no root
@@ -18,6 +20,7 @@ reaches is reported as unreachable: garbage kept in a reference cycle, or held o
 something that is not a root (a C extension's static variable).
 """
 
+import contextlib
 import gc
 import sys
 import threading
@@ -69,12 +72,42 @@ def _instance_dict(obj):
     return d if isinstance(d, dict) else None
 
 
+_MISSING = object()
+# While reports are named (see _naming), per dict id: (the dict, {id(value): first key}).
+_key_index = None
+
+
+@contextlib.contextmanager
+def _naming():
+    """Shares dict scans between all the paths named inside: a dict on many paths (a
+    module's globals, a cache holding every object of a site) is scanned once, not once
+    per edge named through it."""
+    global _key_index
+    outer = _key_index
+    if outer is None:
+        _key_index = {}
+    try:
+        yield
+    finally:
+        _key_index = outer
+
+
 def _key_of(d, value):
     """The key under which dict *d* holds *value*: ``(True, key)`` or ``(False, None)``."""
-    for k, v in _dict_items(d):
-        if v is value:
-            return True, k
-    return False, None
+    if _key_index is None:
+        for k, v in _dict_items(d):
+            if v is value:
+                return True, k
+        return False, None
+    entry = _key_index.get(id(d))
+    if entry is None or entry[0] is not d:
+        index = {}
+        for k, v in _dict_items(d):
+            index.setdefault(id(v), k)
+        # The dict is held with its index, so its id cannot be reused meanwhile.
+        entry = _key_index[id(d)] = (d, index)
+    key = entry[1].get(id(value), _MISSING)
+    return (False, None) if key is _MISSING else (True, key)
 
 
 def _slot_name(obj, value):
@@ -245,6 +278,12 @@ def _name_edges(path, i):
             return f"local {_short_repr(key)}", 1
         if b is getattr(a, "f_globals", None):
             return "f_globals", 1
+        if b is a.f_back:
+            return "f_back", 1
+        if _MODERN_FRAMES and b is not a.f_trace:
+            # From 3.11 the walk links a running frame to nothing but f_back, f_trace and the
+            # temporaries on its evaluation stack.
+            return "stack temporary", 1
         return None, 1
     if isinstance(a, types.FunctionType):
         closure = a.__closure__
@@ -425,7 +464,8 @@ def retention(obj, limit=3):
         chains, own, retained, reachable = _native.object_retention(
             roots.objects, roots.primary, obj, limit
         )
-        return [_render(chain, roots) for chain in chains], own, retained, reachable
+        with _naming():
+            return [_render(chain, roots) for chain in chains], own, retained, reachable
 
     paths, own, retained, reachable = _with_gc_off(analyse)
     return Retention(_type_name(obj), own, retained, reachable, paths, get_object_traceback(obj))
@@ -482,24 +522,25 @@ def capture_sites(sites, limit=3, max_lines=5):
 
     def analyse():
         found = _native.site_retention(roots.objects, roots.primary, list(sites), limit, max_lines)
-        out = []
-        for (filename, lineno), report in zip(sites, found):
-            if report is None:
-                continue
-            count, unreachable, own, retained, chains, pattern = report
-            out.append(
-                {
-                    "filename": filename,
-                    "lineno": lineno,
-                    "count": count,
-                    "unreachable": unreachable,
-                    "size": own,
-                    "retained": retained,
-                    "paths": [str(_render(chain, roots)) for chain in chains],
-                    "pattern": [_pattern_line(line) for line in pattern],
-                }
-            )
-        return out
+        with _naming():
+            out = []
+            for (filename, lineno), report in zip(sites, found):
+                if report is None:
+                    continue
+                count, unreachable, own, retained, chains, pattern = report
+                out.append(
+                    {
+                        "filename": filename,
+                        "lineno": lineno,
+                        "count": count,
+                        "unreachable": unreachable,
+                        "size": own,
+                        "retained": retained,
+                        "paths": [str(_render(chain, roots)) for chain in chains],
+                        "pattern": [_pattern_line(line) for line in pattern],
+                    }
+                )
+            return out
 
     return _with_gc_off(analyse)
 

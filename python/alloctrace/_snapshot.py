@@ -459,9 +459,7 @@ class StatisticDiff:
 
 
 # Instance attributes that are the snapshot itself, not user attributes to dump.
-_INTERNAL_ATTRIBUTES = frozenset({"_data", "_traces_view", "_retention"})
-# The name under which retention reports travel to and from the file format (section 11).
-_RETENTION_ATTR = "\0retention"
+_INTERNAL_ATTRIBUTES = frozenset({"_data", "_traces_view"})
 _PICKLE_PROTOCOL_BYTES = {b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"}
 
 
@@ -551,14 +549,26 @@ class Snapshot:
         return {k: v for k, v in vars(self).items() if k not in _INTERNAL_ATTRIBUTES}
 
     def __reduce__(self):
+        # The state is the attributes dict, or (attributes, retention reports) when the
+        # snapshot holds reports, so no attribute name is reserved for them.
+        state = self._attributes()
+        reports = self._data.retention
+        if reports is not None:
+            state = (state, reports)
         interval = self.sample_interval
         if interval is not None:
             return (
                 _sampled_snapshot,
                 (self.traces._traces, self.traceback_limit, interval),
-                self._attributes(),
+                state,
             )
-        return (Snapshot, (self.traces._traces, self.traceback_limit), self._attributes())
+        return (Snapshot, (self.traces._traces, self.traceback_limit), state)
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple):
+            state, reports = state
+            self._data = self._data.with_retention(reports)
+        self.__dict__.update(state)
 
     def dump(self, filename):
         """Write the snapshot, with its plain-valued attributes, into a file.
@@ -566,11 +576,7 @@ class Snapshot:
         The file is replaced atomically: a failed dump leaves any previous file intact. It
         is synced to disk before it takes the name, so a crash cannot leave it empty.
         """
-        attributes = self._attributes()
-        retention = self.__dict__.get("_retention")
-        if retention is not None:
-            attributes[_RETENTION_ATTR] = retention
-        self._data.dump(_path(filename), attributes)
+        self._data.dump(_path(filename), self._attributes())
 
     @staticmethod
     def load(filename, *, allow_pickle=False):
@@ -587,9 +593,6 @@ class Snapshot:
                 return _load_pickle(filename)
         data, attributes = SnapshotData.load(filename)
         snapshot = Snapshot._from_data(data)
-        retention = attributes.pop(_RETENTION_ATTR, None)
-        if retention is not None:
-            snapshot._retention = retention
         for name, value in attributes.items():
             setattr(snapshot, name, value)
         return snapshot
@@ -597,7 +600,7 @@ class Snapshot:
     @property
     def has_retention(self):
         """Whether the snapshot holds retention reports (see :meth:`referrer_paths`)."""
-        return self.__dict__.get("_retention") is not None
+        return self._data.has_retention
 
     def referrer_paths(self, key):
         """The retention report captured for an allocation site, or ``None``.
@@ -613,7 +616,7 @@ class Snapshot:
         from alloctrace._retention import SiteRetention
 
         filename, lineno = _site_of(key)
-        reports = self.__dict__.get("_retention")
+        reports = self._data.retention
         if reports is None:
             raise ValueError(
                 "this snapshot holds no retention reports: take it with "
@@ -632,7 +635,12 @@ class Snapshot:
     def filter_traces(self, filters):
         """A new snapshot with the traces kept by *filters*, a sequence of
         :class:`Filter` and :class:`DomainFilter`: kept when it matches any inclusive
-        filter (if there is one) and every exclusive filter."""
+        filter (if there is one) and every exclusive filter.
+
+        Retention reports (:meth:`referrer_paths`) are kept for the allocation sites the
+        new snapshot still holds a trace allocated at (the trace's most recent frame), and
+        dropped for the others. A kept report is unchanged: it describes every object of
+        its site at capture time, whatever the filters keep."""
         if not isinstance(filters, Iterable):
             raise TypeError(f"filters must be a list of filters, not {type(filters).__name__}")
         filters = list(filters)
@@ -647,7 +655,10 @@ class Snapshot:
         include = [f for f in filters if f.inclusive]
         exclude = [f for f in filters if not f.inclusive]
         kept = [t for t in self.traces._traces if self._filter_trace(include, exclude, t)]
-        return Snapshot(kept, self.traceback_limit, sample_interval=self.sample_interval)
+        result = Snapshot(kept, self.traceback_limit, sample_interval=self.sample_interval)
+        if self._data.has_retention:
+            result._data = result._data.with_retention_of(self._data)
+        return result
 
     def statistics(self, key_type, cumulative=False):
         """Statistics grouped by *key_type* (``'traceback'``, ``'lineno'`` or

@@ -10,13 +10,13 @@
 //! [`FilterSet`] is also the matcher the live tracer uses for trace-time filters:
 //! build it once with [`FilterSet::new`] and call [`FilterSet::keep`] per captured stack.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use globset::{GlobBuilder, GlobMatcher};
 use parking_lot::Mutex;
 
-use crate::analysis::snapshot::{Kinds, Snapshot, SnapshotBuilder};
+use crate::analysis::snapshot::{Kinds, SiteRetention, Snapshot, SnapshotBuilder};
 use crate::error::{Error, Result};
 
 /// One filter, as `tracemalloc.Filter` / `tracemalloc.DomainFilter` describe it.
@@ -630,6 +630,7 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
         metadata: snapshot.metadata.clone(),
         sample_interval: snapshot.sample_interval,
         kinds: None,
+        retention: None,
     };
     let keep: Vec<bool> = snapshot
         .traces
@@ -657,7 +658,42 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
             .map(|(&id, _)| id)
             .collect(),
     });
+    out.retention = snapshot
+        .retention
+        .as_ref()
+        .map(|reports| reports_of_kept_sites(snapshot, reports, &keep));
     compact(out)
+}
+
+/// The retention reports of the sites a filtered snapshot still shows: a report stays when at
+/// least one kept trace was allocated at its site (the most recent frame of its traceback),
+/// so `referrer_paths` answers for every line `statistics('lineno')` can list and for no
+/// line the filters removed. The reports themselves are kept whole: they describe every
+/// object of the site at capture time, which no trace filter changes. `keep` has one entry
+/// per trace of `snapshot`.
+pub fn reports_of_kept_sites(
+    snapshot: &Snapshot,
+    reports: &[SiteRetention],
+    keep: &[bool],
+) -> Vec<SiteRetention> {
+    let mut site_kept = vec![false; snapshot.frames.len()];
+    for (tr, _) in snapshot.traces.iter().zip(keep).filter(|&(_, &k)| k) {
+        if let Some(&f) = snapshot.tracebacks[tr.traceback as usize].frames.first() {
+            site_kept[f as usize] = true;
+        }
+    }
+    let kept: HashSet<(&[u8], u32)> = snapshot
+        .frames
+        .iter()
+        .zip(&site_kept)
+        .filter(|&(_, &k)| k)
+        .map(|(fr, _)| (&*snapshot.filenames[fr.filename as usize], fr.lineno))
+        .collect();
+    reports
+        .iter()
+        .filter(|r| kept.contains(&(&*r.filename, r.lineno)))
+        .cloned()
+        .collect()
 }
 
 /// Drops the filenames, frames and tracebacks no trace refers to any more, so a filtered
@@ -708,6 +744,7 @@ pub fn compact(snapshot: Snapshot) -> Snapshot {
     b.metadata(snapshot.metadata);
     b.sample_interval(snapshot.sample_interval);
     b.kinds(snapshot.kinds);
+    b.retention(snapshot.retention);
     b.finish()
 }
 
@@ -952,6 +989,52 @@ mod tests {
             out.filenames,
             vec![b"<unknown>".to_vec().into_boxed_slice()]
         );
+    }
+
+    /// Reports stay for the sites a kept trace was allocated at (its most recent frame):
+    /// not for a site only an older frame of a kept trace shows, nor for filtered-out ones.
+    #[test]
+    fn filters_keep_the_reports_of_kept_sites() {
+        let report = |filename: &str, lineno| SiteRetention {
+            filename: filename.as_bytes().into(),
+            lineno,
+            count: 1,
+            ..SiteRetention::default()
+        };
+        let mut s = snapshot();
+        s.retention = Some(vec![
+            report("a.py", 2),
+            report("a.py", 5),
+            report("b.py", 4),
+            report("b.py", 1),
+            report("c.py", 9),
+        ]);
+        let sites = |out: &Snapshot| -> Vec<(String, u32)> {
+            out.retention
+                .as_ref()
+                .unwrap()
+                .iter()
+                .map(|r| (String::from_utf8(r.filename.to_vec()).unwrap(), r.lineno))
+                .collect()
+        };
+        let cases: &[(FilterSpec, &[(&str, u32)])] = &[
+            (spec(true, "a.py", Some(2), false, None), &[("a.py", 2)]),
+            (spec(false, "a.py", None, false, None), &[("b.py", 1)]),
+            (
+                spec(true, "b.py", None, true, None),
+                &[("a.py", 2), ("a.py", 5), ("b.py", 1)],
+            ),
+            (spec(true, "nothing", None, false, None), &[]),
+        ];
+        for (f, want) in cases {
+            let out = filter_snapshot(&s, &FilterSet::new(std::slice::from_ref(f)).unwrap());
+            let want: Vec<(String, u32)> = want.iter().map(|&(f, l)| (f.into(), l)).collect();
+            assert_eq!(sites(&out), want, "{f:?}");
+        }
+        let plain = filter_snapshot(&snapshot(), &FilterSet::new(&[]).unwrap());
+        assert_eq!(plain.retention, None);
+        // Compaction keeps what the filter chose.
+        assert_eq!(compact(s.clone()).retention, s.retention);
     }
 
     #[test]

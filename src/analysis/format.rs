@@ -17,7 +17,7 @@
 //! 9 sampling interval (below), 10 object kinds (optional:
 //! the kind-name table, then one kind id per trace, in trace order; written only for
 //! snapshots taken with `objects=True`), 11 retention reports (optional: see
-//! [`check_retention`]). Tables are written once and referenced by index; integers inside the
+//! [`decode_retention`]). Tables are written once and referenced by index; integers inside the
 //! tables are unsigned LEB128, and traces are stored by column (run-length domains, sizes,
 //! traceback ids) because that is what makes a 1M-trace dump a few MB.
 //!
@@ -57,7 +57,7 @@ use serde::{Deserialize, Serialize};
 use crate::analysis::filter::is_surrogatepass_utf8;
 use crate::analysis::sampling::MAX_INTERVAL;
 use crate::analysis::snapshot::{
-    Frame, Function, FunctionId, Kinds, Metadata, Snapshot, Trace, Traceback,
+    Frame, Function, FunctionId, Kinds, Metadata, SiteRetention, Snapshot, Trace, Traceback,
 };
 use crate::error::{Error, Result};
 
@@ -77,11 +77,8 @@ const TAG_TRACE_COLUMNS: u32 = 8;
 const TAG_SAMPLING: u32 = 9;
 /// Object kinds per trace (optional; see [`decode_kinds`]).
 const TAG_KINDS: u32 = 10;
+/// Retention reports (optional; see [`decode_retention`]).
 const TAG_RETENTION: u32 = 11;
-/// The name under which section 11 (retention reports) travels with the user attributes
-/// between this module and Python: a name no attribute set with `snapshot.name = ...` can
-/// collide with by accident, kept out of section 6 and written to its own section instead.
-pub const RETENTION_ATTR: &[u8] = b"\0retention";
 const HEADER_LEN: usize = 12;
 const SECTION_HEADER_LEN: usize = 12;
 /// Deepest nesting of list/tuple/dict attribute values accepted, when storing and loading.
@@ -391,17 +388,28 @@ pub fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Vec<u8> {
         });
     }
 
-    if let Some((_, v)) = attrs.iter().find(|(name, _)| name == RETENTION_ATTR) {
+    if let Some(reports) = &snapshot.retention {
         buf.clear();
-        put_attr(&mut buf, v);
+        put_uleb(&mut buf, reports.len() as u64);
+        for r in reports {
+            put_bytes(&mut buf, &r.filename);
+            for v in [r.lineno as u64, r.count, r.unreachable, r.size, r.retained] {
+                put_uleb(&mut buf, v);
+            }
+            for lines in [&r.paths, &r.pattern] {
+                put_uleb(&mut buf, lines.len() as u64);
+                for line in lines {
+                    put_bytes(&mut buf, line);
+                }
+            }
+        }
         section(&mut out, TAG_RETENTION, &buf);
     }
 
-    let user_attrs = || attrs.iter().filter(|(name, _)| name != RETENTION_ATTR);
-    if user_attrs().next().is_some() {
+    if !attrs.is_empty() {
         buf.clear();
-        put_uleb(&mut buf, user_attrs().count() as u64);
-        for (name, v) in user_attrs() {
+        put_uleb(&mut buf, attrs.len() as u64);
+        for (name, v) in attrs {
             put_bytes(&mut buf, name);
             put_attr(&mut buf, v);
         }
@@ -837,20 +845,14 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
             if !is_surrogatepass_utf8(name) {
                 return Err("an attribute name is not valid UTF-8".into());
             }
-            if name == RETENTION_ATTR {
-                return Err("an attribute uses the name reserved for retention reports".into());
-            }
             attrs.push((name.to_vec(), read_attr(&mut r, 0)?));
         }
         r.finish()?;
     }
-    if let Some(&(_, payload)) = sections.iter().find(|&&(t, _)| t == TAG_RETENTION) {
-        let mut r = Reader::new(payload, "retention reports");
-        let value = read_attr(&mut r, 0)?;
-        r.finish()?;
-        check_retention(&value)?;
-        attrs.push((RETENTION_ATTR.to_vec(), value));
-    }
+    let retention = match sections.iter().find(|&&(t, _)| t == TAG_RETENTION) {
+        Some(&(_, payload)) => Some(decode_retention(payload)?),
+        None => None,
+    };
 
     let snapshot = Snapshot {
         filenames,
@@ -868,6 +870,7 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         },
         sample_interval,
         kinds,
+        retention,
     };
     Ok((snapshot, attrs))
 }
@@ -1149,48 +1152,60 @@ fn decode_trace_columns(
     Ok(traces)
 }
 
-/// Checks the shape of section 11: a list of reports, one per allocation site, each a dict
-/// with exactly the keys `filename` (str), `lineno`, `count`, `unreachable`, `size`,
-/// `retained` (non-negative ints), `paths` and `pattern` (lists of str: sample reference chains and the
-/// referrer pattern, rendered when captured, because naming edges needs the live objects).
-pub fn check_retention(value: &AttrValue) -> std::result::Result<(), Reason> {
-    const INTS: [&[u8]; 5] = [b"lineno", b"count", b"unreachable", b"size", b"retained"];
-    let AttrValue::List(reports) = value else {
-        return Err("retention section is not a list of reports".into());
-    };
-    for (i, report) in reports.iter().enumerate() {
-        let AttrValue::Dict(fields) = report else {
-            return Err(format!("retention report {i} is not a dict"));
-        };
-        let mut seen: Vec<&[u8]> = Vec::new();
-        for (key, v) in fields {
-            let name = String::from_utf8_lossy(key);
-            if seen.contains(&key.as_slice()) {
-                return Err(format!("retention report {i} repeats field {name:?}"));
-            }
-            seen.push(key);
-            let ok = match (key.as_slice(), v) {
-                (b"filename", AttrValue::Str(_)) => true,
-                (b"paths" | b"pattern", AttrValue::List(items)) => {
-                    items.iter().all(|s| matches!(s, AttrValue::Str(_)))
-                }
-                (k, AttrValue::Int(n)) => *n >= 0 && INTS.contains(&k),
-                _ => false,
-            };
-            if !ok {
-                return Err(format!(
-                    "retention report {i} has an unknown field {name:?} or one of the wrong type"
-                ));
-            }
-        }
-        if seen.len() != 8 {
+/// Section 11: the report count, then per report the site's filename (bytes), lineno,
+/// count, unreachable, size and retained (uleb128), the path count and paths, the pattern
+/// line count and lines (each a string as bytes). Strings are checked to be surrogatepass
+/// UTF-8, and `unreachable` to be at most `count`.
+fn decode_retention(payload: &[u8]) -> std::result::Result<Vec<SiteRetention>, Reason> {
+    let mut r = Reader::new(payload, "retention reports");
+    // A report takes at least 8 bytes: an empty filename, five numbers and two counts.
+    let n = r.count(8, "reports")?;
+    let mut reports = Vec::with_capacity(n);
+    for i in 0..n {
+        let filename = retention_str(&mut r, i, "filename")?;
+        let lineno = r.u32("lineno")?;
+        let [count, unreachable, size, retained] = [r.uleb()?, r.uleb()?, r.uleb()?, r.uleb()?];
+        if unreachable > count {
             return Err(format!(
-                "retention report {i} has {} fields, not the 8 expected",
-                seen.len()
+                "retention report {i} counts {unreachable} unreachable objects of {count}"
             ));
         }
+        let mut lists = [Vec::new(), Vec::new()];
+        for (list, what) in lists.iter_mut().zip(["paths", "pattern lines"]) {
+            let k = r.count(1, what)?;
+            list.reserve(k);
+            for _ in 0..k {
+                list.push(retention_str(&mut r, i, what)?);
+            }
+        }
+        let [paths, pattern] = lists;
+        reports.push(SiteRetention {
+            filename,
+            lineno,
+            count,
+            unreachable,
+            size,
+            retained,
+            paths,
+            pattern,
+        });
     }
-    Ok(())
+    r.finish()?;
+    Ok(reports)
+}
+
+fn retention_str(
+    r: &mut Reader<'_>,
+    report: usize,
+    what: &str,
+) -> std::result::Result<Box<[u8]>, Reason> {
+    let s = r.bytes(what)?;
+    if !is_surrogatepass_utf8(s) {
+        return Err(format!(
+            "retention report {report} holds a {what} string that is not UTF-8"
+        ));
+    }
+    Ok(s.into())
 }
 
 /// Section 10: the kind names, then one kind id per trace (exactly as many as traces).
@@ -1996,97 +2011,133 @@ mod tests {
         fs::remove_dir_all(&dir).unwrap();
     }
 
-    fn report(filename: &[u8], lineno: i64) -> AttrValue {
-        let strs = |items: &[&str]| {
-            AttrValue::List(
-                items
-                    .iter()
-                    .map(|s| AttrValue::Str(s.as_bytes().to_vec()))
-                    .collect(),
-            )
+    fn report(filename: &[u8], lineno: u32) -> SiteRetention {
+        let strs = |items: &[&str]| -> Vec<Box<[u8]>> {
+            items.iter().map(|s| s.as_bytes().into()).collect()
         };
-        AttrValue::Dict(vec![
-            (b"filename".to_vec(), AttrValue::Str(filename.to_vec())),
-            (b"lineno".to_vec(), AttrValue::Int(lineno)),
-            (b"count".to_vec(), AttrValue::Int(3)),
-            (b"unreachable".to_vec(), AttrValue::Int(0)),
-            (b"size".to_vec(), AttrValue::Int(300)),
-            (b"retained".to_vec(), AttrValue::Int(900)),
-            (b"paths".to_vec(), strs(&["module app → app.cache", "x"])),
-            (b"pattern".to_vec(), strs(&["3 × list ← 3 × dict"])),
-        ])
+        SiteRetention {
+            filename: filename.into(),
+            lineno,
+            count: 3,
+            unreachable: 1,
+            size: 300,
+            retained: 900,
+            paths: strs(&["module app → app.cache", "x"]),
+            pattern: strs(&["3 × list ← 3 × dict"]),
+        }
     }
 
-    fn with_retention(value: AttrValue) -> (Snapshot, Attributes) {
-        let (s, mut attrs) = sample();
-        attrs.push((RETENTION_ATTR.to_vec(), value));
+    fn with_retention(reports: Vec<SiteRetention>) -> (Snapshot, Attributes) {
+        let (mut s, attrs) = sample();
+        s.retention = Some(reports);
         (s, attrs)
     }
 
     #[test]
     fn retention_section_round_trips_and_truncations_fail() {
-        let (s, attrs) = with_retention(AttrValue::List(vec![
-            report(b"a.py", 2),
-            report(b"b.py", 0),
-        ]));
-        let data = encode(&s, &attrs);
-        assert_ne!(section_payload_offset(&data, TAG_RETENTION), 0);
-        let (s2, attrs2) = decode(&data).unwrap();
-        assert_eq!(s2, s);
-        assert_eq!(attrs2, attrs);
-        for len in 0..data.len() {
-            assert!(
-                decode(&data[..len]).is_err(),
-                "prefix of {len} bytes accepted"
-            );
+        let mut empty = report(b"", 0);
+        empty.paths.clear();
+        empty.pattern.clear();
+        for reports in [
+            vec![report(b"a.py", 2), report(b"b.py", 0), empty],
+            Vec::new(),
+        ] {
+            let (s, attrs) = with_retention(reports);
+            let data = encode(&s, &attrs);
+            assert_ne!(section_payload_offset(&data, TAG_RETENTION), 0);
+            let (s2, attrs2) = decode(&data).unwrap();
+            assert_eq!(s2, s);
+            assert_eq!(attrs2, attrs);
+            for len in 0..data.len() {
+                assert!(
+                    decode(&data[..len]).is_err(),
+                    "prefix of {len} bytes accepted"
+                );
+            }
         }
-        // A file without the section (as every file before it) has no retention attribute.
+        // A file without the section (as every file before it) has no retention reports.
         let (s, attrs) = sample();
-        let (_, plain) = decode(&encode(&s, &attrs)).unwrap();
-        assert!(plain.iter().all(|(name, _)| name != RETENTION_ATTR));
+        let (plain, _) = decode(&encode(&s, &attrs)).unwrap();
+        assert_eq!(plain.retention, None);
+        // An attribute may have any name: none is reserved for the reports any more.
+        let attrs = vec![(b"\0retention".to_vec(), AttrValue::Int(1))];
+        let (_, back) = decode(&encode(&s, &attrs)).unwrap();
+        assert_eq!(back, attrs);
+    }
+
+    /// Rewrites section 11's payload (header length included) and reseals the file.
+    fn with_retention_payload(payload: &[u8]) -> Vec<u8> {
+        let (s, attrs) = with_retention(vec![report(b"a.py", 1)]);
+        let data = encode(&s, &attrs);
+        let at = section_payload_offset(&data, TAG_RETENTION);
+        let old_len = u64::from_le_bytes(data[at - 8..at].try_into().unwrap()) as usize;
+        let mut out = data[..at - 8].to_vec();
+        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        out.extend_from_slice(payload);
+        out.extend_from_slice(&data[at + old_len..]);
+        reseal(out)
     }
 
     #[test]
-    fn retention_section_shapes_are_checked() {
-        let mut missing = report(b"a.py", 1);
-        if let AttrValue::Dict(fields) = &mut missing {
-            fields.pop();
+    fn retention_section_hostile_payloads_are_refused() {
+        let mut good = Vec::new();
+        put_uleb(&mut good, 1);
+        put_bytes(&mut good, b"a.py");
+        for v in [7u64, 3, 1, 300, 900] {
+            put_uleb(&mut good, v);
         }
-        let mut repeated = report(b"a.py", 1);
-        if let AttrValue::Dict(fields) = &mut repeated {
-            fields[7] = (b"lineno".to_vec(), AttrValue::Int(1));
-        }
-        let mut non_str_path = report(b"a.py", 1);
-        if let AttrValue::Dict(fields) = &mut non_str_path {
-            fields[6].1 = AttrValue::List(vec![AttrValue::Int(1)]);
-        }
-        let cases: &[(AttrValue, &str)] = &[
-            (AttrValue::Int(1), "not a list"),
-            (
-                AttrValue::List(vec![AttrValue::None]),
-                "report 0 is not a dict",
-            ),
-            (AttrValue::List(vec![report(b"a.py", -1)]), "wrong type"),
-            (
-                AttrValue::List(vec![report(b"a.py", 1), missing]),
-                "report 1 has 7 fields",
-            ),
-            (AttrValue::List(vec![repeated]), "repeats field"),
-            (AttrValue::List(vec![non_str_path]), "wrong type"),
+        put_uleb(&mut good, 1);
+        put_bytes(&mut good, b"p");
+        put_uleb(&mut good, 0);
+        let (s, _) = decode(&with_retention_payload(&good)).unwrap();
+        assert_eq!(s.retention.unwrap()[0].paths, vec![Box::from(&b"p"[..])]);
+
+        let bad_utf8 = {
+            let mut p = good.clone();
+            let at = p.len() - 2; // the path's byte
+            p[at] = 0xFF;
+            p
+        };
+        let more_unreachable = {
+            let mut p = good.clone();
+            p[8] = 4; // unreachable 4 of count 3
+            p
+        };
+        let trailing = {
+            let mut p = good.clone();
+            p.push(0);
+            p
+        };
+        let huge_count = {
+            let mut p = Vec::new();
+            put_uleb(&mut p, u64::MAX >> 1);
+            p
+        };
+        let huge_paths = {
+            let mut p = good[..good.len() - 4].to_vec();
+            put_uleb(&mut p, 1 << 40);
+            p
+        };
+        let big_lineno = {
+            let mut p = Vec::new();
+            put_uleb(&mut p, 1);
+            put_bytes(&mut p, b"a.py");
+            put_uleb(&mut p, 1 << 33);
+            p.extend_from_slice(&[0; 6]);
+            p
+        };
+        let cases: &[(&[u8], &str)] = &[
+            (&bad_utf8, "not UTF-8"),
+            (&more_unreachable, "4 unreachable objects of 3"),
+            (&trailing, "unexpected bytes"),
+            (&huge_count, "reports but only"),
+            (&huge_paths, "paths but only"),
+            (&big_lineno, "lineno"),
+            (&[], "ends inside a number"),
         ];
-        for (value, want) in cases {
-            let err = check_retention(value).unwrap_err();
+        for (payload, want) in cases {
+            let err = decode(&with_retention_payload(payload)).unwrap_err();
             assert!(err.contains(want), "{err:?} lacks {want:?}");
-            let (s, attrs) = with_retention(value.clone());
-            let err = decode(&encode(&s, &attrs)).unwrap_err();
-            assert!(err.contains(want), "decode: {err:?} lacks {want:?}");
         }
-        // The reserved name may not come in through the user attributes section.
-        let s = SnapshotBuilder::new(1).finish();
-        let mut data = encode(&s, &vec![(b"Xretention".to_vec(), AttrValue::None)]);
-        let at = section_payload_offset(&data, TAG_ATTRS) + 2;
-        assert_eq!(data[at], b'X');
-        data[at] = 0;
-        assert!(decode(&reseal(data)).unwrap_err().contains("reserved"));
     }
 }

@@ -99,6 +99,32 @@ pub struct Snapshot {
     pub sample_interval: Option<u64>,
     /// What each traced block is (`take_snapshot(objects=True)`); `None` when not captured.
     pub kinds: Option<Kinds>,
+    /// Why the objects of some allocation sites were alive when the snapshot was taken
+    /// (`take_snapshot(retention=N)`, dumps with `ALLOCTRACE_OBJECTS=1`); `None` when not
+    /// captured. Reports describe the heap at capture time, not the traces, so nothing here
+    /// is recomputed from them.
+    pub retention: Option<Vec<SiteRetention>>,
+}
+
+/// The retention report of one allocation site. Paths and the pattern are stored as the
+/// text they were rendered to at capture time: naming an edge (`dict['users']`) needs the
+/// live objects, which a file cannot carry. Strings are surrogatepass UTF-8.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SiteRetention {
+    pub filename: Box<[u8]>,
+    pub lineno: u32,
+    /// Live objects found allocated at the site.
+    pub count: u64,
+    /// How many of them no root reaches.
+    pub unreachable: u64,
+    /// Their own bytes together.
+    pub size: u64,
+    /// What releasing all of them would free.
+    pub retained: u64,
+    /// Sample reference chains from a root, rendered.
+    pub paths: Vec<Box<[u8]>>,
+    /// What holds them, grouped by holder kind and site, largest first.
+    pub pattern: Vec<Box<[u8]>>,
 }
 
 /// Object kinds: per trace, an index into a table of kind names. A kind is an object's type
@@ -225,6 +251,11 @@ impl SnapshotBuilder {
 
     pub fn reserve_traces(&mut self, additional: usize) {
         self.snapshot.traces.reserve(additional);
+    }
+
+    /// Sets the retention reports (`None`: not captured).
+    pub fn retention(&mut self, retention: Option<Vec<SiteRetention>>) {
+        self.snapshot.retention = retention;
     }
 
     pub fn metadata(&mut self, metadata: Metadata) {

@@ -74,6 +74,8 @@ int main(void) {
     OFF("IFRAME_FRAME_OBJ", _PyInterpreterFrame, frame_obj);
     OFF("IFRAME_LOCALSPLUS", _PyInterpreterFrame, localsplus);
     OFF("CODE_NLOCALSPLUS", PyCodeObject, co_nlocalsplus);
+    OFF("CODE_STACKSIZE", PyCodeObject, co_stacksize);
+    OFF("IFRAME_STACKTOP", _PyInterpreterFrame, stacktop);
 #endif
 #if PY_VERSION_HEX >= 0x030C0000
     OFF("IFRAME_FUNC", _PyInterpreterFrame, f_funcobj);

@@ -169,9 +169,19 @@ impl Walker {
     /// As [`Walker::reach`]; `tstate` is a live thread state of this interpreter.
     unsafe fn reach_stack(&mut self, tstate: *mut ffi::PyThreadState) {
         let thread: u64 = field::<u64>(tstate.cast(), layout::TSTATE_THREAD_ID);
-        for obj in stack_objects(tstate) {
+        let mut held = StackObjects::default();
+        stack_objects(tstate, &mut held);
+        for obj in held.objects {
             let node = self.reach(obj);
             self.builder.add_stack_ref(thread, node);
+        }
+        // A running frame object's traverse does not visit what its frame holds, so the
+        // temporaries become edges from it: a search that starts at the frame (a root) finds
+        // them and names the frame as the holder.
+        for (frame_obj, obj) in held.temporaries {
+            let (frame, node) = (self.reach(frame_obj), self.reach(obj));
+            self.builder.add_stack_ref(thread, node);
+            self.builder.add_edge(frame, node);
         }
     }
 
@@ -203,25 +213,36 @@ impl Walker {
     }
 }
 
-/// The frame objects of a thread's stack, innermost first.
+/// What a thread's running frames hold.
+#[derive(Default)]
+struct StackObjects {
+    objects: Vec<*mut ffi::PyObject>,
+    /// `(frame object, object)`: evaluation-stack temporaries of frames that have a frame
+    /// object (3.11+ only).
+    temporaries: Vec<(*mut ffi::PyObject, *mut ffi::PyObject)>,
+}
+
+/// The frame objects of a thread's stack, innermost first. Their value stacks are not read:
+/// up to 3.10 a running frame does not store its stack top.
 #[cfg(not(Py_3_11))]
-unsafe fn stack_objects(tstate: *mut ffi::PyThreadState) -> Vec<*mut ffi::PyObject> {
-    let mut out = Vec::new();
+unsafe fn stack_objects(tstate: *mut ffi::PyThreadState, out: &mut StackObjects) {
     let mut frame: *mut ffi::PyObject = field(tstate.cast(), layout::TSTATE_FRAME);
     while !frame.is_null() {
-        out.push(frame);
+        out.objects.push(frame);
         frame = field(frame, layout::FRAME_BACK);
     }
-    out
 }
 
 /// What a thread's running frames hold, innermost frame first: per frame, its frame object if
-/// one was made, its function, its `f_locals` and its fast locals, cells and free variables
-/// (the evaluation stack past them is not read: its top is not stored while the frame runs).
-/// Shim frames owned by the C stack (3.12+) hold nothing.
+/// one was made, its function, its `f_locals` and its fast locals, cells and free variables,
+/// then the temporaries on its evaluation stack (`[make(), wait()]` holds `make()`'s result
+/// there while `wait()` runs). A frame stores its stack top only while it is suspended in a
+/// call to Python code (the interpreter sets `stacktop` to -1 while the frame runs or calls
+/// C), so the stack is read only when `stacktop` lies within the code's locals and stack
+/// size; otherwise it is not read at all. Shim frames owned by the C stack (3.12+) hold
+/// nothing.
 #[cfg(Py_3_11)]
-unsafe fn stack_objects(tstate: *mut ffi::PyThreadState) -> Vec<*mut ffi::PyObject> {
-    let mut out = Vec::new();
+unsafe fn stack_objects(tstate: *mut ffi::PyThreadState, out: &mut StackObjects) {
     #[cfg(Py_3_13)]
     let mut frame: *mut ffi::PyObject = field(tstate.cast(), layout::TSTATE_CURRENT_FRAME);
     #[cfg(not(Py_3_13))]
@@ -254,7 +275,7 @@ unsafe fn stack_objects(tstate: *mut ffi::PyThreadState) -> Vec<*mut ffi::PyObje
             ] {
                 let obj: *mut ffi::PyObject = field(frame, offset);
                 if !obj.is_null() {
-                    out.push(obj);
+                    out.objects.push(obj);
                 }
             }
             let n: c_int = field(code, layout::CODE_NLOCALSPLUS);
@@ -263,13 +284,24 @@ unsafe fn stack_objects(tstate: *mut ffi::PyThreadState) -> Vec<*mut ffi::PyObje
             for i in 0..n.max(0) as usize {
                 let obj = *locals.add(i);
                 if !obj.is_null() {
-                    out.push(obj);
+                    out.objects.push(obj);
+                }
+            }
+            let top: c_int = field(frame, layout::IFRAME_STACKTOP);
+            let depth: c_int = field(code, layout::CODE_STACKSIZE);
+            let frame_obj: *mut ffi::PyObject = field(frame, layout::IFRAME_FRAME_OBJ);
+            if !frame_obj.is_null() && n >= 0 && top > n && top - n <= depth {
+                // Entries may be NULL (a call's absent `self`).
+                for i in n as usize..top as usize {
+                    let obj = *locals.add(i);
+                    if !obj.is_null() {
+                        out.temporaries.push((frame_obj, obj));
+                    }
                 }
             }
         }
         frame = field(frame, layout::IFRAME_PREVIOUS);
     }
-    out
 }
 
 /// The collector's test for "has GC links and may be traversed": static types have the GC

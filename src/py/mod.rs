@@ -8,6 +8,7 @@ use crate::error::Error;
 
 pub mod heap_walk;
 pub mod retention;
+pub mod site_reports;
 pub mod snapshot;
 pub mod tracer;
 

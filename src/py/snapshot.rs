@@ -15,11 +15,14 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::analysis::export;
-use crate::analysis::filter::{filename_matches, filter_snapshot, FilterSet, FilterSpec};
+use crate::analysis::filter::{
+    filename_matches, filter_snapshot, reports_of_kept_sites, FilterSet, FilterSpec,
+};
 use crate::analysis::format::{self, AttrValue, Attributes, MAX_ATTR_DEPTH};
 use crate::analysis::sampling::MAX_INTERVAL;
 use crate::analysis::snapshot::{FrameId, Snapshot, SnapshotBuilder, TracebackId};
 use crate::analysis::stats::{self, GroupKey, KeyType};
+use crate::py::site_reports::{reports_from_py, reports_to_py};
 
 #[pyclass(name = "SnapshotData", module = "alloctrace._native", frozen)]
 pub struct PySnapshotData {
@@ -530,6 +533,57 @@ impl PySnapshotData {
         self.inner.kinds.is_some()
     }
 
+    /// Whether the snapshot holds retention reports.
+    #[getter]
+    fn has_retention(&self) -> bool {
+        self.inner.retention.is_some()
+    }
+
+    /// The retention reports as a list of dicts (see `alloctrace._retention.capture_sites`),
+    /// or `None` if none were captured.
+    #[getter]
+    fn retention<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+        self.inner
+            .retention
+            .as_deref()
+            .map(|r| reports_to_py(py, r))
+            .transpose()
+    }
+
+    /// A copy of the snapshot holding `reports` (a list of report dicts; `None` for none).
+    /// Each report's shape is checked here, so a malformed one never reaches a file.
+    fn with_retention(&self, py: Python<'_>, reports: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let reports = if reports.is_none() {
+            None
+        } else {
+            Some(reports_from_py(reports)?)
+        };
+        let snap: &Snapshot = &self.inner;
+        Ok(Self::new(py.detach(|| Snapshot {
+            retention: reports,
+            ..snap.clone()
+        })))
+    }
+
+    /// A copy of this snapshot with the reports of `source` for the sites it still shows:
+    /// what a filter keeps, for a snapshot `source` was filtered into (see
+    /// [`reports_of_kept_sites`]).
+    fn with_retention_of(&self, py: Python<'_>, source: &PySnapshotData) -> PyResult<Self> {
+        let snap: &Snapshot = &self.inner;
+        let Some(reports) = source.inner.retention.as_deref() else {
+            return Ok(Self {
+                inner: self.inner.clone(),
+            });
+        };
+        Ok(Self::new(py.detach(|| {
+            let keep = vec![true; snap.traces.len()];
+            Snapshot {
+                retention: Some(reports_of_kept_sites(snap, reports, &keep)),
+                ..snap.clone()
+            }
+        })))
+    }
+
     #[getter]
     fn traceback_limit(&self) -> u32 {
         self.inner.traceback_limit
@@ -671,9 +725,6 @@ impl PySnapshotData {
             let label = name.to_string_lossy().into_owned();
             let name = str_bytes(name)?;
             let value = attr_from_py(&v, &label, 0)?;
-            if name == format::RETENTION_ATTR {
-                format::check_retention(&value).map_err(PyValueError::new_err)?;
-            }
             attrs.push((name, value));
         }
         let snap: &Snapshot = &self.inner;
