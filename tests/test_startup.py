@@ -114,6 +114,9 @@ def test_invalid_nframe_stops_before_the_program(args, env, names):
         ({"ALLOCTRACE_INTERVAL": "1"}, "ALLOCTRACE_DUMP is not"),
         ({"ALLOCTRACE_DUMP": "x-{host}.snap"}, "unknown placeholder {host}"),
         ({"ALLOCTRACE_DUMP": "x-{pid.snap"}, "ALLOCTRACE_DUMP"),
+        ({"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_OBJECTS": "yes"}, "ALLOCTRACE_OBJECTS='yes'"),
+        ({"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_OBJECTS": "2"}, "expected 1 (on) or 0"),
+        ({"ALLOCTRACE_OBJECTS": "1"}, "ALLOCTRACE_DUMP is not"),
     ],
 )
 def test_invalid_dump_settings_stop_before_the_program(tmp_path, env, needle):
