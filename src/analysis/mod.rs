@@ -5,6 +5,7 @@
 pub mod export;
 pub mod filter;
 pub mod format;
+pub mod parallel;
 pub mod sampling;
 pub mod snapshot;
 pub mod stats;
