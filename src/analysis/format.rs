@@ -48,7 +48,6 @@
 //! anything is reserved, every id against the table it indexes, nesting of attribute values is
 //! bounded. Any failure is an `Err` with a reason, never a panic.
 
-use std::borrow::Cow;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -158,48 +157,42 @@ fn width_code(v: u64) -> u8 {
     (v > 0xFF) as u8 + (v > 0xFFFF) as u8 + (v > 0xFFFF_FFFF) as u8
 }
 
-/// Section 8's payload, planned: the traces' count, the domain runs (count, then domain and
+/// Section 8's payload, encoded: the traces' count, the domain runs (count, then domain and
 /// length of each), then the sizes and the traceback ids each as a column: one width code
 /// (0 to 3: 1, 2, 4 or 8 bytes) per block of `COLUMN_BLOCK` values (the last block may be
 /// shorter), then each block's values at its width, little-endian, back to back.
 ///
-/// A million traces are 16 MB in memory against a 3 MB file, so the cost is reading them:
-/// they are read twice (five times when each column and the runs took their own passes).
-/// The first pass ([`TraceColumns::plan`]) finds the runs and each block's widths (from the
-/// OR of its values, which needs as many bytes as their maximum), so the columns' exact
-/// sizes are known; the second ([`TraceColumns::encode`]) stores the values into buffers of
-/// exactly that size, without a capacity check per value. Both passes run in parts (see
-/// [`parallel`]), each part's values in buffers of its own, which are written out in order
-/// and never copied into one: the fresh pages of a 3 MB buffer, faulted in by one thread,
-/// cost as much as the encoding. Runs that meet at a part's edge are joined, so the bytes
-/// are the same for any number of parts.
-struct TraceColumns<'a> {
-    traces: &'a [Trace],
-    ranges: Vec<std::ops::Range<usize>>,
-    plans: Vec<ColumnPlan>,
+/// A million traces are 16 MB in memory against a 3 MB file, so the cost is reading them,
+/// and they are read once: each block's width comes from the OR of its values (which needs
+/// as many bytes as their maximum), and its values are stored while the block is still in
+/// the cache. The traces are taken in parts (see [`parallel`]), each part's runs, codes and
+/// values kept in buffers of its own, which are written out in file order and never copied
+/// into one (the fresh pages of one 3 MB buffer, faulted in by one thread, cost as much as
+/// the encoding). Runs that meet at a part's edge are joined and the parts' CRC states are
+/// combined, so the bytes are the same for any number of parts.
+struct TraceColumns {
     /// The count, the domain runs and the sizes' width codes: all before the sizes' values.
     head: Vec<u8>,
+    parts: Vec<EncodedPart>,
     /// The ids' width codes, between the two columns' values.
     id_codes: Vec<u8>,
-    size_bytes: usize,
-    id_bytes: usize,
+    /// The CRC state of the whole payload.
+    crc: crc32fast::Hasher,
 }
 
-impl<'a> TraceColumns<'a> {
-    /// The first pass, over `parts` parts.
-    fn plan(traces: &'a [Trace], parts: usize) -> Self {
-        let ranges = parallel::split(traces.len(), parts, COLUMN_BLOCK);
-        let plans = parallel::run(
-            ranges
-                .iter()
-                .map(|r| {
-                    let part = &traces[r.clone()];
-                    move || ColumnPlan::of(part)
-                })
-                .collect(),
-        );
+impl TraceColumns {
+    /// Encodes `traces` in `parts` parts.
+    fn encode(traces: &[Trace], parts: usize) -> Self {
+        let jobs = parallel::split(traces.len(), parts, COLUMN_BLOCK)
+            .into_iter()
+            .map(|r| {
+                let part = &traces[r];
+                move || EncodedPart::of(part)
+            })
+            .collect();
+        let parts = parallel::run(jobs);
         let mut runs: Vec<(u32, u64)> = Vec::new();
-        for &(domain, len) in plans.iter().flat_map(|p| &p.runs) {
+        for &(domain, len) in parts.iter().flat_map(|p| &p.runs) {
             match runs.last_mut() {
                 Some((d, n)) if *d == domain => *n += len,
                 _ => runs.push((domain, len)),
@@ -213,129 +206,87 @@ impl<'a> TraceColumns<'a> {
             put_uleb(&mut head, len);
         }
         let mut id_codes = Vec::with_capacity(traces.len().div_ceil(COLUMN_BLOCK));
-        for p in &plans {
+        for p in &parts {
             head.extend_from_slice(&p.size_codes);
             id_codes.extend_from_slice(&p.id_codes);
         }
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&head);
+        parts.iter().for_each(|p| crc.combine(&p.sizes_crc));
+        crc.update(&id_codes);
+        parts.iter().for_each(|p| crc.combine(&p.ids_crc));
         Self {
-            traces,
-            size_bytes: plans.iter().map(|p| p.size_bytes).sum(),
-            id_bytes: plans.iter().map(|p| p.id_bytes).sum(),
-            ranges,
-            plans,
             head,
+            parts,
             id_codes,
+            crc,
         }
+    }
+
+    /// The payload, as pieces in file order.
+    fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(&self.head[..])
+            .chain(self.parts.iter().map(|p| &p.sizes[..]))
+            .chain(std::iter::once(&self.id_codes[..]))
+            .chain(self.parts.iter().map(|p| &p.ids[..]))
     }
 
     /// The payload's length in bytes.
     fn len(&self) -> usize {
-        self.head.len() + self.size_bytes + self.id_codes.len() + self.id_bytes
-    }
-
-    /// The second pass: the payload's bytes after [`Self::head`], as pieces in file order
-    /// (each part's sizes, the ids' width codes, each part's ids), with the CRC state of
-    /// the whole payload, head included.
-    fn encode(&self) -> (Vec<Piece<'_>>, crc32fast::Hasher) {
-        let jobs = self
-            .plans
-            .iter()
-            .zip(&self.ranges)
-            .map(|(plan, range)| {
-                let traces = &self.traces[range.clone()];
-                move || plan.encode(traces)
-            })
-            .collect();
-        let parts = parallel::run(jobs);
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&self.head);
-        let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(2 * parts.len() + 1);
-        let mut ids = Vec::with_capacity(parts.len());
-        for part in parts {
-            crc.combine(&part.sizes_crc);
-            pieces.push(Cow::Owned(part.sizes));
-            ids.push((part.ids, part.ids_crc));
-        }
-        crc.update(&self.id_codes);
-        pieces.push(Cow::Borrowed(&self.id_codes[..]));
-        for (bytes, ids_crc) in ids {
-            crc.combine(&ids_crc);
-            pieces.push(Cow::Owned(bytes));
-        }
-        (pieces, crc)
+        self.pieces().map(<[u8]>::len).sum()
     }
 }
 
-/// A piece of an encoded file: one of the encoder's own buffers, or one made for the write.
-type Piece<'a> = Cow<'a, [u8]>;
-
-/// One part's two column slices, encoded, and their CRC states.
+/// A part of the traces, encoded (see [`TraceColumns`]).
 struct EncodedPart {
+    runs: Vec<(u32, u64)>,
+    size_codes: Vec<u8>,
+    id_codes: Vec<u8>,
     sizes: Vec<u8>,
     sizes_crc: crc32fast::Hasher,
     ids: Vec<u8>,
     ids_crc: crc32fast::Hasher,
 }
 
-/// The first pass over a part of the traces (see [`TraceColumns`]).
-struct ColumnPlan {
-    runs: Vec<(u32, u64)>,
-    size_codes: Vec<u8>,
-    id_codes: Vec<u8>,
-    size_bytes: usize,
-    id_bytes: usize,
-}
-
-impl ColumnPlan {
-    /// Plans `traces`, whose first trace starts a column block.
+impl EncodedPart {
+    /// Encodes `traces`, whose first trace starts a column block.
     fn of(traces: &[Trace]) -> Self {
         let nblocks = traces.len().div_ceil(COLUMN_BLOCK);
-        let mut plan = ColumnPlan {
-            runs: Vec::new(),
-            size_codes: Vec::with_capacity(nblocks),
-            id_codes: Vec::with_capacity(nblocks),
-            size_bytes: 0,
-            id_bytes: 0,
-        };
+        let mut runs = Vec::new();
+        let mut size_codes = Vec::with_capacity(nblocks);
+        let mut id_codes = Vec::with_capacity(nblocks);
+        // Room for the usual widths (sizes below 64 KiB, ids below 256); wider data grows
+        // the buffers, doubling.
+        let mut sizes = Vec::with_capacity(traces.len() * 2);
+        let mut ids = Vec::with_capacity(traces.len());
         let mut run = traces.first().map_or((0, 0), |t| (t.domain, 0));
         for block in traces.chunks(COLUMN_BLOCK) {
-            let (mut sizes, mut ids) = (0u64, 0u32);
+            let (mut size_or, mut id_or) = (0u64, 0u32);
             for t in block {
                 if t.domain != run.0 {
-                    plan.runs.push(run);
+                    runs.push(run);
                     run = (t.domain, 0);
                 }
                 run.1 += 1;
-                sizes |= t.size;
-                ids |= t.traceback;
+                size_or |= t.size;
+                id_or |= t.traceback;
             }
-            let (size_code, id_code) = (width_code(sizes), width_code(ids as u64));
-            plan.size_codes.push(size_code);
-            plan.id_codes.push(id_code);
-            plan.size_bytes += block.len() * WIDTHS[size_code as usize];
-            plan.id_bytes += block.len() * WIDTHS[id_code as usize];
-        }
-        if run.1 > 0 {
-            plan.runs.push(run);
-        }
-        plan
-    }
-
-    /// The second pass over the part: its sizes and ids, in buffers of their exact size.
-    fn encode(&self, traces: &[Trace]) -> EncodedPart {
-        let mut sizes = Vec::with_capacity(self.size_bytes);
-        let mut ids = Vec::with_capacity(self.id_bytes);
-        let blocks = traces
-            .chunks(COLUMN_BLOCK)
-            .zip(self.size_codes.iter().zip(&self.id_codes));
-        for (block, (&size_code, &id_code)) in blocks {
+            let (size_code, id_code) = (width_code(size_or), width_code(id_or as u64));
+            size_codes.push(size_code);
+            id_codes.push(id_code);
             put_block(&mut sizes, size_code, block.iter().map(|t| t.size));
             put_block(&mut ids, id_code, block.iter().map(|t| t.traceback as u64));
+        }
+        if run.1 > 0 {
+            runs.push(run);
         }
         let (mut sizes_crc, mut ids_crc) = (crc32fast::Hasher::new(), crc32fast::Hasher::new());
         sizes_crc.update(&sizes);
         ids_crc.update(&ids);
         EncodedPart {
+            runs,
+            size_codes,
+            id_codes,
             sizes,
             sizes_crc,
             ids,
@@ -437,22 +388,23 @@ pub fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Vec<u8> {
     Encoder::new(snapshot, attrs, parallel::parts_for).to_vec()
 }
 
-/// A snapshot file ready to be written: the small sections encoded, the trace columns
-/// planned (see [`TraceColumns`]), so that the file's length and the place of every byte in
-/// it are known.
-struct Encoder<'a> {
+/// A snapshot file encoded, in pieces (see [`TraceColumns`]) that are written out in order.
+struct Encoder {
     /// Everything before the traces section's payload.
     head: Vec<u8>,
-    columns: TraceColumns<'a>,
+    columns: TraceColumns,
     /// Everything after the traces section, up to the end marker's CRC.
     tail: Vec<u8>,
+    /// The end marker's CRC, of every byte before it.
+    crc: [u8; 4],
 }
 
-impl<'a> Encoder<'a> {
-    /// Plans the file, passing over the traces in `parts_for(traces)` parts (the bytes are
+impl Encoder {
+    /// Encodes the file, passing over the traces in `parts_for(traces)` parts (the bytes are
     /// the same for any).
-    fn new(snapshot: &'a Snapshot, attrs: &Attributes, parts_for: fn(usize) -> usize) -> Self {
-        let columns = TraceColumns::plan(&snapshot.traces, parts_for(snapshot.traces.len()));
+    fn new(snapshot: &Snapshot, attrs: &Attributes, parts_for: fn(usize) -> usize) -> Self {
+        let traces = &snapshot.traces;
+        let columns = TraceColumns::encode(traces, parts_for(traces.len()));
         let mut out = Vec::new();
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -567,44 +519,30 @@ impl<'a> Encoder<'a> {
 
         out.extend_from_slice(&TAG_END.to_le_bytes());
         out.extend_from_slice(&4u64.to_le_bytes());
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&head);
+        crc.combine(&columns.crc);
+        crc.update(&out);
         Self {
             head,
             columns,
             tail: out,
+            crc: crc.finalize().to_le_bytes(),
         }
     }
 
     /// The whole file, as pieces in order.
-    fn encode(&self) -> Vec<Piece<'_>> {
-        let (columns, columns_crc) = self.columns.encode();
-        // The CRC covers every byte before it: the head, the columns (with their own head,
-        // in `columns_crc`), the tail.
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&self.head);
-        crc.combine(&columns_crc);
-        crc.update(&self.tail);
-        let mut pieces = vec![
-            Cow::Borrowed(&self.head[..]),
-            Cow::Borrowed(&self.columns.head[..]),
-        ];
-        pieces.extend(columns);
-        pieces.push(Cow::Borrowed(&self.tail[..]));
-        pieces.push(Cow::Owned(crc.finalize().to_le_bytes().to_vec()));
+    fn pieces(&self) -> Vec<&[u8]> {
+        let mut pieces = vec![&self.head[..]];
+        pieces.extend(self.columns.pieces());
+        pieces.extend([&self.tail[..], &self.crc[..]]);
         pieces
     }
 
     /// The whole file in one buffer.
     fn to_vec(&self) -> Vec<u8> {
-        concat(&self.encode())
+        self.pieces().concat()
     }
-}
-
-fn concat(pieces: &[Piece<'_>]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(pieces.iter().map(|p| p.len()).sum());
-    for piece in pieces {
-        out.extend_from_slice(piece);
-    }
-    out
 }
 
 /// A bounds-checked cursor over one section's payload.
@@ -1569,8 +1507,7 @@ pub fn load(path: &Path) -> Result<(Snapshot, Attributes)> {
 /// Writes a snapshot file atomically and durably (see [`write_atomic`]).
 pub fn dump(path: &Path, snapshot: &Snapshot, attrs: &Attributes) -> Result<()> {
     let encoder = Encoder::new(snapshot, attrs, parallel::parts_for);
-    let pieces = encoder.encode();
-    replace_file(path, &pieces)
+    replace_file(path, &encoder.pieces())
 }
 
 /// Writes a file atomically: the bytes go to a temporary file in the same directory, synced
@@ -2191,9 +2128,9 @@ mod tests {
             let ids: Vec<u64> = traces.iter().map(|t| t.traceback as u64).collect();
             expected.extend(column(&sizes));
             expected.extend(column(&ids));
-            let columns = TraceColumns::plan(&traces, 1);
-            let (pieces, crc) = columns.encode();
-            let out = [&columns.head[..], &concat(&pieces)].concat();
+            let columns = TraceColumns::encode(&traces, 1);
+            let out = columns.pieces().collect::<Vec<_>>().concat();
+            let crc = columns.crc.clone();
             assert_eq!(out.len(), columns.len());
             assert_eq!(out, expected, "{n} traces");
             assert_eq!(crc.finalize(), crc32(&expected), "{n} traces");
