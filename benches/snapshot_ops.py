@@ -145,6 +145,12 @@ def child_main(argv: list[str]) -> None:
                     ops = _operations(mod, new, old, path)
                     if op == "load" and not os.path.exists(path):
                         new.dump(path)
+                    # Start each timing with nothing left to write back: an unsynced pickle
+                    # (tracemalloc's dump) or a replaced file's freed blocks would otherwise be
+                    # written or discarded during the next operation, charged to whichever
+                    # implementation syncs or runs next (the journal commit that an fsync
+                    # forces carries them too).
+                    os.sync()
                     t0 = time.perf_counter()
                     answer = ops[op]()
                     times[name][op].append(time.perf_counter() - t0)
