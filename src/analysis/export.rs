@@ -164,14 +164,14 @@ fn stacks(snapshot: &Snapshot, by_domain: bool) -> Vec<Stack> {
     let mut index: HashMap<Key<'_>, usize> = HashMap::new();
     let mut out: Vec<Stack> = Vec::new();
     let weights = Weights::new(snapshot.sample_interval);
-    for trace in &snapshot.traces {
+    for (trace, trace_domain) in snapshot.traces.iter().zip(snapshot.domains.iter()) {
         let t = trace.traceback;
         let frames: &[FrameId] = &snapshot.tracebacks[t as usize].frames;
         let functions: &[Option<FunctionId>] = snapshot
             .traceback_functions
             .get(t as usize)
             .map_or(&[], |f| &f[..]);
-        let domain = if by_domain { trace.domain } else { 0 };
+        let domain = if by_domain { trace_domain } else { 0 };
         let i = *index.entry((frames, functions, domain)).or_insert_with(|| {
             out.push(Stack {
                 traceback: t,

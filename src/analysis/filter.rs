@@ -626,6 +626,7 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
         traceback_functions: snapshot.traceback_functions.clone(),
         tracebacks: snapshot.tracebacks.clone(),
         traces: Vec::new(),
+        domains: Default::default(),
         traceback_limit: snapshot.traceback_limit,
         metadata: snapshot.metadata.clone(),
         sample_interval: snapshot.sample_interval,
@@ -635,9 +636,10 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
     let keep: Vec<bool> = snapshot
         .traces
         .iter()
-        .map(|tr| {
+        .zip(snapshot.domains.iter())
+        .map(|(tr, domain)| {
             let base = tr.traceback as usize * nf;
-            set.keep_with(tr.domain, |i| tb_hit[base + i])
+            set.keep_with(domain, |i| tb_hit[base + i])
         })
         .collect();
     out.traces = snapshot
@@ -646,6 +648,13 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
         .zip(&keep)
         .filter(|&(_, &k)| k)
         .map(|(tr, _)| *tr)
+        .collect();
+    out.domains = snapshot
+        .domains
+        .iter()
+        .zip(&keep)
+        .filter(|&(_, &k)| k)
+        .map(|(domain, _)| domain)
         .collect();
     // Object kinds stay aligned with the traces kept.
     out.kinds = snapshot.kinds.as_ref().map(|kinds| Kinds {
@@ -738,8 +747,8 @@ pub fn compact(snapshot: Snapshot) -> Snapshot {
         }
     }
     b.reserve_traces(snapshot.traces.len());
-    for tr in &snapshot.traces {
-        b.trace(tr.domain, tr.size, tb_map[tr.traceback as usize]);
+    for (tr, domain) in snapshot.traces.iter().zip(snapshot.domains.iter()) {
+        b.trace(domain, tr.size, tb_map[tr.traceback as usize]);
     }
     b.metadata(snapshot.metadata);
     b.sample_interval(snapshot.sample_interval);
@@ -961,16 +970,19 @@ mod tests {
             let direct: Vec<u64> = s
                 .traces
                 .iter()
-                .filter(|tr| {
+                .zip(s.domains.iter())
+                .filter(|(tr, domain)| {
                     let frames: Vec<(&[u8], u32)> = s.tracebacks[tr.traceback as usize]
                         .frames
                         .iter()
                         .map(|&f| (s.frame_filename(f), s.frames[f as usize].lineno))
                         .collect();
-                    set.keep(tr.domain, &frames)
+                    set.keep(*domain, &frames)
                 })
-                .map(|t| t.size)
+                .map(|(t, _)| t.size)
                 .collect();
+            // The domains of the traces kept stay with them.
+            assert_eq!(out.domains.len(), out.traces.len());
             assert_eq!(direct, expected, "{filters:?}");
         }
     }

@@ -58,7 +58,8 @@ use crate::analysis::filter::is_surrogatepass_utf8;
 use crate::analysis::parallel;
 use crate::analysis::sampling::MAX_INTERVAL;
 use crate::analysis::snapshot::{
-    Frame, Function, FunctionId, Kinds, Metadata, SiteRetention, Snapshot, Trace, Traceback,
+    Domains, Frame, Function, FunctionId, Kinds, Metadata, SiteRetention, Snapshot, Trace,
+    Traceback,
 };
 use crate::error::{Error, Result};
 
@@ -162,14 +163,14 @@ fn width_code(v: u64) -> u8 {
 /// (0 to 3: 1, 2, 4 or 8 bytes) per block of `COLUMN_BLOCK` values (the last block may be
 /// shorter), then each block's values at its width, little-endian, back to back.
 ///
-/// A million traces are 16 MB in memory against a 3 MB file, so the cost is reading them,
+/// A million traces are 12 MB in memory against a 3 MB file, so the cost is reading them,
 /// and they are read once: each block's width comes from the OR of its values (which needs
 /// as many bytes as their maximum), and its values are stored while the block is still in
 /// the cache. The traces are taken in parts (see [`parallel`]), each part's runs, codes and
 /// values kept in buffers of its own, which are written out in file order and never copied
 /// into one (the fresh pages of one 3 MB buffer, faulted in by one thread, cost as much as
-/// the encoding). Runs that meet at a part's edge are joined and the parts' CRC states are
-/// combined, so the bytes are the same for any number of parts.
+/// the encoding). The domain runs are the snapshot's own (see [`Domains`]), and the parts'
+/// CRC states are combined, so the bytes are the same for any number of parts.
 struct TraceColumns {
     /// The count, the domain runs and the sizes' width codes: all before the sizes' values.
     head: Vec<u8>,
@@ -181,8 +182,8 @@ struct TraceColumns {
 }
 
 impl TraceColumns {
-    /// Encodes `traces` in `parts` parts.
-    fn encode(traces: &[Trace], parts: usize) -> Self {
+    /// Encodes `traces`, whose domains are `domains`, in `parts` parts.
+    fn encode(traces: &[Trace], domains: &Domains, parts: usize) -> Self {
         let jobs = parallel::split(traces.len(), parts, COLUMN_BLOCK)
             .into_iter()
             .map(|r| {
@@ -191,19 +192,12 @@ impl TraceColumns {
             })
             .collect();
         let parts = parallel::run(jobs);
-        let mut runs: Vec<(u32, u64)> = Vec::new();
-        for &(domain, len) in parts.iter().flat_map(|p| &p.runs) {
-            match runs.last_mut() {
-                Some((d, n)) if *d == domain => *n += len,
-                _ => runs.push((domain, len)),
-            }
-        }
         let mut head = Vec::new();
         put_uleb(&mut head, traces.len() as u64);
-        put_uleb(&mut head, runs.len() as u64);
-        for &(domain, len) in &runs {
+        put_uleb(&mut head, domains.runs().count() as u64);
+        for (domain, len) in domains.runs() {
             put_uleb(&mut head, domain as u64);
-            put_uleb(&mut head, len);
+            put_uleb(&mut head, len as u64);
         }
         let mut id_codes = Vec::with_capacity(traces.len().div_ceil(COLUMN_BLOCK));
         for p in &parts {
@@ -239,7 +233,6 @@ impl TraceColumns {
 
 /// A part of the traces, encoded (see [`TraceColumns`]).
 struct EncodedPart {
-    runs: Vec<(u32, u64)>,
     size_codes: Vec<u8>,
     id_codes: Vec<u8>,
     sizes: Vec<u8>,
@@ -252,22 +245,15 @@ impl EncodedPart {
     /// Encodes `traces`, whose first trace starts a column block.
     fn of(traces: &[Trace]) -> Self {
         let nblocks = traces.len().div_ceil(COLUMN_BLOCK);
-        let mut runs = Vec::new();
         let mut size_codes = Vec::with_capacity(nblocks);
         let mut id_codes = Vec::with_capacity(nblocks);
         // Room for the usual widths (sizes below 64 KiB, ids below 256); wider data grows
         // the buffers, doubling.
         let mut sizes = Vec::with_capacity(traces.len() * 2);
         let mut ids = Vec::with_capacity(traces.len());
-        let mut run = traces.first().map_or((0, 0), |t| (t.domain, 0));
         for block in traces.chunks(COLUMN_BLOCK) {
             let (mut size_or, mut id_or) = (0u64, 0u32);
             for t in block {
-                if t.domain != run.0 {
-                    runs.push(run);
-                    run = (t.domain, 0);
-                }
-                run.1 += 1;
                 size_or |= t.size;
                 id_or |= t.traceback;
             }
@@ -277,14 +263,10 @@ impl EncodedPart {
             put_block(&mut sizes, size_code, block.iter().map(|t| t.size));
             put_block(&mut ids, id_code, block.iter().map(|t| t.traceback as u64));
         }
-        if run.1 > 0 {
-            runs.push(run);
-        }
         let (mut sizes_crc, mut ids_crc) = (crc32fast::Hasher::new(), crc32fast::Hasher::new());
         sizes_crc.update(&sizes);
         ids_crc.update(&ids);
         EncodedPart {
-            runs,
             size_codes,
             id_codes,
             sizes,
@@ -404,7 +386,7 @@ impl Encoder {
     /// the same for any).
     fn new(snapshot: &Snapshot, attrs: &Attributes, parts_for: fn(usize) -> usize) -> Self {
         let traces = &snapshot.traces;
-        let columns = TraceColumns::encode(traces, parts_for(traces.len()));
+        let columns = TraceColumns::encode(traces, &snapshot.domains, parts_for(traces.len()));
         let mut out = Vec::new();
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -926,7 +908,7 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         ));
     }
     let payload = find(tag, "traces")?;
-    let traces = if version >= 2 {
+    let (traces, domains) = if version >= 2 {
         decode_trace_columns(payload, tracebacks.len(), parallel::parts_for)?
     } else {
         decode_traces_v1(payload, tracebacks.len())?
@@ -983,6 +965,7 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         traceback_functions,
         tracebacks,
         traces,
+        domains,
         traceback_limit: meta.traceback_limit,
         metadata: Metadata {
             python_version: meta.python_version,
@@ -1002,16 +985,18 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
 fn trace_domains(
     r: &mut Reader<'_>,
     min_bytes_per_trace: usize,
-) -> std::result::Result<(usize, Vec<(u32, u64)>), Reason> {
+) -> std::result::Result<(usize, Domains), Reason> {
     let n = r.count(min_bytes_per_trace, "traces")?;
     let runs = r.count(2, "domain runs")?;
-    let mut domains: Vec<(u32, u64)> = Vec::with_capacity(runs);
+    let mut domains = Domains::default();
     let mut covered = 0u64;
     for _ in 0..runs {
         let d = r.u32("domain")?;
         let len = r.uleb()?;
         covered = covered.saturating_add(len);
-        domains.push((d, len));
+        if covered <= n as u64 {
+            domains.push_run(d, len as usize);
+        }
     }
     if covered != n as u64 {
         return Err(format!(
@@ -1027,20 +1012,14 @@ fn bad_traceback(i: usize, tb: u64, tracebacks: usize) -> Reason {
 
 /// Section 5 (format version 1): domain runs, then every size, then every traceback id, all
 /// LEB128.
-fn decode_traces_v1(payload: &[u8], tracebacks: usize) -> std::result::Result<Vec<Trace>, Reason> {
+fn decode_traces_v1(payload: &[u8], tracebacks: usize) -> std::result::Result<Traces, Reason> {
     let mut r = Reader::new(payload, "traces");
     // Each trace needs at least one byte for its size and one for its traceback id.
     let (n, domains) = trace_domains(&mut r, 2)?;
     let mut traces = Vec::with_capacity(n);
-    for &(domain, len) in &domains {
-        for _ in 0..len {
-            let size = r.uleb()?;
-            traces.push(Trace {
-                domain,
-                size,
-                traceback: 0,
-            });
-        }
+    for _ in 0..n {
+        let size = r.uleb()?;
+        traces.push(Trace { size, traceback: 0 });
     }
     for (i, t) in traces.iter_mut().enumerate() {
         let tb = r.u32("traceback id")?;
@@ -1050,8 +1029,11 @@ fn decode_traces_v1(payload: &[u8], tracebacks: usize) -> std::result::Result<Ve
         t.traceback = tb;
     }
     r.finish()?;
-    Ok(traces)
+    Ok((traces, domains))
 }
+
+/// A traces section, decoded.
+type Traces = (Vec<Trace>, Domains);
 
 /// What a column decodes into: sizes into `u64`, traceback ids into `u32` (whose columns
 /// are refused with 8-byte blocks, so `from_u64` never narrows one).
@@ -1218,19 +1200,6 @@ fn prefault<T>(buffer: &mut [T]) {
     }
 }
 
-/// Where trace `first` falls in the domain runs: the run's index and how many traces of it
-/// are left from there. `first` must be below the number of traces the runs cover.
-fn run_at(runs: &[(u32, u64)], first: usize) -> (usize, u64) {
-    let mut skip = first as u64;
-    for (i, &(_, len)) in runs.iter().enumerate() {
-        if skip < len {
-            return (i, len - skip);
-        }
-        skip -= len;
-    }
-    unreachable!("trace {first} is past the domain runs")
-}
-
 /// Section 8 (format version 2): domain runs, then the sizes and the traceback ids as
 /// width-coded columns, which decode without a branch on each value's length. The traces are
 /// decoded in as many parts as `parts_for` says for their count (see [`parallel`]), each part
@@ -1239,7 +1208,7 @@ fn decode_trace_columns(
     payload: &[u8],
     tracebacks: usize,
     parts_for: fn(usize) -> usize,
-) -> std::result::Result<Vec<Trace>, Reason> {
+) -> std::result::Result<Traces, Reason> {
     let mut r = Reader::new(payload, "traces");
     // Each trace needs a byte of size and a byte of traceback id (plus its width codes).
     let (n, domains) = trace_domains(&mut r, 2)?;
@@ -1258,11 +1227,10 @@ fn decode_trace_columns(
     for range in &ranges {
         let (out, rest) = slots.split_at_mut(range.len());
         slots = rest;
-        let (sizes, ids, domains) = (sizes.at(range.start), ids.at(range.start), &domains);
-        let first = range.start;
+        let (sizes, ids) = (sizes.at(range.start), ids.at(range.start));
         jobs.push(move || {
             prefault(out);
-            decode_part(sizes, ids, domains, first, out, limit, tracebacks)
+            decode_part(sizes, ids, out, limit, tracebacks)
         });
     }
     let bad_id = parallel::run(jobs).into_iter().any(|bad| bad);
@@ -1276,18 +1244,15 @@ fn decode_trace_columns(
             .expect("an id is out of range");
         return Err(bad_traceback(i, ids[i] as u64, tracebacks));
     }
-    Ok(traces)
+    Ok((traces, domains))
 }
 
-/// Decodes traces `first..first + out.len()` into `out`, every slot of it, from columns
-/// positioned at trace `first`; true if a traceback id is `tracebacks` or more (`limit` is
-/// the largest valid id where that is below 2^31). The offending trace is looked for
-/// afterwards.
+/// Decodes the next `out.len()` traces of the columns into `out`, every slot of it; true if
+/// a traceback id is `tracebacks` or more (`limit` is the largest valid id where that is
+/// below 2^31). The offending trace is looked for afterwards.
 fn decode_part(
     mut sizes: Column<'_>,
     mut ids: Column<'_>,
-    domains: &[(u32, u64)],
-    first: usize,
     out: &mut [std::mem::MaybeUninit<Trace>],
     limit: Option<u32>,
     tracebacks: usize,
@@ -1296,8 +1261,6 @@ fn decode_part(
     // the traces are written from the two buffers, once each.
     let mut size_buf = [0u64; DECODE_BLOCK];
     let mut id_buf = [0u32; DECODE_BLOCK];
-    let (mut run, mut left) = run_at(domains, first);
-    let mut domain = domains[run].0;
     let mut bad_id = false;
     for out in out.chunks_mut(DECODE_BLOCK) {
         let m = out.len();
@@ -1317,24 +1280,8 @@ fn decode_part(
             }
             None => block.iter().any(|&id| id as usize >= tracebacks),
         };
-        let mut j = 0;
-        while j < m {
-            while left == 0 {
-                // The runs cover exactly the traces (checked), so they last the whole pass.
-                run += 1;
-                (domain, left) = domains[run];
-            }
-            let take = left.min((m - j) as u64) as usize;
-            let values = size_buf[j..j + take].iter().zip(&id_buf[j..j + take]);
-            for (slot, (&size, &id)) in out[j..j + take].iter_mut().zip(values) {
-                slot.write(Trace {
-                    domain,
-                    size,
-                    traceback: id,
-                });
-            }
-            j += take;
-            left -= take as u64;
+        for (slot, (&size, &traceback)) in out.iter_mut().zip(size_buf.iter().zip(block)) {
+            slot.write(Trace { size, traceback });
         }
     }
     bad_id
@@ -2040,7 +1987,7 @@ mod tests {
                 let traces = decode_trace_columns(payload, s.tracebacks.len(), parts_for);
                 assert_eq!(
                     traces.unwrap(),
-                    s.traces,
+                    (s.traces.clone(), s.domains.clone()),
                     "{n} traces in {} parts",
                     parts_for(n)
                 );
@@ -2099,9 +2046,11 @@ mod tests {
             u64::MAX,
         ];
         for n in [0usize, 1, 15, 16, 17, 40, 100, 300] {
+            let domains: Vec<u32> = (0..n)
+                .map(|i| [0, 0, 0, 7, 7, 1 << 31][i / 9 % 6])
+                .collect();
             let traces: Vec<Trace> = (0..n)
                 .map(|i| Trace {
-                    domain: [0, 0, 0, 7, 7, 1 << 31][i / 9 % 6],
                     size: if n == 100 && i == 50 {
                         1 << 40
                     } else {
@@ -2113,10 +2062,10 @@ mod tests {
             let mut expected = Vec::new();
             put_uleb(&mut expected, n as u64);
             let mut runs: Vec<(u32, u64)> = Vec::new();
-            for t in &traces {
+            for &domain in &domains {
                 match runs.last_mut() {
-                    Some((d, len)) if *d == t.domain => *len += 1,
-                    _ => runs.push((t.domain, 1)),
+                    Some((d, len)) if *d == domain => *len += 1,
+                    _ => runs.push((domain, 1)),
                 }
             }
             put_uleb(&mut expected, runs.len() as u64);
@@ -2128,7 +2077,7 @@ mod tests {
             let ids: Vec<u64> = traces.iter().map(|t| t.traceback as u64).collect();
             expected.extend(column(&sizes));
             expected.extend(column(&ids));
-            let columns = TraceColumns::encode(&traces, 1);
+            let columns = TraceColumns::encode(&traces, &domains.into_iter().collect(), 1);
             let out = columns.pieces().collect::<Vec<_>>().concat();
             let crc = columns.crc.clone();
             assert_eq!(out.len(), columns.len());

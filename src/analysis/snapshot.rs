@@ -49,12 +49,85 @@ pub struct Traceback {
     pub total_nframe: Option<u32>,
 }
 
-/// One live block: `(domain, size, traceback)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// One live block's size and traceback; its domain is in [`Snapshot::domains`].
+///
+/// Twelve bytes, not sixteen: a million traces are what `load()` must allocate and fill and
+/// what every analysis streams through, so they are packed (the 8-byte size at a 4-byte
+/// alignment, which x86-64 reads unaligned at no cost), and the domain, the same for nearly
+/// every block, is kept apart as runs. Fields are read by value (a reference to a field of
+/// a packed struct is refused by the compiler).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(C, packed(4))]
 pub struct Trace {
-    pub domain: u32,
     pub size: u64,
     pub traceback: TracebackId,
+}
+
+/// The domain of each trace, stored as runs of equal domains: nearly every block is in
+/// domain 0, so this is a handful of entries where a column would take 4 bytes a trace.
+/// Runs are kept maximal (no two adjacent runs share a domain, none is empty), so two
+/// snapshots whose traces have the same domains have equal `Domains`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Domains {
+    /// The first trace and the domain of each run, in order.
+    starts: Vec<(usize, u32)>,
+    len: usize,
+}
+
+impl Domains {
+    /// Appends one trace's domain.
+    pub fn push(&mut self, domain: u32) {
+        self.push_run(domain, 1);
+    }
+
+    /// Appends `n` traces of one domain.
+    pub fn push_run(&mut self, domain: u32, n: usize) {
+        if n == 0 {
+            return;
+        }
+        if self.starts.last().is_none_or(|&(_, d)| d != domain) {
+            self.starts.push((self.len, domain));
+        }
+        self.len += n;
+    }
+
+    /// The domain of trace `i`, which must be below [`Self::len`].
+    pub fn get(&self, i: usize) -> u32 {
+        assert!(i < self.len, "trace {i} of {}", self.len);
+        let run = self.starts.partition_point(|&(start, _)| start <= i);
+        self.starts[run - 1].1
+    }
+
+    /// The number of traces.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `(domain, number of traces)` of each run, in order.
+    pub fn runs(&self) -> impl Iterator<Item = (u32, usize)> + '_ {
+        self.starts.iter().enumerate().map(|(k, &(start, domain))| {
+            let end = self.starts.get(k + 1).map_or(self.len, |&(next, _)| next);
+            (domain, end - start)
+        })
+    }
+
+    /// Every trace's domain, in order.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.runs()
+            .flat_map(|(domain, n)| std::iter::repeat_n(domain, n))
+    }
+}
+
+impl FromIterator<u32> for Domains {
+    fn from_iter<I: IntoIterator<Item = u32>>(domains: I) -> Self {
+        let mut out = Domains::default();
+        domains.into_iter().for_each(|d| out.push(d));
+        out
+    }
 }
 
 /// Where and when a snapshot was taken. Informational: never used to interpret the traces.
@@ -91,6 +164,8 @@ pub struct Snapshot {
     pub traceback_functions: Vec<Box<[Option<FunctionId>]>>,
     pub tracebacks: Vec<Traceback>,
     pub traces: Vec<Trace>,
+    /// The domain of each trace (as many as `traces`).
+    pub domains: Domains,
     pub traceback_limit: u32,
     pub metadata: Metadata,
     /// `Some(R)` if the tracer sampled with a mean of R bytes between samples: `traces` then
@@ -242,11 +317,8 @@ impl SnapshotBuilder {
     }
 
     pub fn trace(&mut self, domain: u32, size: u64, traceback: TracebackId) {
-        self.snapshot.traces.push(Trace {
-            domain,
-            size,
-            traceback,
-        });
+        self.snapshot.traces.push(Trace { size, traceback });
+        self.snapshot.domains.push(domain);
     }
 
     pub fn reserve_traces(&mut self, additional: usize) {
@@ -284,6 +356,44 @@ impl SnapshotBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn traces_take_twelve_bytes() {
+        assert_eq!(std::mem::size_of::<Trace>(), 12);
+    }
+
+    #[test]
+    fn domains_are_kept_as_maximal_runs() {
+        type Runs = &'static [(u32, usize)];
+        // (runs pushed, the runs kept)
+        let cases: [(Runs, Runs); 6] = [
+            (&[], &[]),
+            (&[(0, 0)], &[]),
+            (&[(0, 3)], &[(0, 3)]),
+            (&[(0, 2), (0, 1), (5, 0), (0, 4)], &[(0, 7)]),
+            (&[(0, 2), (7, 1), (0, 3)], &[(0, 2), (7, 1), (0, 3)]),
+            (
+                &[(u32::MAX, 1), (0, 0), (u32::MAX, 2), (1, 1)],
+                &[(u32::MAX, 3), (1, 1)],
+            ),
+        ];
+        for (pushed, kept) in cases {
+            let mut d = Domains::default();
+            pushed.iter().for_each(|&(domain, n)| d.push_run(domain, n));
+            assert_eq!(d.runs().collect::<Vec<_>>(), kept, "{pushed:?}");
+            let each: Vec<u32> = kept
+                .iter()
+                .flat_map(|&(domain, n)| std::iter::repeat_n(domain, n))
+                .collect();
+            assert_eq!(d.len(), each.len());
+            assert_eq!(d.iter().collect::<Vec<_>>(), each);
+            for (i, &domain) in each.iter().enumerate() {
+                assert_eq!(d.get(i), domain, "trace {i} of {pushed:?}");
+            }
+            // Built one trace at a time, the same runs: equal domains compare equal.
+            assert_eq!(each.into_iter().collect::<Domains>(), d);
+        }
+    }
 
     #[test]
     fn interning_shares_ids() {

@@ -283,11 +283,13 @@ impl<'py, 'a> PyTables<'py, 'a> {
 
     fn trace(&mut self, i: usize) -> PyResult<Bound<'py, PyTuple>> {
         let tr = self.snapshot.traces[i];
+        let domain = self.snapshot.domains.get(i);
         let frames = self.frames(tr.traceback)?;
         let py = self.py;
+        let size = tr.size;
         match self.snapshot.tracebacks[tr.traceback as usize].total_nframe {
-            Some(n) => (tr.domain, tr.size, frames, n).into_pyobject(py),
-            None => (tr.domain, tr.size, frames).into_pyobject(py),
+            Some(n) => (domain, size, frames, n).into_pyobject(py),
+            None => (domain, size, frames).into_pyobject(py),
         }
     }
 }
@@ -469,11 +471,11 @@ fn same_traces<'s>(a: &'s Snapshot, b: &'s Snapshot) -> bool {
     let mut ids: HashMap<TracebackContent<'s>, u32> = HashMap::new();
     let ca = canonical_ids(a, &mut ids);
     let cb = canonical_ids(b, &mut ids);
-    a.traces.iter().zip(&b.traces).all(|(x, y)| {
-        x.domain == y.domain
-            && x.size == y.size
-            && ca[x.traceback as usize] == cb[y.traceback as usize]
-    })
+    a.domains == b.domains
+        && a.traces
+            .iter()
+            .zip(&b.traces)
+            .all(|(x, y)| x.size == y.size && ca[x.traceback as usize] == cb[y.traceback as usize])
 }
 
 type TracebackContent<'s> = (Vec<(&'s [u8], u32)>, Option<u32>);
