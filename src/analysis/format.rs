@@ -1074,9 +1074,8 @@ impl Widen for u32 {
     }
 }
 
-/// A column (see [`put_trace_columns`]) being read block by block. Its extent was checked when it
+/// A column (see [`TraceColumns`]) being read block by block. Its extent was checked when it
 /// was opened, so reading it cannot fail.
-#[derive(Clone)]
 struct Column<'a> {
     codes: &'a [u8],
     /// Exactly the column's value bytes.
@@ -1177,9 +1176,9 @@ impl<'a> Column<'a> {
 }
 
 /// Has the kernel map a large new buffer's pages before it is written, in one call. A
-/// million traces take 16 MB, which the first writes would otherwise fault in 4 KiB at a time
-/// (4,096 page faults, each a trap; measured: 20 loads kept alive took 81,800 faults and
-/// 240 ms of system time, 3,700 and 160 ms with this). Huge pages were tried too and dropped:
+/// million traces take 12 MB, which the first writes would otherwise fault in 4 KiB at a time
+/// (3,000 page faults, each a trap; measured when traces took 16 bytes: 20 loads kept alive
+/// took 81,800 faults and 240 ms of system time, 3,700 and 160 ms with this). Huge pages were tried too and dropped:
 /// the kernel's compaction for them made some loads take ten times longer. Advisory only:
 /// where the kernel does not know the advice (before Linux 5.14) nothing changes but speed.
 /// Each part of a parallel decode maps its own slice, so the kernel's zeroing of the pages is

@@ -1,7 +1,7 @@
 //! Splitting one large pass over the traces into parts that run on several cores.
 //!
 //! Dumping and loading a million traces is bound by memory, not by instructions: `load()`
-//! stores 16 MB of traces and `dump()` reads them (see the format's notes). One core
+//! stores 12 MB of traces and `dump()` reads them (see the format's notes). One core
 //! cannot keep enough cache misses in flight to use the memory's bandwidth, so two or more
 //! cores each streaming their own part finish sooner. The parts are independent by
 //! construction (each writes only its own slice of the output), so no locking is involved,
