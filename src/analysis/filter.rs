@@ -642,36 +642,26 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
             set.keep_with(domain, |i| tb_hit[base + i])
         })
         .collect();
-    out.traces = snapshot
-        .traces
-        .iter()
-        .zip(&keep)
-        .filter(|&(_, &k)| k)
-        .map(|(tr, _)| *tr)
-        .collect();
-    out.domains = snapshot
-        .domains
-        .iter()
-        .zip(&keep)
-        .filter(|&(_, &k)| k)
-        .map(|(domain, _)| domain)
-        .collect();
-    // Object kinds stay aligned with the traces kept.
+    out.traces = kept(snapshot.traces.iter().copied(), &keep).collect();
+    // Domains and object kinds stay aligned with the traces kept.
+    out.domains = kept(snapshot.domains.iter(), &keep).collect();
     out.kinds = snapshot.kinds.as_ref().map(|kinds| Kinds {
         names: kinds.names.clone(),
-        of_trace: kinds
-            .of_trace
-            .iter()
-            .zip(&keep)
-            .filter(|&(_, &k)| k)
-            .map(|(&id, _)| id)
-            .collect(),
+        of_trace: kept(kinds.of_trace.iter().copied(), &keep).collect(),
     });
     out.retention = snapshot
         .retention
         .as_ref()
         .map(|reports| reports_of_kept_sites(snapshot, reports, &keep));
     compact(out)
+}
+
+/// The items whose entry in `keep` is true, in order.
+fn kept<'a, T: 'a>(
+    items: impl Iterator<Item = T> + 'a,
+    keep: &'a [bool],
+) -> impl Iterator<Item = T> + 'a {
+    items.zip(keep).filter(|&(_, &k)| k).map(|(item, _)| item)
 }
 
 /// The retention reports of the sites a filtered snapshot still shows: a report stays when at
@@ -686,21 +676,17 @@ pub fn reports_of_kept_sites(
     keep: &[bool],
 ) -> Vec<SiteRetention> {
     let mut site_kept = vec![false; snapshot.frames.len()];
-    for (tr, _) in snapshot.traces.iter().zip(keep).filter(|&(_, &k)| k) {
+    for tr in kept(snapshot.traces.iter(), keep) {
         if let Some(&f) = snapshot.tracebacks[tr.traceback as usize].frames.first() {
             site_kept[f as usize] = true;
         }
     }
-    let kept: HashSet<(&[u8], u32)> = snapshot
-        .frames
-        .iter()
-        .zip(&site_kept)
-        .filter(|&(_, &k)| k)
-        .map(|(fr, _)| (&*snapshot.filenames[fr.filename as usize], fr.lineno))
+    let sites: HashSet<(&[u8], u32)> = kept(snapshot.frames.iter(), &site_kept)
+        .map(|fr| (&*snapshot.filenames[fr.filename as usize], fr.lineno))
         .collect();
     reports
         .iter()
-        .filter(|r| kept.contains(&(&*r.filename, r.lineno)))
+        .filter(|r| sites.contains(&(&*r.filename, r.lineno)))
         .cloned()
         .collect()
 }

@@ -166,8 +166,8 @@ fn width_code(v: u64) -> u8 {
 /// A million traces are 12 MB in memory against a 3 MB file, so the cost is reading them,
 /// and they are read once: each block's width comes from the OR of its values (which needs
 /// as many bytes as their maximum), and its values are stored while the block is still in
-/// the cache. The traces are taken in parts (see [`parallel`]), each part's runs, codes and
-/// values kept in buffers of its own, which are written out in file order and never copied
+/// the cache. The traces are taken in parts (see [`parallel`]), each part's codes and values
+/// kept in buffers of its own, which are written out in file order and never copied
 /// into one (the fresh pages of one 3 MB buffer, faulted in by one thread, cost as much as
 /// the encoding). The domain runs are the snapshot's own (see [`Domains`]), and the parts'
 /// CRC states are combined, so the bytes are the same for any number of parts.
@@ -1178,10 +1178,10 @@ impl<'a> Column<'a> {
 /// Has the kernel map a large new buffer's pages before it is written, in one call. A
 /// million traces take 12 MB, which the first writes would otherwise fault in 4 KiB at a time
 /// (3,000 page faults, each a trap; measured when traces took 16 bytes: 20 loads kept alive
-/// took 81,800 faults and 240 ms of system time, 3,700 and 160 ms with this). Huge pages were tried too and dropped:
-/// the kernel's compaction for them made some loads take ten times longer. Advisory only:
-/// where the kernel does not know the advice (before Linux 5.14) nothing changes but speed.
-/// Each part of a parallel decode maps its own slice, so the kernel's zeroing of the pages is
+/// took 81,800 faults and 240 ms of system time, 3,700 and 160 ms with this). Huge pages were
+/// tried too and dropped: the kernel's compaction for them made some loads take ten times
+/// longer. Advisory only: where the kernel does not know the advice (before Linux 5.14)
+/// nothing changes but speed. Each part of a parallel decode maps its own slice, so the kernel's zeroing of the pages is
 /// shared out too.
 fn prefault<T>(buffer: &mut [T]) {
     let bytes = std::mem::size_of_val(buffer);
@@ -1467,7 +1467,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
 
 /// [`write_atomic`] of the concatenation of `pieces`, which are written one after the
 /// other, never copied into one buffer.
-fn replace_file(path: &Path, pieces: &[impl std::ops::Deref<Target = [u8]>]) -> Result<()> {
+fn replace_file(path: &Path, pieces: &[&[u8]]) -> Result<()> {
     let write = |mut f: &fs::File| pieces.iter().try_for_each(|p| f.write_all(p));
     let io_err = |action: &'static str, p: &Path| {
         let p = p.to_path_buf();
