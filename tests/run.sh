@@ -86,8 +86,9 @@ for entry in "${pythons[@]}"; do
     if [ ! -x "$venv/bin/pytest" ]; then
         "$py" -m venv "$venv"
         "$venv/bin/pip" install -q --upgrade pip
-        "$venv/bin/pip" install -q "pytest>=7"
     fi
+    # What the tests use (pytest, and the third-party packages some tests run under tracing).
+    "$venv/bin/pip" install -q -r "$repo/tests/requirements.txt"
     rm -rf "$work/dist-$minor"
     "$tools/bin/maturin" build --release --quiet -i "$py" -o "$work/dist-$minor"
     "$venv/bin/pip" install -q --force-reinstall --no-deps "$work/dist-$minor"/alloctrace-*.whl
