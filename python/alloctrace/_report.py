@@ -1,6 +1,6 @@
 """Rendering of statistics and differences for the ``alloctrace`` command line.
 
-The command line (``_cli``) loads snapshots and computes statistics; this module turns the
+The command line (``_commands``) loads snapshots and computes statistics; this module turns the
 results into text for people (sizes in KiB/MiB, short file names, lines that fit the terminal)
 or into the versioned JSON object documented in the README, for programs. Keeping rendering
 apart lets the ``run`` summary reuse exactly what ``stats`` prints.

@@ -1,0 +1,78 @@
+"""``alloctrace diff OLD NEW``: what grew and shrank between two snapshots."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .. import _report
+from . import _common as common
+
+
+def register(commands) -> None:
+    diff = commands.add_parser("diff", help="what grew and shrank between two snapshots")
+    diff.add_argument("old", help="earlier snapshot file")
+    diff.add_argument("new", help="later snapshot file")
+    common.add_report_options(diff)
+    diff.set_defaults(handler=execute)
+
+
+def execute(args: argparse.Namespace) -> int:
+    common.check_key(args)
+    old = common.load(args.old, args.allow_pickle)
+    new = common.load(args.new, args.allow_pickle)
+    common.check_objects(args.old, old, args)
+    common.check_objects(args.new, new, args)
+    filters, described = common.filters(args)
+    if filters:
+        old = old.filter_traces(filters)
+        new = new.filter_traces(filters)
+    with common.Progress("comparing snapshots"):
+        every = new.compare_to(old, args.key, cumulative=args.cumulative)
+        new_size, new_count = common.totals(new)
+        old_size, old_count = common.totals(old)
+    # Unchanged entries tell nothing about growth; compare_to sorts them last anyway.
+    diffs = [stat for stat in every if stat.size_diff or stat.count_diff]
+    total = {
+        "size": new_size,
+        "size_diff": new_size - old_size,
+        "count": new_count,
+        "count_diff": new_count - old_count,
+    }
+    limit = common.limit(args)
+    if args.json:
+        document = _report.diff_json(
+            diffs,
+            old=(args.old, old),
+            new=(args.new, new),
+            key_type=args.key,
+            cumulative=args.cumulative,
+            limit=limit,
+            filters=described,
+            total=total,
+        )
+        common.write_json(document)
+        return 0
+    shown = diffs if limit is None else diffs[:limit]
+    renderer = common.renderer(common.names(shown), args, sys.stdout)
+    what = _report.KEY_SINGULAR[args.key] + (" (cumulative)" if args.cumulative else "")
+    shown_count = len(diffs) if limit is None else min(limit, len(diffs))
+    count = "All" if limit is None else f"Top {shown_count}"
+    noun = "difference" if shown_count == 1 else "differences"
+    title = f"{count} {noun} by {what}: {args.new} compared to {args.old}"
+    lines = renderer.diff(
+        diffs,
+        key_type=args.key,
+        cumulative=args.cumulative,
+        limit=limit,
+        total=total,
+        title=title,
+    )
+    notes = [
+        f"({name}: {note})"
+        for name, snapshot in ((args.new, new), (args.old, old))
+        if (note := _report.sampling_note(snapshot)) is not None
+    ]
+    lines[1:1] = notes
+    common.write_lines(lines)
+    return 0

@@ -1,0 +1,292 @@
+"""``alloctrace run``: run a program traced from its first line, then summarise the snapshot it
+leaves at exit.
+
+``run`` reads its own command line (:func:`main`): everything from the program on belongs to the
+program, untouched, as with ``python`` itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import NoReturn
+
+from .. import _startup
+from . import _common as common
+from ._common import PROG, CommandError
+from .stats import render_stats
+
+
+def register(commands) -> None:
+    # Listed for --help only: the dispatch hands "run" to main() below, which leaves the
+    # program's arguments alone.
+    commands.add_parser("run", help="run a program traced and summarise the snapshot it leaves")
+
+
+_RUN_VALUE_OPTIONS = {
+    "-n",
+    "--nframe",
+    "-o",
+    "--output",
+    "--interval",
+    "--sample-interval",
+    "--sample-seed",
+}
+_RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help"}
+
+
+def _split_run_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split ``run`` arguments into our options and the program's command line.
+
+    Our options come first; the program starts at ``-m MODULE`` or at the first argument that
+    is not one of our options, and everything after it belongs to the program untouched (as
+    with ``python`` itself), even arguments that look like our options.
+    """
+    ours: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--":
+            return ours, list(argv[index + 1 :])
+        if arg in ("-m", "-c") or (arg[:2] in ("-m", "-c") and len(arg) > 2):
+            return ours, list(argv[index:])
+        name = arg.split("=", 1)[0]
+        if name in _RUN_VALUE_OPTIONS:
+            if "=" in arg:
+                ours.append(arg)
+                index += 1
+            else:
+                ours.extend(argv[index : index + 2])
+                index += 2
+            continue
+        if arg.startswith("-n") and len(arg) > 2 or arg.startswith("-o") and len(arg) > 2:
+            ours.append(arg)
+            index += 1
+            continue
+        if arg in _RUN_FLAG_OPTIONS or (arg.startswith("-") and arg != "-"):
+            # Unknown options are left to argparse, which reports them in one line.
+            ours.append(arg)
+            index += 1
+            continue
+        return ours, list(argv[index:])
+    return ours, []
+
+
+def _run_parser() -> common.Parser:
+    parser = common.Parser(
+        prog=f"{PROG} run",
+        description="Run a Python program traced from its first line and write a snapshot at "
+        "exit. The program's exit status, standard streams, sys.argv and __main__ are as "
+        "without alloctrace.",
+        usage=f"{PROG} run [-n NFRAME] [-o FILE] [--interval SECONDS] "
+        "[--sample-interval BYTES [--sample-seed N]] [-q] "
+        "(script.py | -m module | -c command) [args ...]",
+    )
+    parser.add_argument(
+        "-n",
+        "--nframe",
+        type=common.positive_int,
+        default=1,
+        metavar="NFRAME",
+        help="frames kept per traceback (default: 1; 1 to 65535)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="snapshot file; may contain {pid}, {time}, {n} (default: alloctrace-NAME.{pid}.snap)",
+    )
+    parser.add_argument(
+        "--interval",
+        metavar="SECONDS",
+        help="also write numbered snapshots every SECONDS (see ALLOCTRACE_INTERVAL)",
+    )
+    parser.add_argument(
+        "--sample-interval",
+        metavar="BYTES",
+        help="sampled tracing, one sample per BYTES allocated on average (e.g. 512KiB, 2MiB; "
+        "0: exact, the default); figures are then estimates (see ALLOCTRACE_SAMPLE_INTERVAL)",
+    )
+    parser.add_argument(
+        "--sample-seed",
+        metavar="N",
+        help="seed of the sampler, for reproducible runs (see ALLOCTRACE_SAMPLE_SEED)",
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="no summary after the run")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``alloctrace run ARGV...``; returns the exit status (the program's)."""
+    ours, program = _split_run_args(argv)
+    args = _run_parser().parse_args(ours)
+    if not program or program in (["-m"], ["-c"]):
+        raise CommandError(
+            "nothing to run: give a script, -m MODULE or -c COMMAND (see 'alloctrace run --help')",
+            common.USAGE_ERROR,
+        )
+    if not 1 <= args.nframe <= _startup.MAX_NFRAME:
+        raise CommandError(
+            f"argument -n/--nframe: expected 1 to {_startup.MAX_NFRAME}, not {args.nframe}",
+            common.USAGE_ERROR,
+        )
+    if program[0] == "-m":
+        name = program[1]
+    elif program[0].startswith("-m"):
+        name = program[0][2:]
+    elif program[0].startswith("-c"):
+        name = "c"
+    else:
+        name = os.path.basename(program[0])
+    output = args.output or f"alloctrace-{name}.{{pid}}.snap"
+    try:
+        _startup.check_path_template(output, "-o/--output")
+        if args.interval is not None:
+            _startup.parse_interval(args.interval)
+        if args.sample_interval is not None:
+            _startup.parse_sample_interval(args.sample_interval, "--sample-interval")
+        if args.sample_seed is not None:
+            _startup.parse_sample_seed(args.sample_seed, "--sample-seed")
+            if not _startup.parse_sample_interval(args.sample_interval or "0"):
+                raise _startup.ConfigError("--sample-seed needs --sample-interval")
+    except _startup.ConfigError as exc:
+        raise CommandError(str(exc), common.USAGE_ERROR) from None
+    if not program[0].startswith("-") and not os.path.exists(program[0]):
+        # Checked here: python would report it too, but only after writing an empty snapshot.
+        raise CommandError(f"cannot run {program[0]}: No such file or directory")
+    # {time} is fixed here so that the runner knows the file name; {pid} and {n} are the child's.
+    started = time.time()
+    stamp = _startup.format_time(started)
+    template = _fill_template(output, time=stamp, pid="{pid}", n="{n}")
+
+    env = dict(os.environ)
+    env[_startup.ENV_NFRAME] = str(args.nframe)
+    env[_startup.ENV_DUMP] = os.path.abspath(template)
+    if args.interval is not None:
+        env[_startup.ENV_INTERVAL] = args.interval
+    else:
+        env.pop(_startup.ENV_INTERVAL, None)
+    # Options win over inherited variables, and no option means exact tracing.
+    for option, name in (
+        (args.sample_interval, _startup.ENV_SAMPLE_INTERVAL),
+        (args.sample_seed, _startup.ENV_SAMPLE_SEED),
+    ):
+        if option is not None:
+            env[name] = option
+        else:
+            env.pop(name, None)
+    command = [sys.executable, *program]
+
+    status, pid = _spawn(command, env)
+    path = _find_dump(template, pid, started)
+    shown = path if path is None or os.path.isabs(output) else os.path.relpath(path)
+    if path is None:
+        how = f"signal {signal.Signals(-status).name}" if status < 0 else f"status {status}"
+        sys.stderr.write(f"{PROG}: no snapshot was written (the program ended with {how})\n")
+    elif not args.quiet:
+        _summarise(shown)
+    if status < 0:
+        _die_like_child(-status)
+    return status
+
+
+def _fill_template(template: str, **values: str) -> str:
+    """Replace some placeholders of a dump path, keeping the others and the escaped braces."""
+    import string
+
+    parts = []
+    for literal, field, _, _ in string.Formatter().parse(template):
+        parts.append(literal.replace("{", "{{").replace("}", "}}"))
+        if field is not None:
+            parts.append(values.get(field, "{" + field + "}"))
+    return "".join(parts)
+
+
+def _spawn(command: list[str], env: dict[str, str]) -> tuple[int, int]:
+    """Run the program in the foreground; return its status (negative: killed by a signal)
+    and its process id."""
+    try:
+        child = subprocess.Popen(command, env=env)
+    except OSError as exc:
+        raise CommandError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
+
+    def forward(signum, frame):
+        try:
+            child.send_signal(signum)
+        except OSError:
+            pass
+
+    # Ctrl-C reaches the whole foreground process group, the program included: let the program
+    # decide what it means and stay alive to summarise. Termination requests sent to us alone
+    # are passed on.
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        previous[signum] = signal.signal(signum, forward)
+    try:
+        return child.wait(), child.pid
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _die_like_child(signum: int) -> NoReturn:
+    """End with the signal that ended the program, so that our parent sees the same thing."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+    except (OSError, ValueError):
+        # SIGKILL and SIGSTOP cannot be caught, so they already have their default action.
+        pass
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)
+
+
+def _summarise(shown: str) -> None:
+    """The top 10 lines of the program's exit snapshot, on stderr (stdout is the program's)."""
+    try:
+        snapshot = common.load(shown)
+        args = argparse.Namespace(
+            key="lineno",
+            cumulative=False,
+            limit=common.DEFAULT_LIMIT,
+            filters=[],
+            full_paths=False,
+            no_source=False,
+        )
+        lines = render_stats(shown, snapshot, args, sys.stderr)
+    except CommandError as exc:
+        sys.stderr.write(f"{PROG}: snapshot written to {shown} but unreadable: {exc}\n")
+        return
+    sys.stderr.write("\n".join(lines) + "\n")
+    sys.stderr.write(f"{PROG}: snapshot written to {shown}; see '{PROG} stats {shown}'\n")
+    sys.stderr.flush()
+
+
+def _find_dump(template: str, pid: int, started: float) -> str | None:
+    """The program's exit snapshot if this run wrote it; with ``{n}``, the last one written."""
+    import glob
+    import string
+
+    pattern = []
+    for literal, field, _, _ in string.Formatter().parse(template):
+        pattern.append(glob.escape(literal))
+        if field == "pid":
+            pattern.append(str(pid))
+        elif field is not None:
+            pattern.append("*")
+    newest = None
+    newest_mtime = started - 1.0
+    for candidate in glob.glob("".join(pattern)):
+        try:
+            mtime = os.stat(candidate).st_mtime
+        except OSError:
+            continue
+        if mtime >= newest_mtime:
+            newest, newest_mtime = candidate, mtime
+    return newest

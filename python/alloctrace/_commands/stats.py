@@ -1,0 +1,87 @@
+"""``alloctrace stats`` and ``alloctrace top``: the top allocation sites of one snapshot.
+
+``top`` is ``stats`` with the defaults (lines, no filters, text). :func:`render_stats` is also
+what ``run`` prints after the program ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .. import _report
+from . import _common as common
+
+
+def register(commands) -> None:
+    stats = commands.add_parser("stats", help="top allocation sites of a snapshot")
+    stats.add_argument("file", help="snapshot file")
+    common.add_report_options(stats)
+    stats.set_defaults(handler=execute)
+
+    top = commands.add_parser("top", help="the top 10 lines of a snapshot (stats with defaults)")
+    top.add_argument("file", help="snapshot file")
+    common.add_report_options(top, full=False)
+    top.set_defaults(handler=execute)
+
+
+def _statistics(snapshot, args: argparse.Namespace):
+    """Filter, group and total a snapshot: (filtered snapshot, statistics, size, count)."""
+    filters, _ = common.filters(args)
+    if filters:
+        snapshot = snapshot.filter_traces(filters)
+    with common.Progress("computing statistics"):
+        stats = snapshot.statistics(args.key, cumulative=args.cumulative)
+        total_size, total_count = common.totals(snapshot)
+    return snapshot, stats, total_size, total_count
+
+
+def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[str]:
+    """The text of ``alloctrace stats`` for an already loaded snapshot."""
+    snapshot, stats, total_size, total_count = _statistics(snapshot, args)
+    limit = common.limit(args)
+    shown = stats if limit is None else stats[:limit]
+    renderer = common.renderer(common.names(shown), args, stream)
+    shown_count = len(stats) if limit is None else min(limit, len(stats))
+    names = _report.KEY_SINGULAR if shown_count == 1 else _report.KEY_TITLES
+    what = names[args.key] + (" (cumulative)" if args.cumulative else "")
+    count = "All" if limit is None else f"Top {shown_count}"
+    title = f"{count} {what} in {common.header(path, snapshot)}"
+    lines = renderer.stats(
+        stats,
+        key_type=args.key,
+        cumulative=args.cumulative,
+        limit=limit,
+        total_size=total_size,
+        total_count=total_count,
+        title=title,
+    )
+    note = _report.sampling_note(snapshot)
+    if note is not None:
+        # A line of its own under the title, so a narrow terminal cannot cut it off.
+        lines.insert(1, f"({note})")
+    return lines
+
+
+def execute(args: argparse.Namespace) -> int:
+    common.check_key(args)
+    snapshot = common.load(args.file, args.allow_pickle)
+    common.check_objects(args.file, snapshot, args)
+    if args.json:
+        _, described = common.filters(args)
+        snapshot, stats, total_size, total_count = _statistics(snapshot, args)
+        document = _report.stats_json(
+            stats,
+            path=args.file,
+            snapshot=snapshot,
+            key_type=args.key,
+            cumulative=args.cumulative,
+            limit=common.limit(args),
+            filters=described,
+            total_size=total_size,
+            total_count=total_count,
+        )
+        common.write_json(document)
+        return 0
+    common.write_lines(render_stats(args.file, snapshot, args, sys.stdout))
+    return 0

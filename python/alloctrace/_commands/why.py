@@ -1,0 +1,83 @@
+"""``alloctrace why``: why the objects of a line are alive, from the retention reports a
+snapshot captured (``take_snapshot(retention=N)`` or ``ALLOCTRACE_OBJECTS=1`` dumps)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from . import _common as common
+
+
+def register(commands) -> None:
+    why = commands.add_parser(
+        "why", help="why the objects of a line are alive (retention report captured in a dump)"
+    )
+    why.add_argument("file", help="snapshot file with retention reports")
+    why.add_argument(
+        "--line",
+        metavar="FILE:LINE",
+        help="the allocation site (FILE may be the end of the path); default: every report",
+    )
+    why.add_argument(
+        "--limit",
+        type=common.positive_int,
+        metavar="N",
+        help="show at most N sample paths per site",
+    )
+    why.add_argument("--json", action="store_true", help="write the reports as JSON")
+    why.add_argument(
+        "--full-paths",
+        action="store_true",
+        help="show file names in full (default: relative to the current directory)",
+    )
+    common.add_pickle_option(why)
+    why.set_defaults(handler=execute)
+
+
+def _site_matches(report, filename: str, lineno: int) -> bool:
+    """Whether a report's site is FILE:LINE, FILE a full path or a trailing part of one."""
+    if report["lineno"] != lineno:
+        return False
+    name = report["filename"]
+    return name == filename or name.endswith("/" + filename.lstrip("/"))
+
+
+def execute(args: argparse.Namespace) -> int:
+    snapshot = common.load(args.file, args.allow_pickle)
+    reports = snapshot._data.retention
+    if reports is None:
+        raise common.CommandError(
+            f"{args.file} holds no retention reports: capture them with "
+            "alloctrace.take_snapshot(retention=N) before dump(), or run with "
+            "ALLOCTRACE_OBJECTS=1 for dumps at exit"
+        )
+    from alloctrace._retention import SiteRetention
+
+    if args.line is None:
+        chosen = list(reports)
+    else:
+        filename, sep, line = args.line.rpartition(":")
+        if not sep or not filename or not line.isdigit():
+            raise common.CommandError(
+                f"--line expects FILE:LINE (like app.py:42), not {args.line!r}", common.USAGE_ERROR
+            )
+        chosen = [r for r in reports if _site_matches(r, filename, int(line))]
+        if not chosen:
+            captured = ", ".join(f"{r['filename']}:{r['lineno']}" for r in reports) or "none"
+            raise common.CommandError(
+                f"{args.file} has no retention report for {args.line} (captured for: {captured})"
+            )
+    sites = [SiteRetention(r) for r in chosen]
+    for site in sites:
+        if args.limit is not None:
+            site.paths = site.paths[: args.limit]
+    if args.json:
+        common.write_json({"file": args.file, "reports": [site._json() for site in sites]})
+    else:
+        text = "\n\n".join(str(site) for site in sites)
+        if not args.full_paths:
+            # As stats and diff do: files under the current directory, relative to it.
+            text = text.replace(os.getcwd().rstrip("/") + "/", "")
+        common.write_lines(text.split("\n"))
+    return 0
