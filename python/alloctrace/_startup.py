@@ -27,7 +27,14 @@ set; otherwise this module is never imported and costs nothing.
     ``take_snapshot(objects=True)``), for ``alloctrace stats --key type``, and retention
     reports for ``alloctrace why``: for the top sites by size in the first snapshot a process
     writes, then for the sites that grew most since its previous one (as
-    ``take_snapshot(retention=RETENTION_SITES, baseline=previous)``). ``0`` or empty: off.
+    ``take_snapshot(retention=N, baseline=previous)``). ``0`` or empty: off.
+``ALLOCTRACE_RETENTION=N``
+    With ``ALLOCTRACE_OBJECTS=1``, the number of sites that get a retention report in each
+    dump (default :data:`RETENTION_SITES`; ``0``: object kinds only, no heap walk for reports).
+
+The ``alloctrace`` command itself (its console script and ``python -m alloctrace``) is never
+traced, whatever is set: the variables it inherits are meant for the programs the user traces,
+and ``alloctrace run`` passes its child the settings of its own options.
 
 A configuration error stops the interpreter with one line on stderr: running the program
 untraced when the user asked for tracing would waste the run. A failure to *write* a snapshot is
@@ -50,8 +57,12 @@ ENV_INTERVAL = "ALLOCTRACE_INTERVAL"
 ENV_SAMPLE_INTERVAL = "ALLOCTRACE_SAMPLE_INTERVAL"
 ENV_SAMPLE_SEED = "ALLOCTRACE_SAMPLE_SEED"
 ENV_OBJECTS = "ALLOCTRACE_OBJECTS"
-#: Sites that get a retention report in each dump written with ``ALLOCTRACE_OBJECTS=1``.
+ENV_RETENTION = "ALLOCTRACE_RETENTION"
+#: Sites that get a retention report in each dump written with ``ALLOCTRACE_OBJECTS=1``, unless
+#: ``ALLOCTRACE_RETENTION`` says otherwise.
 RETENTION_SITES = 5
+#: The most sites ``ALLOCTRACE_RETENTION`` accepts (each costs a share of one heap walk).
+MAX_RETENTION_SITES = 1000
 XOPTION = "alloctrace"
 
 #: Exit status when the start-up configuration is invalid (the usual "bad usage" status).
@@ -85,7 +96,15 @@ class ConfigError(ValueError):
 class Config:
     """The start-up settings read from the environment and ``-X`` options."""
 
-    __slots__ = ("nframe", "dump", "interval", "sample_interval", "sample_seed", "objects")
+    __slots__ = (
+        "nframe",
+        "dump",
+        "interval",
+        "sample_interval",
+        "sample_seed",
+        "objects",
+        "retention",
+    )
 
     def __init__(
         self,
@@ -95,6 +114,7 @@ class Config:
         sample_interval: int | None = None,
         sample_seed: int | None = None,
         objects: bool = False,
+        retention: int = RETENTION_SITES,
     ):
         self.nframe = nframe
         self.dump = dump
@@ -102,12 +122,13 @@ class Config:
         self.sample_interval = sample_interval
         self.sample_seed = sample_seed
         self.objects = objects
+        self.retention = retention
 
     def __repr__(self) -> str:
         return (
             f"Config(nframe={self.nframe!r}, dump={self.dump!r}, interval={self.interval!r}, "
             f"sample_interval={self.sample_interval!r}, sample_seed={self.sample_seed!r}, "
-            f"objects={self.objects!r})"
+            f"objects={self.objects!r}, retention={self.retention!r})"
         )
 
 
@@ -117,6 +138,20 @@ def parse_objects(value: str) -> bool:
     if text not in ("0", "1"):
         raise ConfigError(f"{ENV_OBJECTS}={value!r} is invalid: expected 1 (on) or 0 (off)")
     return text == "1"
+
+
+def parse_retention(value: str, source: str = ENV_RETENTION) -> int:
+    """Parse ``ALLOCTRACE_RETENTION``: how many sites get a retention report per dump."""
+    try:
+        sites = int(value.strip(), 10)
+    except ValueError:
+        sites = -1
+    if not 0 <= sites <= MAX_RETENTION_SITES:
+        shown = f"{source}={value!r}" if source.isupper() else f"{source} {value!r}"
+        raise ConfigError(
+            f"{shown} is invalid: expected a number of sites from 0 to {MAX_RETENTION_SITES}"
+        )
+    return sites
 
 
 def parse_nframe(value: str, source: str) -> int:
@@ -285,12 +320,21 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
                 f"{ENV_OBJECTS} is set but {ENV_DUMP} is not: object kinds are recorded in "
                 "the dumped snapshots"
             )
+    retention = RETENTION_SITES
+    env_retention = environ.get(ENV_RETENTION, "")
+    if env_retention:
+        retention = parse_retention(env_retention)
+        if not objects:
+            raise ConfigError(
+                f"{ENV_RETENTION} is set but {ENV_OBJECTS}=1 is not: retention reports are "
+                "captured with object kinds"
+            )
     if nframe is None:
         nframe = 1 if dump is not None or sample_interval is not None else 0
     if nframe == 0:
         # Tracing explicitly off: there is nothing to dump either.
         return Config(0)
-    return Config(nframe, dump, interval, sample_interval or None, sample_seed, objects)
+    return Config(nframe, dump, interval, sample_interval or None, sample_seed, objects, retention)
 
 
 def _warn(message: str) -> None:
@@ -309,7 +353,13 @@ class Dumper:
     fork), and its own snapshot files when the path has ``{pid}``.
     """
 
-    def __init__(self, template: str, interval: float | None, objects: bool = False):
+    def __init__(
+        self,
+        template: str,
+        interval: float | None,
+        objects: bool = False,
+        retention: int = RETENTION_SITES,
+    ):
         import atexit
         import signal
         import threading
@@ -321,6 +371,7 @@ class Dumper:
         self.template = os.path.abspath(template)
         self.interval = interval
         self.objects = objects
+        self.retention = retention
         # The last snapshot written with objects: the next one reports what grew since.
         self._previous = None
         # Re-entrant: the SIGTERM handler may interrupt the main thread inside dump_at_exit.
@@ -388,7 +439,7 @@ class Dumper:
                 alloctrace.take_snapshot().dump(path)
                 return
             snapshot = alloctrace.take_snapshot(
-                objects=True, retention=RETENTION_SITES, baseline=self._previous
+                objects=True, retention=self.retention, baseline=self._previous
             )
             snapshot.dump(path)
             self._previous = snapshot
@@ -416,6 +467,43 @@ class Dumper:
         mp_util.Finalize(None, self.dump_at_exit, exitpriority=-1000)
 
 
+def is_command_line_tool(argv: list[str] | None = None) -> bool:
+    """Whether this interpreter runs the ``alloctrace`` command: its console script or
+    ``python -m alloctrace``, read from the interpreter's own command line *argv*.
+
+    The command must never trace itself: the ALLOCTRACE variables it inherits are meant for the
+    programs the user traces (an exported ``ALLOCTRACE_DUMP=app.snap`` would otherwise have
+    ``alloctrace stats app.snap`` overwrite the file it reads with a snapshot of itself).
+    """
+    if argv is None:
+        # While site runs, sys.argv[0] is the script, or "-m" without the module's name:
+        # the full command line is in sys.orig_argv (3.10+) or /proc (3.9).
+        if sys.argv and sys.argv[0] not in ("-m", "-c", ""):
+            return os.path.basename(sys.argv[0]) == "alloctrace"
+        argv = getattr(sys, "orig_argv", None)
+        if argv is None:
+            try:
+                with open("/proc/self/cmdline", "rb") as file:
+                    argv = os.fsdecode(file.read()).split("\0")
+            except OSError:
+                return False
+    args = iter(argv[1:])
+    for arg in args:
+        if not arg.startswith("-") or arg in ("-", "--"):
+            return os.path.basename(arg) == "alloctrace"
+        if arg in ("-X", "-W"):
+            next(args, None)
+            continue
+        if arg.startswith(("-X", "-W", "--")):
+            continue
+        for index, flag in enumerate(arg[1:], 2):
+            if flag == "c":
+                return False
+            if flag == "m":
+                return (arg[index:] or next(args, "")) == "alloctrace"
+    return False
+
+
 _dumper: Dumper | None = None
 _installed = False
 
@@ -428,6 +516,8 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    if is_command_line_tool():
+        return
     try:
         config = read_config(os.environ, sys._xoptions, bool(sys.flags.ignore_environment))
     except ConfigError as exc:
@@ -444,7 +534,9 @@ def install() -> None:
     # Everything the dumps need is imported and set up before tracing starts, so that our own
     # imports (threading, signal...) do not show up in the program's snapshots.
     dumper = (
-        Dumper(config.dump, config.interval, config.objects) if config.dump is not None else None
+        Dumper(config.dump, config.interval, config.objects, config.retention)
+        if config.dump is not None
+        else None
     )
     try:
         alloctrace.start(

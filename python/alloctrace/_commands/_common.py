@@ -162,8 +162,9 @@ def check_objects(path: str, snapshot, args: argparse.Namespace) -> None:
     """Object-kind keys need a snapshot that recorded kinds: say so, naming the file."""
     if args.key in KIND_KEYS and not getattr(snapshot, "has_objects", False):
         raise CommandError(
-            f"{path} has no object kinds, needed for --key {args.key}: take it with "
-            "take_snapshot(objects=True) or run the program with ALLOCTRACE_OBJECTS=1"
+            f"{path} has no object kinds, needed for --key {args.key}: record them with "
+            "'alloctrace run --objects PROGRAM', ALLOCTRACE_OBJECTS=1 next to ALLOCTRACE_DUMP, "
+            "or take_snapshot(objects=True) in code"
         )
 
 

@@ -36,8 +36,9 @@ _RUN_VALUE_OPTIONS = {
     "--interval",
     "--sample-interval",
     "--sample-seed",
+    "--retention",
 }
-_RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help"}
+_RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help", "--objects"}
 
 
 def _split_run_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -84,7 +85,7 @@ def _run_parser() -> common.Parser:
         "exit. The program's exit status, standard streams, sys.argv and __main__ are as "
         "without alloctrace.",
         usage=f"{PROG} run [-n NFRAME] [-o FILE] [--interval SECONDS] "
-        "[--sample-interval BYTES [--sample-seed N]] [-q] "
+        "[--sample-interval BYTES [--sample-seed N]] [--objects [--retention N]] [-q] "
         "(script.py | -m module | -c command) [args ...]",
     )
     parser.add_argument(
@@ -116,6 +117,19 @@ def _run_parser() -> common.Parser:
         "--sample-seed",
         metavar="N",
         help="seed of the sampler, for reproducible runs (see ALLOCTRACE_SAMPLE_SEED)",
+    )
+    parser.add_argument(
+        "--objects",
+        action="store_true",
+        help="also record the kind of every object (for 'stats --key type') and retention "
+        f"reports for the top {_startup.RETENTION_SITES} sites (for 'why'); see "
+        "ALLOCTRACE_OBJECTS",
+    )
+    parser.add_argument(
+        "--retention",
+        metavar="N",
+        help=f"with --objects, retention reports for the top N sites (default: "
+        f"{_startup.RETENTION_SITES}; 0: none); see ALLOCTRACE_RETENTION",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary after the run")
     return parser
@@ -154,6 +168,10 @@ def main(argv: Sequence[str]) -> int:
             _startup.parse_sample_seed(args.sample_seed, "--sample-seed")
             if not _startup.parse_sample_interval(args.sample_interval or "0"):
                 raise _startup.ConfigError("--sample-seed needs --sample-interval")
+        if args.retention is not None:
+            _startup.parse_retention(args.retention, "--retention")
+            if not args.objects:
+                raise _startup.ConfigError("--retention needs --objects")
     except _startup.ConfigError as exc:
         raise CommandError(str(exc), common.USAGE_ERROR) from None
     if not program[0].startswith("-") and not os.path.exists(program[0]):
@@ -164,22 +182,20 @@ def main(argv: Sequence[str]) -> int:
     stamp = _startup.format_time(started)
     template = _fill_template(output, time=stamp, pid="{pid}", n="{n}")
 
-    env = dict(os.environ)
+    # The program's settings come from our options alone: ALLOCTRACE variables exported in the
+    # user's shell (say ALLOCTRACE_DUMP for other runs) are not passed on.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("ALLOCTRACE")}
     env[_startup.ENV_NFRAME] = str(args.nframe)
     env[_startup.ENV_DUMP] = os.path.abspath(template)
-    if args.interval is not None:
-        env[_startup.ENV_INTERVAL] = args.interval
-    else:
-        env.pop(_startup.ENV_INTERVAL, None)
-    # Options win over inherited variables, and no option means exact tracing.
     for option, name in (
+        (args.interval, _startup.ENV_INTERVAL),
         (args.sample_interval, _startup.ENV_SAMPLE_INTERVAL),
         (args.sample_seed, _startup.ENV_SAMPLE_SEED),
+        ("1" if args.objects else None, _startup.ENV_OBJECTS),
+        (args.retention, _startup.ENV_RETENTION),
     ):
         if option is not None:
             env[name] = option
-        else:
-            env.pop(name, None)
     command = [sys.executable, *program]
 
     status, pid = _spawn(command, env)

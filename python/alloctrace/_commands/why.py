@@ -49,8 +49,8 @@ def execute(args: argparse.Namespace) -> int:
     if reports is None:
         raise common.CommandError(
             f"{args.file} holds no retention reports: capture them with "
-            "alloctrace.take_snapshot(retention=N) before dump(), or run with "
-            "ALLOCTRACE_OBJECTS=1 for dumps at exit"
+            "'alloctrace run --objects PROGRAM', ALLOCTRACE_OBJECTS=1 next to ALLOCTRACE_DUMP, "
+            "or take_snapshot(retention=N) before dump() in code"
         )
     from alloctrace._retention import SiteRetention
 
