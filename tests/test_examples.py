@@ -106,3 +106,28 @@ def test_why_leak_diff_then_why(tmp_path):
     assert f"× {holder[0]} ({EXAMPLES / 'why_leak.py'}:{holder[1]})" in why.stdout
     assert "  __main__._sessions → dict['client-" in why.stdout
     assert "Session.__dict__['history'] → list[" in why.stdout
+
+
+def test_kinds_through_run_objects(tmp_path):
+    cli = ["-m", "alloctrace"]
+    run([*cli, "run", "-q", "--objects", "-o", "kinds.snap", str(EXAMPLES / "kinds.py")], tmp_path)
+    history = line_of("kinds.py", "self.history = [")
+    by_type = run([*cli, "stats", "kinds.snap", "--key", "type", "--limit", "5"], tmp_path)
+    assert by_type.stdout.splitlines()[1].startswith("#1: str: ")
+    by_line = run([*cli, "stats", "kinds.snap", "--key", "lineno+type", "--limit", "4"], tmp_path)
+    top = by_line.stdout.splitlines()[1]
+    assert top.startswith(f"#1: {EXAMPLES / 'kinds.py'}:{history}: str: ")
+    assert " in 60,000 blocks " in top
+    assert f"kinds.py:{history}: list (items): " in by_line.stdout
+
+
+def test_catalog_exports(tmp_path):
+    result = run([str(EXAMPLES / "catalog.py"), "catalog.snap"], tmp_path)
+    assert result.stdout.startswith("5000 items, ")
+    snapshot = alloctrace.Snapshot.load(str(tmp_path / "catalog.snap"))
+    assert snapshot.traceback_limit == 25
+    cli = ["-m", "alloctrace"]
+    run([*cli, "export", "catalog.snap", "--format", "pprof", "-o", "heap.pb.gz"], tmp_path)
+    run([*cli, "flamegraph", "catalog.snap", "-o", "heap.svg"], tmp_path)
+    assert (tmp_path / "heap.pb.gz").read_bytes()[:2] == b"\x1f\x8b"
+    assert "Catalog.add_to_index" in (tmp_path / "heap.svg").read_text()

@@ -1,11 +1,17 @@
-"""The program behind docs/flamegraph.svg: a small catalogue loaded from JSON lines.
+"""A small catalogue loaded from JSON lines, dumped with 25 frames per traceback: the program
+behind the export examples and docs/flamegraph.svg.
 
-Regenerate the picture from this directory (relative paths keep the frames short):
+    python examples/catalog.py catalog.snap
+    alloctrace export catalog.snap --format pprof -o heap.pb.gz
+    go tool pprof -top heap.pb.gz
+    alloctrace flamegraph catalog.snap -o heap.svg
 
-    python -c "import runpy; runpy.run_path('flamegraph_demo.py', run_name='__main__')"
+Only the stacks that pass through this file are kept, whichever file allocated (json's decoder
+included), so the picture shows the program rather than the interpreter's start-up.
 """
 
 import json
+import sys
 
 import alloctrace
 
@@ -37,19 +43,18 @@ def render_report(catalog):
     return "\n".join(f"{sku}: {rec['price']}" for sku, rec in catalog.items.items())
 
 
-def main():
+def main(path):
     alloctrace.start(25)
     lines = make_lines(5000)
     catalog = Catalog()
     catalog.load(lines)
     report = render_report(catalog)
-    # Every stack that passes through this file, whichever file allocated.
     mine = alloctrace.Filter(True, __file__, all_frames=True)
     snapshot = alloctrace.take_snapshot().filter_traces([mine])
-    snapshot.to_flamegraph("flamegraph.svg", title="flamegraph_demo.py: live memory by stack")
+    snapshot.dump(path)
     alloctrace.stop()
-    return report
+    print(f"{len(catalog.items)} items, report of {len(report)} characters; wrote {path}")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "catalog.snap")
