@@ -305,6 +305,7 @@ def test_cli_export_and_flamegraph(dumped, tmp_path):
         str(tmp_path / "none.txt"),
     )
     assert result.returncode == 0 and (tmp_path / "none.txt").read_text() == ""
+    assert "--include '*json*' matches no file" in result.stderr
 
     result = cli("export", str(after), "--format", "pprof", "-o", str(tmp_path / "p.pb.gz"))
     assert result.returncode == 0, result.stderr
@@ -331,7 +332,7 @@ def test_cli_export_and_flamegraph(dumped, tmp_path):
         (["flamegraph", "{after}", "--diff", "{before}", "{after}", "-o", "{tmp}/x"], "either"),
         (
             ["flamegraph", "{after}", "--include", "nothing", "-o", "{tmp}/x.svg"],
-            "no traced memory",
+            "--include 'nothing' matches no file",
         ),
     ],
 )

@@ -549,4 +549,11 @@ def install() -> None:
         return
     if dumper is not None:
         _dumper = dumper
-        dumper.install()
+        # The exit-dump machinery (atexit and signal registrations, the interval thread) is
+        # alloctrace's own, not the program's: keep it out of the program's snapshots. No
+        # other thread runs yet, so nothing of the program's goes unrecorded meanwhile.
+        alloctrace.disable()
+        try:
+            dumper.install()
+        finally:
+            alloctrace.enable()

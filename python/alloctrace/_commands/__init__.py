@@ -35,14 +35,25 @@ def build_parser() -> Parser:
     parser = Parser(
         prog=PROG,
         description="Trace Python memory allocations and read the snapshots.",
-        epilog="Start-up variables: ALLOCTRACE=NFRAME, ALLOCTRACE_DUMP=PATH, "
+        epilog="Start-up variables (for the programs you trace; the alloctrace command "
+        "itself is never traced): ALLOCTRACE=NFRAME, ALLOCTRACE_DUMP=PATH, "
         "ALLOCTRACE_INTERVAL=SECONDS, ALLOCTRACE_SAMPLE_INTERVAL=BYTES, "
-        "ALLOCTRACE_SAMPLE_SEED=N (see the README).",
+        "ALLOCTRACE_SAMPLE_SEED=N, ALLOCTRACE_OBJECTS=1, ALLOCTRACE_RETENTION=N "
+        "(see docs/startup.md).",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {_version()}", help="show the version"
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for module in COMMANDS:
         module.register(commands)
     return parser
+
+
+def _version() -> str:
+    import alloctrace
+
+    return alloctrace.__version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -114,7 +114,10 @@ def load(path: str, allow_pickle: bool = False):
         with Progress(f"loading {path}"):
             return alloctrace.Snapshot.load(path, allow_pickle=allow_pickle)
     except alloctrace.SnapshotFormatError as exc:
-        raise CommandError(_describe(exc, path)) from None
+        message = _describe(exc, path)
+        # The library's advice names the API; from here the way is the option.
+        message = message.replace("Snapshot.load(filename, allow_pickle=True)", "--allow-pickle")
+        raise CommandError(message) from None
     except OSError as exc:
         message = exc.strerror or str(exc)
         if path not in message:
@@ -139,10 +142,60 @@ def filters(args: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
     return made, described
 
 
-def loaded_and_filtered(path: str, args: argparse.Namespace):
-    snapshot = load(path, args.allow_pickle)
+def filtered(snapshot, args: argparse.Namespace, path: str, strict: bool = False):
+    """The snapshot with the ``--include``/``--exclude`` options applied.
+
+    When they leave nothing of a snapshot that had traces, a note on stderr says why and shows
+    how the file names are recorded (usually absolute, so ``app.py`` matches nothing where
+    ``*/app.py`` would): an empty report alone would look like a program that allocated nothing.
+    With *strict* (a flamegraph, which cannot be drawn empty), that is the error instead.
+    """
     chosen, _ = filters(args)
-    return snapshot.filter_traces(chosen) if chosen else snapshot
+    if not chosen:
+        return snapshot
+    result = snapshot.filter_traces(chosen)
+    if len(result.traces) == 0 and len(snapshot.traces) > 0:
+        explanation = _explain_empty_filter(snapshot, args, path)
+        if strict:
+            raise CommandError(explanation)
+        sys.stderr.write(f"{PROG}: note: {explanation}\n")
+        sys.stderr.flush()
+    return result
+
+
+def _explain_empty_filter(snapshot, args: argparse.Namespace, path: str) -> str:
+    import fnmatch
+
+    # The files of the allocation sites, biggest first: the likeliest to be meant.
+    names = [stat.traceback[0].filename for stat in snapshot.statistics("filename")]
+    includes = [pattern for inclusive, pattern in args.filters if inclusive]
+    unmatched = [p for p in includes if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+    if unmatched:
+        what = ", ".join(f"--include {pattern!r}" for pattern in unmatched)
+        reason = f"{what} matches no file"
+    else:
+        reason = "the --exclude patterns drop every block the --include patterns keep"
+    # A relative pattern is the usual mistake: show the file it was probably meant for.
+    meant = [
+        (pattern, name)
+        for pattern in unmatched
+        for name in names
+        if fnmatch.fnmatchcase(name, "*/" + pattern.lstrip("/"))
+    ]
+    if meant:
+        pattern, example = meant[0]
+        hint = f"write '*/{pattern.lstrip('/')}' to match {example!r}"
+    else:
+        example = next((n for n in names if not n.startswith("<")), names[0] if names else "")
+        hint = f"e.g. {example!r}: write '*/name.py' or '*/package/*'"
+    return (
+        f"no block of {path} is left: {reason}. Patterns match the whole file name as recorded "
+        f"({hint})."
+    )
+
+
+def loaded_and_filtered(path: str, args: argparse.Namespace, strict: bool = False):
+    return filtered(load(path, args.allow_pickle), args, path, strict)
 
 
 def totals(snapshot) -> tuple[int, int]:
@@ -195,6 +248,10 @@ def limit(args: argparse.Namespace) -> int | None:
     return None if args.limit == 0 else args.limit
 
 
+def format_time(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
 def header(path: str, snapshot) -> str:
     metadata = getattr(snapshot, "metadata", None) or {}
     parts = [f"traceback_limit={snapshot.traceback_limit}"]
@@ -206,8 +263,7 @@ def header(path: str, snapshot) -> str:
             version = ".".join(str(part) for part in version)
         parts.append(f"Python {version}")
     if metadata.get("timestamp"):
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metadata["timestamp"]))
-        parts.append(stamp)
+        parts.append(format_time(metadata["timestamp"]))
     return f"{path} ({', '.join(parts)})"
 
 
@@ -260,7 +316,7 @@ def add_report_options(parser: argparse.ArgumentParser, full: bool = True) -> No
             help="count each block for every frame of its traceback, not only the last one",
         )
         add_filter_options(parser)
-        parser.add_argument("--json", action="store_true", help="versioned JSON on stdout")
+    parser.add_argument("--json", action="store_true", help="versioned JSON on stdout")
     parser.add_argument(
         "--full-paths", action="store_true", help="show file names exactly as recorded"
     )

@@ -10,11 +10,30 @@ from . import _common as common
 
 
 def register(commands) -> None:
-    diff = commands.add_parser("diff", help="what grew and shrank between two snapshots")
+    diff = commands.add_parser(
+        "diff",
+        help="what grew and shrank between two snapshots",
+        description="What grew and shrank from OLD to NEW, biggest change first (unchanged "
+        "entries left out).",
+    )
     diff.add_argument("old", help="earlier snapshot file")
     diff.add_argument("new", help="later snapshot file")
     common.add_report_options(diff)
     diff.set_defaults(handler=execute)
+
+
+def _warn_if_swapped(args: argparse.Namespace, old, new) -> None:
+    """A warning when OLD was taken after NEW (by their metadata): growth would read as loss."""
+    old_time = (getattr(old, "metadata", None) or {}).get("timestamp")
+    new_time = (getattr(new, "metadata", None) or {}).get("timestamp")
+    if old_time is None or new_time is None or old_time <= new_time:
+        return
+    sys.stderr.write(
+        f"{common.PROG}: warning: OLD ({args.old}, taken {common.format_time(old_time)}) is newer "
+        f"than NEW ({args.new}, taken {common.format_time(new_time)}): the changes shown are "
+        f"NEW minus OLD; swap the files to see what grew since {args.new}\n"
+    )
+    sys.stderr.flush()
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -23,10 +42,10 @@ def execute(args: argparse.Namespace) -> int:
     new = common.load(args.new, args.allow_pickle)
     common.check_objects(args.old, old, args)
     common.check_objects(args.new, new, args)
-    filters, described = common.filters(args)
-    if filters:
-        old = old.filter_traces(filters)
-        new = new.filter_traces(filters)
+    _warn_if_swapped(args, old, new)
+    _, described = common.filters(args)
+    old = common.filtered(old, args, args.old)
+    new = common.filtered(new, args, args.new)
     with common.Progress("comparing snapshots"):
         every = new.compare_to(old, args.key, cumulative=args.cumulative)
         new_size, new_count = common.totals(new)

@@ -6,19 +6,24 @@ import argparse
 
 from . import _common as common
 
-EXPORT_FORMATS = ("pprof", "collapsed")
+#: "folded" and "collapsed" are two names of one format (flamegraph.pl's stackcollapse output).
+EXPORT_FORMATS = ("pprof", "folded", "collapsed")
 
 
 def register(commands) -> None:
     export = commands.add_parser(
-        "export", help="write a snapshot as a pprof profile or as folded stacks"
+        "export",
+        help="write a snapshot as a pprof profile or as folded stacks",
+        description="Write the live memory of a snapshot file by stack, as a pprof heap profile "
+        "or as folded stacks.",
     )
     export.add_argument("file", help="snapshot file")
     export.add_argument(
         "--format",
         required=True,
         choices=EXPORT_FORMATS,
-        help="pprof: gzipped profile.proto (go tool pprof); collapsed: 'a;b;c bytes' lines",
+        help="pprof: gzipped profile.proto (go tool pprof); folded (or collapsed): "
+        "'a;b;c bytes' lines, for flamegraph.pl, inferno, speedscope",
     )
     common.add_export_options(export)
     export.set_defaults(handler=execute)

@@ -10,7 +10,10 @@ from . import _common as common
 
 def register(commands) -> None:
     flamegraph = commands.add_parser(
-        "flamegraph", help="draw live memory by stack as an SVG flamegraph, or its growth"
+        "flamegraph",
+        help="draw live memory by stack as an SVG flamegraph, or its growth",
+        description="Draw the live memory of a snapshot file by stack as an interactive SVG "
+        "flamegraph, or (--diff) what grew from OLD to NEW.",
     )
     flamegraph.add_argument("file", nargs="?", help="snapshot file")
     flamegraph.add_argument(
@@ -31,10 +34,10 @@ def execute(args: argparse.Namespace) -> int:
             common.USAGE_ERROR,
         )
     if args.diff is None:
-        snapshot, base = common.loaded_and_filtered(args.file, args), None
+        snapshot, base = common.loaded_and_filtered(args.file, args, strict=True), None
     else:
         base = common.loaded_and_filtered(args.diff[0], args)
-        snapshot = common.loaded_and_filtered(args.diff[1], args)
+        snapshot = common.loaded_and_filtered(args.diff[1], args, strict=True)
     common.write_export(
         args.output, lambda output: snapshot.to_flamegraph(output, title=args.title, base=base)
     )

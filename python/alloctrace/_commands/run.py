@@ -25,7 +25,12 @@ from .stats import render_stats
 def register(commands) -> None:
     # Listed for --help only: the dispatch hands "run" to main() below, which leaves the
     # program's arguments alone.
-    commands.add_parser("run", help="run a program traced and summarise the snapshot it leaves")
+    commands.add_parser(
+        "run",
+        help="run a program traced and summarise the snapshot it leaves",
+        description="Run a Python program traced from its first line (see 'alloctrace run "
+        "--help').",
+    )
 
 
 _RUN_VALUE_OPTIONS = {
@@ -177,6 +182,7 @@ def main(argv: Sequence[str]) -> int:
     if not program[0].startswith("-") and not os.path.exists(program[0]):
         # Checked here: python would report it too, but only after writing an empty snapshot.
         raise CommandError(f"cannot run {program[0]}: No such file or directory")
+    _check_starts(program)
     # {time} is fixed here so that the runner knows the file name; {pid} and {n} are the child's.
     started = time.time()
     stamp = _startup.format_time(started)
@@ -209,6 +215,61 @@ def main(argv: Sequence[str]) -> int:
     if status < 0:
         _die_like_child(-status)
     return status
+
+
+def _check_starts(program: list[str]) -> None:
+    """Refuse a program that would stop before its first line: a script or ``-c`` command
+    that does not compile, a ``-m`` module that does not exist.
+
+    Run anyway, it would leave a snapshot of the interpreter's start-up alone, which reads like
+    a program that allocated next to nothing. The checks are those the interpreter makes first,
+    made by the same interpreter, so they cannot refuse a program that would start.
+    """
+    first = program[0]
+    if first == "-m" or first.startswith("-m"):
+        name = program[1] if first == "-m" else first[2:]
+        top = name.partition(".")[0]
+        if _module_missing(top):
+            raise CommandError(
+                f"cannot run -m {name}: No module named {top!r}; nothing was run or written"
+            )
+        return
+    if first == "-c" or first.startswith("-c"):
+        source: str | bytes = program[1] if first == "-c" else first[2:]
+        filename = "<string>"
+        shown = "-c"
+    else:
+        try:
+            with open(first, "rb") as file:
+                source = file.read()
+        except OSError as exc:
+            raise CommandError(f"cannot run {first}: {exc.strerror or exc}") from None
+        filename = shown = first
+    try:
+        compile(source, filename, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+        message = getattr(exc, "msg", None) or str(exc)
+        raise CommandError(
+            f"cannot run {shown}: {type(exc).__name__}: {message}{where}; nothing was run or "
+            "written"
+        ) from None
+
+
+def _module_missing(name: str) -> bool:
+    """Whether ``python -m NAME`` would find no top-level module NAME (looked up as the child
+    will: the current directory first)."""
+    import importlib.util
+
+    saved = sys.path[:]
+    sys.path[0:1] = [os.getcwd()]
+    try:
+        return importlib.util.find_spec(name) is None
+    except (ImportError, ValueError):
+        # Let the interpreter itself report whatever this is.
+        return False
+    finally:
+        sys.path[:] = saved
 
 
 def _fill_template(template: str, **values: str) -> str:

@@ -14,22 +14,29 @@ from . import _common as common
 
 
 def register(commands) -> None:
-    stats = commands.add_parser("stats", help="top allocation sites of a snapshot")
+    stats = commands.add_parser(
+        "stats",
+        help="top allocation sites of a snapshot",
+        description="The top allocation sites of a snapshot file, biggest first, grouped by "
+        "line, file, traceback or object kind.",
+    )
     stats.add_argument("file", help="snapshot file")
     common.add_report_options(stats)
     stats.set_defaults(handler=execute)
 
-    top = commands.add_parser("top", help="the top 10 lines of a snapshot (stats with defaults)")
+    top = commands.add_parser(
+        "top",
+        help="the top 10 lines of a snapshot (stats with defaults)",
+        description="The top lines of a snapshot file: 'stats' with its defaults.",
+    )
     top.add_argument("file", help="snapshot file")
     common.add_report_options(top, full=False)
     top.set_defaults(handler=execute)
 
 
-def _statistics(snapshot, args: argparse.Namespace):
+def _statistics(snapshot, args: argparse.Namespace, path: str):
     """Filter, group and total a snapshot: (filtered snapshot, statistics, size, count)."""
-    filters, _ = common.filters(args)
-    if filters:
-        snapshot = snapshot.filter_traces(filters)
+    snapshot = common.filtered(snapshot, args, path)
     with common.Progress("computing statistics"):
         stats = snapshot.statistics(args.key, cumulative=args.cumulative)
         total_size, total_count = common.totals(snapshot)
@@ -38,7 +45,7 @@ def _statistics(snapshot, args: argparse.Namespace):
 
 def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[str]:
     """The text of ``alloctrace stats`` for an already loaded snapshot."""
-    snapshot, stats, total_size, total_count = _statistics(snapshot, args)
+    snapshot, stats, total_size, total_count = _statistics(snapshot, args, path)
     limit = common.limit(args)
     shown = stats if limit is None else stats[:limit]
     renderer = common.renderer(common.names(shown), args, stream)
@@ -69,7 +76,7 @@ def execute(args: argparse.Namespace) -> int:
     common.check_objects(args.file, snapshot, args)
     if args.json:
         _, described = common.filters(args)
-        snapshot, stats, total_size, total_count = _statistics(snapshot, args)
+        snapshot, stats, total_size, total_count = _statistics(snapshot, args, args.file)
         document = _report.stats_json(
             stats,
             path=args.file,

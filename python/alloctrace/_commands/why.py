@@ -8,10 +8,16 @@ import os
 
 from . import _common as common
 
+#: As for stats and diff: changes only if a field changes meaning or disappears.
+JSON_VERSION = 1
+
 
 def register(commands) -> None:
     why = commands.add_parser(
-        "why", help="why the objects of a line are alive (retention report captured in a dump)"
+        "why",
+        help="why the objects of a line are alive (retention report captured in a dump)",
+        description="Why the objects allocated at a line are alive: what holds them, sample "
+        "reference chains and retained sizes, from the retention reports a snapshot file holds.",
     )
     why.add_argument("file", help="snapshot file with retention reports")
     why.add_argument(
@@ -73,7 +79,14 @@ def execute(args: argparse.Namespace) -> int:
         if args.limit is not None:
             site.paths = site.paths[: args.limit]
     if args.json:
-        common.write_json({"file": args.file, "reports": [site._json() for site in sites]})
+        common.write_json(
+            {
+                "version": JSON_VERSION,
+                "command": "why",
+                "file": args.file,
+                "reports": [site._json() for site in sites],
+            }
+        )
     else:
         text = "\n\n".join(str(site) for site in sites)
         if not args.full_paths:

@@ -1,0 +1,202 @@
+"""The smaller findings of a new user's walk-through of the command line (issue 14): every
+hint names the option that works, --json everywhere, the --version and --help texts, filters
+that match nothing, swapped diffs, programs that never start, and start-up lines."""
+
+import inspect
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import alloctrace
+from alloctrace import _startup
+from subproc import clean_env
+
+TIMEOUT = 60
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def cli(*args, cwd, **env):
+    return subprocess.run(
+        [sys.executable, "-m", "alloctrace", *args],
+        cwd=cwd,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+def python(*args, cwd, **env):
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+@pytest.fixture(scope="module")
+def snaps(tmp_path_factory):
+    """first.snap, then second.snap a few seconds... of metadata later, of one small program."""
+    base = tmp_path_factory.mktemp("details")
+    (base / "app.py").write_text("kept = [bytearray(2000) for _ in range(300)]\n")
+    for name in ("first", "second"):
+        done = python("app.py", cwd=base, ALLOCTRACE_DUMP=f"{name}.snap")
+        assert done.returncode == 0, done.stderr
+    # Timestamps are whole-second apart at least in the metadata we compare: set them apart.
+    for name, stamp in (("first", 1_000_000_000.0), ("second", 1_000_000_060.0)):
+        snapshot = alloctrace.Snapshot.load(str(base / f"{name}.snap"))
+        snapshot.metadata["timestamp"] = stamp
+        snapshot.dump(str(base / f"{name}.snap"))
+    return base
+
+
+def test_pickle_error_names_the_option(tmp_path):
+    done = python(
+        "-c",
+        "import tracemalloc; tracemalloc.start(); tracemalloc.take_snapshot().dump('tm.pickle')",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    refused = cli("stats", "tm.pickle", cwd=tmp_path)
+    assert refused.returncode == 1
+    assert "--allow-pickle" in refused.stderr
+    assert "allow_pickle=True" not in refused.stderr
+
+
+def test_top_json_is_stats_json(snaps):
+    top = cli("top", "second.snap", "--json", cwd=snaps)
+    stats = cli("stats", "second.snap", "--json", cwd=snaps)
+    assert top.returncode == 0, top.stderr
+    assert json.loads(top.stdout) == json.loads(stats.stdout)
+
+
+def test_why_json_has_a_version(tmp_path):
+    (tmp_path / "app.py").write_text("kept = [bytearray(2000) for _ in range(300)]\n")
+    run = cli("run", "-q", "--objects", "--retention", "1", "-o", "w.snap", "app.py", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    why = cli("why", "w.snap", "--json", cwd=tmp_path)
+    assert why.returncode == 0, why.stderr
+    document = json.loads(why.stdout)
+    assert document["version"] == 1 and document["command"] == "why"
+    assert document["reports"][0]["lineno"] == 1
+
+
+def test_export_format_folded_is_collapsed(snaps, tmp_path):
+    folded = cli(
+        "export", "second.snap", "--format", "folded", "-o", str(tmp_path / "f"), cwd=snaps
+    )
+    assert folded.returncode == 0, folded.stderr
+    collapsed = cli(
+        "export", "second.snap", "--format", "collapsed", "-o", str(tmp_path / "c"), cwd=snaps
+    )
+    assert collapsed.returncode == 0, collapsed.stderr
+    assert (tmp_path / "f").read_text() == (tmp_path / "c").read_text() != ""
+
+
+def test_version(tmp_path):
+    done = cli("--version", cwd=tmp_path)
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"alloctrace {alloctrace.__version__}"
+
+
+def test_help_describes_every_subcommand_and_variable(tmp_path):
+    top = cli("--help", cwd=tmp_path)
+    assert "ALLOCTRACE_OBJECTS=1" in top.stdout and "ALLOCTRACE_RETENTION" in top.stdout
+    for command in ("stats", "top", "diff", "export", "flamegraph", "why"):
+        helped = cli(command, "--help", cwd=tmp_path)
+        assert helped.returncode == 0
+        # argparse prints the description between the usage and the options.
+        between = helped.stdout.split("\n\n")[1]
+        assert not between.lstrip().startswith(("positional", "options")), (command, between)
+
+
+def test_include_matching_nothing_says_why(snaps):
+    done = cli("stats", "second.snap", "--include", "app.py", cwd=snaps)
+    assert done.returncode == 0, done.stderr
+    note = done.stderr.strip()
+    assert note.startswith("alloctrace: note: no block of second.snap is left")
+    assert "--include 'app.py' matches no file" in note
+    assert f"write '*/app.py' to match {str(snaps / 'app.py')!r}" in note
+    # An export is written (empty), with the same note; a flamegraph cannot be drawn empty.
+    args = ("second.snap", "-o", "x", "--include", "app.py")
+    export = cli("export", *args, "--format", "folded", cwd=snaps)
+    assert export.returncode == 0
+    assert export.stderr.startswith("alloctrace: note: no block of second.snap is left: ")
+    assert (snaps / "x").read_text() == ""
+    os.remove(snaps / "x")
+    drawn = cli("flamegraph", *args, cwd=snaps)
+    assert drawn.returncode == 1
+    assert drawn.stderr.startswith("alloctrace: error: no block of second.snap is left: ")
+    assert not (snaps / "x").exists()
+    # A pattern that matches says nothing.
+    quiet = cli("stats", "second.snap", "--include", "*/app.py", cwd=snaps)
+    assert quiet.stderr == "" and "app.py:1" in quiet.stdout
+
+
+def test_swapped_diff_warns(snaps):
+    swapped = cli("diff", "second.snap", "first.snap", cwd=snaps)
+    assert swapped.returncode == 0, swapped.stderr
+    assert swapped.stderr.startswith("alloctrace: warning: OLD (second.snap, taken ")
+    assert "is newer than NEW (first.snap" in swapped.stderr
+    ordered = cli("diff", "first.snap", "second.snap", cwd=snaps)
+    assert ordered.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "program, needle",
+    [
+        (("broken.py",), "cannot run broken.py: SyntaxError: "),
+        (("-m", "no_such_module_here"), "cannot run -m no_such_module_here: No module named"),
+        (("-c", "def f(:"), "cannot run -c: SyntaxError: "),
+    ],
+)
+def test_run_of_a_program_that_never_starts_writes_nothing(tmp_path, program, needle):
+    (tmp_path / "broken.py").write_text("print('hi')\ndef f(:\n    pass\n")
+    done = cli("run", "-o", "never.snap", *program, cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"alloctrace: error: {needle}"), done.stderr
+    assert "nothing was run or written" in done.stderr
+    assert not (tmp_path / "never.snap").exists()
+
+
+def test_run_still_runs_a_module_from_the_current_directory(tmp_path):
+    (tmp_path / "here_mod.py").write_text("kept = [bytearray(500) for _ in range(50)]\n")
+    done = cli("run", "-q", "-o", "m.snap", "-m", "here_mod", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "m.snap").exists()
+
+
+def test_snapshots_are_git_ignored():
+    assert "*.snap" in (REPO / ".gitignore").read_text().splitlines()
+
+
+def test_exit_dump_machinery_is_not_in_the_program_snapshot(tmp_path):
+    (tmp_path / "app.py").write_text("kept = [bytearray(2000) for _ in range(30)]\n")
+    done = python("app.py", cwd=tmp_path, ALLOCTRACE_DUMP="a.snap", ALLOCTRACE_INTERVAL="30")
+    assert done.returncode == 0, done.stderr
+    snapshot = alloctrace.Snapshot.load(str(tmp_path / "a.snap"))
+    startup = os.path.join(os.path.dirname(alloctrace.__file__), "_startup.py")
+    # The lines that set the exit dumps up at start-up (not those that write them at exit).
+    setup = set()
+    for function in (
+        _startup.install,
+        _startup.Dumper.__init__,
+        _startup.Dumper.install,
+        _startup.Dumper._install_sigterm,
+        _startup.Dumper._start_thread,
+    ):
+        lines, first = inspect.getsourcelines(function)
+        setup.update(range(first, first + len(lines)))
+    ours = [
+        stat
+        for stat in snapshot.statistics("lineno")
+        if stat.traceback[0].filename == startup and stat.traceback[0].lineno in setup
+    ]
+    assert ours == []
