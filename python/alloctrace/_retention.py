@@ -27,6 +27,7 @@ import threading
 import types
 
 from alloctrace import _native
+from alloctrace._snapshot import Traceback, _format_size
 
 _PACKAGE_DIR = __file__.rpartition("/")[0] + "/"
 _REPR_LIMIT = 40
@@ -422,8 +423,6 @@ class Retention:
         self.traceback = traceback
 
     def __str__(self):
-        from alloctrace._snapshot import _format_size
-
         head = f"{self.type}: size={_format_size(self.size, False)}, "
         head += f"retained={_format_size(self.retained_size, False)}"
         if not self.reachable:
@@ -456,8 +455,6 @@ def retention(obj, limit=3):
     tracing is on.
     """
     _check_limit(limit)
-    from alloctrace import get_object_traceback
-
     roots = _Roots()
 
     def analyse():
@@ -468,7 +465,9 @@ def retention(obj, limit=3):
             return [_render(chain, roots) for chain in chains], own, retained, reachable
 
     paths, own, retained, reachable = _with_gc_off(analyse)
-    return Retention(_type_name(obj), own, retained, reachable, paths, get_object_traceback(obj))
+    frames = _native.get_object_traceback(obj)
+    traceback = Traceback(frames) if frames is not None else None
+    return Retention(_type_name(obj), own, retained, reachable, paths, traceback)
 
 
 def referrer_paths(obj, limit=3):
@@ -543,67 +542,3 @@ def capture_sites(sites, limit=3, max_lines=5):
             return out
 
     return _with_gc_off(analyse)
-
-
-class SiteRetention:
-    """Why the objects allocated at one line are alive, as captured in a snapshot.
-
-    *filename* and *lineno* name the allocation site; *count* is how many live objects were
-    found there, *unreachable* how many of them no root reaches; *size* their own bytes
-    together, *retained_size* what releasing all of them would free; *paths* sample reference
-    chains (str), *pattern* what holds them, grouped by the holder's type and allocation site
-    (str lines, largest first).
-    """
-
-    __slots__ = (
-        "filename",
-        "lineno",
-        "count",
-        "unreachable",
-        "size",
-        "retained_size",
-        "paths",
-        "pattern",
-    )
-
-    def __init__(self, report):
-        self.filename = report["filename"]
-        self.lineno = report["lineno"]
-        self.count = report["count"]
-        self.unreachable = report["unreachable"]
-        self.size = report["size"]
-        self.retained_size = report["retained"]
-        self.paths = list(report["paths"])
-        self.pattern = list(report["pattern"])
-
-    def __str__(self):
-        from alloctrace._snapshot import _format_size
-
-        lines = [
-            f"{self.filename}:{self.lineno}: {self.count:,} live objects, "
-            f"size={_format_size(self.size, False)}, "
-            f"retained={_format_size(self.retained_size, False)}"
-            + (f", {self.unreachable:,} unreachable" if self.unreachable else "")
-        ]
-        if self.pattern:
-            lines.append("held by:")
-            lines.extend(f"  {line}" for line in self.pattern)
-        if self.paths:
-            lines.append("paths:")
-            lines.extend(f"  {path}" for path in self.paths)
-        return "\n".join(lines)
-
-    def __repr__(self):
-        return f"<SiteRetention {self.filename}:{self.lineno} count={self.count}>"
-
-    def _json(self):
-        return {
-            "filename": self.filename,
-            "lineno": self.lineno,
-            "count": self.count,
-            "unreachable": self.unreachable,
-            "size": self.size,
-            "retained_size": self.retained_size,
-            "pattern": self.pattern,
-            "paths": self.paths,
-        }

@@ -25,17 +25,6 @@ class Retention:
     paths: list[ReferrerPath]
     traceback: Optional[Traceback]
 
-class SiteRetention:
-    filename: str
-    lineno: int
-    count: int
-    unreachable: int
-    size: int
-    retained_size: int
-    paths: list[str]
-    pattern: list[str]
-    def __init__(self, report: dict[str, Any]) -> None: ...
-
 def retention(obj: object, limit: int = 3) -> Retention: ...
 def referrer_paths(obj: object, limit: int = 3) -> list[ReferrerPath]: ...
 def retained_size(obj: object) -> int: ...

@@ -25,6 +25,7 @@ __all__ = [
     "DomainFilter",
     "Filter",
     "Frame",
+    "SiteRetention",
     "Snapshot",
     "SnapshotFormatError",
     "Statistic",
@@ -613,8 +614,6 @@ class Snapshot:
         take it with ``take_snapshot(retention=N)``, or dump at exit with
         ``ALLOCTRACE_OBJECTS=1``.
         """
-        from alloctrace._retention import SiteRetention
-
         filename, lineno = _site_of(key)
         reports = self._data.retention
         if reports is None:
@@ -811,3 +810,67 @@ def _load_pickle(filename):
     for name, value in state.items():
         setattr(snapshot, name, value)
     return snapshot
+
+
+class SiteRetention:
+    """Why the objects allocated at one line are alive, as captured in a snapshot.
+
+    A record of the snapshot (its retention section); ``_retention`` captures it.
+
+    *filename* and *lineno* name the allocation site; *count* is how many live objects were
+    found there, *unreachable* how many of them no root reaches; *size* their own bytes
+    together, *retained_size* what releasing all of them would free; *paths* sample reference
+    chains (str), *pattern* what holds them, grouped by the holder's type and allocation site
+    (str lines, largest first).
+    """
+
+    __slots__ = (
+        "filename",
+        "lineno",
+        "count",
+        "unreachable",
+        "size",
+        "retained_size",
+        "paths",
+        "pattern",
+    )
+
+    def __init__(self, report):
+        self.filename = report["filename"]
+        self.lineno = report["lineno"]
+        self.count = report["count"]
+        self.unreachable = report["unreachable"]
+        self.size = report["size"]
+        self.retained_size = report["retained"]
+        self.paths = list(report["paths"])
+        self.pattern = list(report["pattern"])
+
+    def __str__(self):
+        lines = [
+            f"{self.filename}:{self.lineno}: {self.count:,} live objects, "
+            f"size={_format_size(self.size, False)}, "
+            f"retained={_format_size(self.retained_size, False)}"
+            + (f", {self.unreachable:,} unreachable" if self.unreachable else "")
+        ]
+        if self.pattern:
+            lines.append("held by:")
+            lines.extend(f"  {line}" for line in self.pattern)
+        if self.paths:
+            lines.append("paths:")
+            lines.extend(f"  {path}" for path in self.paths)
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return f"<SiteRetention {self.filename}:{self.lineno} count={self.count}>"
+
+    def _json(self):
+        return {
+            "filename": self.filename,
+            "lineno": self.lineno,
+            "count": self.count,
+            "unreachable": self.unreachable,
+            "size": self.size,
+            "retained_size": self.retained_size,
+            "pattern": self.pattern,
+            "paths": self.paths,
+        }

@@ -6,7 +6,6 @@ from typing import Any, Optional, Union, overload
 
 from alloctrace._native import SnapshotData
 from alloctrace._native import SnapshotFormatError as SnapshotFormatError
-from alloctrace._retention import SiteRetention
 
 _RawFrame = tuple[str, int]
 _RawTrace = Union[
@@ -161,3 +160,14 @@ class Snapshot:
         self, filename: _Path, *, title: Optional[str] = None, base: Optional[Snapshot] = None
     ) -> None: ...
     def __getattr__(self, name: str) -> Any: ...
+
+class SiteRetention:
+    filename: str
+    lineno: int
+    count: int
+    unreachable: int
+    size: int
+    retained_size: int
+    paths: list[str]
+    pattern: list[str]
+    def __init__(self, report: dict[str, Any]) -> None: ...

@@ -58,7 +58,7 @@ def execute(args: argparse.Namespace) -> int:
             "'alloctrace run --objects PROGRAM', ALLOCTRACE_OBJECTS=1 next to ALLOCTRACE_DUMP, "
             "or take_snapshot(retention=N) before dump() in code"
         )
-    from alloctrace._retention import SiteRetention
+    from alloctrace._snapshot import SiteRetention
 
     if args.line is None:
         chosen = list(reports)
