@@ -10,6 +10,7 @@ pub mod heap_walk;
 pub mod retention;
 pub mod site_reports;
 pub mod snapshot;
+pub mod strings;
 pub mod tracer;
 
 pyo3::create_exception!(

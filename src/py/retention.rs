@@ -12,7 +12,7 @@ use pyo3::types::{PyList, PyString, PyTuple};
 
 use crate::heap::paths::{GroupKey, PatternLine};
 use crate::heap::retention::{object_report, site_reports, Analysis};
-use crate::py::snapshot::{bytes_str, str_bytes};
+use crate::py::strings::{bytes_str, str_bytes};
 use crate::tracer;
 
 /// Reference chains as lists of objects.

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use crate::analysis::snapshot::SiteRetention;
-use crate::py::snapshot::{bytes_str, str_bytes};
+use crate::py::strings::{bytes_str, str_bytes};
 
 /// The keys of a report dict, in the order they are written back.
 const FIELDS: [&str; 8] = [

@@ -23,6 +23,7 @@ use crate::analysis::sampling::MAX_INTERVAL;
 use crate::analysis::snapshot::{FrameId, Snapshot, SnapshotBuilder, TracebackId};
 use crate::analysis::stats::{self, GroupKey, KeyType};
 use crate::py::site_reports::{reports_from_py, reports_to_py};
+use crate::py::strings::{bytes_str, str_bytes};
 
 #[pyclass(name = "SnapshotData", module = "alloctrace._native", frozen)]
 pub struct PySnapshotData {
@@ -34,37 +35,6 @@ impl PySnapshotData {
         Self {
             inner: Arc::new(snapshot),
         }
-    }
-}
-
-/// A `str` as surrogatepass UTF-8.
-pub(crate) fn str_bytes(s: &Bound<'_, PyString>) -> PyResult<Vec<u8>> {
-    if let Ok(text) = s.to_str() {
-        return Ok(text.as_bytes().to_vec());
-    }
-    // SAFETY: `s` is a live str; the codec and error handler names are NUL-terminated.
-    let encoded = unsafe {
-        Bound::from_owned_ptr_or_err(
-            s.py(),
-            pyo3::ffi::PyUnicode_AsEncodedString(
-                s.as_ptr(),
-                c"utf-8".as_ptr(),
-                c"surrogatepass".as_ptr(),
-            ),
-        )?
-    };
-    Ok(encoded.cast_into::<PyBytes>()?.as_bytes().to_vec())
-}
-
-/// surrogatepass UTF-8 back to a `str`.
-pub(crate) fn bytes_str<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyString>> {
-    match std::str::from_utf8(b) {
-        Ok(s) => Ok(PyString::new(py, s)),
-        Err(_) => PyString::from_encoded_object(
-            &PyBytes::new(py, b),
-            Some(c"utf-8"),
-            Some(c"surrogatepass"),
-        ),
     }
 }
 

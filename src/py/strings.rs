@@ -1,0 +1,38 @@
+//! Python `str` to and from the byte strings the model keeps (file names, type names, report
+//! lines), as surrogatepass UTF-8, so any `str` (lone surrogates from `surrogateescape`-decoded
+//! paths included) survives a round trip unchanged. Shared by every converter in `py/`, which
+//! is why it is a module of its own rather than part of one of them.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+/// A `str` as surrogatepass UTF-8.
+pub(crate) fn str_bytes(s: &Bound<'_, PyString>) -> PyResult<Vec<u8>> {
+    if let Ok(text) = s.to_str() {
+        return Ok(text.as_bytes().to_vec());
+    }
+    // SAFETY: `s` is a live str; the codec and error handler names are NUL-terminated.
+    let encoded = unsafe {
+        Bound::from_owned_ptr_or_err(
+            s.py(),
+            pyo3::ffi::PyUnicode_AsEncodedString(
+                s.as_ptr(),
+                c"utf-8".as_ptr(),
+                c"surrogatepass".as_ptr(),
+            ),
+        )?
+    };
+    Ok(encoded.cast_into::<PyBytes>()?.as_bytes().to_vec())
+}
+
+/// surrogatepass UTF-8 back to a `str`.
+pub(crate) fn bytes_str<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyString>> {
+    match std::str::from_utf8(b) {
+        Ok(s) => Ok(PyString::new(py, s)),
+        Err(_) => PyString::from_encoded_object(
+            &PyBytes::new(py, b),
+            Some(c"utf-8"),
+            Some(c"surrogatepass"),
+        ),
+    }
+}
