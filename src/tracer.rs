@@ -662,7 +662,7 @@ pub fn take_snapshot(py: Python<'_>, objects: bool) -> Result<Snapshot> {
         ));
     }
     let graph = if objects {
-        Some(crate::heap::walk::walk(py, &[])?)
+        Some(crate::heap::walk::walk(py, &[], traced_size)?)
     } else {
         None
     };

@@ -44,15 +44,21 @@ mod layout {
 /// Nodes are numbered in the order they were found: the collector's objects first (youngest
 /// generation first, in list order), then `extra_roots`, then what was reached from them,
 /// breadth first. Each node's referents are what its `tp_traverse` visits, in order. A node's
-/// size is its block's traced size while tracing, else an estimate from `tp_basicsize` and
-/// `tp_itemsize` (see [`estimated_size`]), plus the sizes of the buffers attributed to it.
+/// size is its block's traced size (`traced_size` of the block's address: the tracer's
+/// answer, passed in so that the walk knows nothing of the tracer that uses it), else an
+/// estimate from `tp_basicsize` and `tp_itemsize` (see [`estimated_size`]), plus the sizes of
+/// the buffers attributed to it, sized the same way.
 ///
 /// Needs the GIL (the `py` token proves it); see the module docs for why nothing it does can
 /// change the heap under it.
 ///
 /// # Errors
 /// [`Error::State`] if a collection is running (called from a finaliser or a gc callback).
-pub fn walk(py: Python<'_>, extra_roots: &[*mut ffi::PyObject]) -> Result<HeapGraph> {
+pub fn walk(
+    py: Python<'_>,
+    extra_roots: &[*mut ffi::PyObject],
+    traced_size: fn(usize) -> Option<usize>,
+) -> Result<HeapGraph> {
     let _ = py;
     // SAFETY: the GIL is held; the interpreter state outlives this call.
     let interp = unsafe { ffi::PyInterpreterState_Get() } as *const u8;
@@ -66,7 +72,14 @@ pub fn walk(py: Python<'_>, extra_roots: &[*mut ffi::PyObject]) -> Result<HeapGr
                 .into(),
         ));
     }
-    let mut walker = Walker::default();
+    let mut walker = Walker {
+        traced_size,
+        builder: GraphBuilder::default(),
+        types: Vec::new(),
+        type_index: HashMap::default(),
+        objects: Vec::new(),
+        referents: Vec::new(),
+    };
     // SAFETY: the GIL is held and nothing below runs Python code, so the lists and the objects
     // on them stay as they are.
     unsafe {
@@ -107,8 +120,9 @@ pub fn walk(py: Python<'_>, extra_roots: &[*mut ffi::PyObject]) -> Result<HeapGr
     Ok(builder.finish())
 }
 
-#[derive(Default)]
 struct Walker {
+    /// The traced size of the block at an address, if it is traced.
+    traced_size: fn(usize) -> Option<usize>,
     builder: GraphBuilder,
     /// The distinct type objects met, in order: a node's provisional type is an index here.
     types: Vec<*mut ffi::PyTypeObject>,
@@ -135,7 +149,7 @@ impl Walker {
             next
         });
         let block = Current::object_block(obj);
-        let size = crate::tracer::traced_size(block)
+        let size = (self.traced_size)(block)
             .map(|s| s as u64)
             .unwrap_or_else(|| estimated_size(obj, tp, block));
         let (node, _) = self
@@ -146,7 +160,7 @@ impl Walker {
         }
         self.objects.push(obj);
         for (addr, label, estimate) in owned_buffers(obj, tp) {
-            let size = crate::tracer::traced_size(addr)
+            let size = (self.traced_size)(addr)
                 .map(|s| s as u64)
                 .unwrap_or(estimate);
             self.builder.add_buffer(Buffer {
