@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -166,11 +167,21 @@ def test_run_of_a_program_that_never_starts_writes_nothing(tmp_path, program, ne
     assert not (tmp_path / "never.snap").exists()
 
 
-def test_run_still_runs_a_module_from_the_current_directory(tmp_path):
-    (tmp_path / "here_mod.py").write_text("kept = [bytearray(500) for _ in range(50)]\n")
-    done = cli("run", "-q", "-o", "m.snap", "-m", "here_mod", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "m.snap").exists()
+def test_run_still_runs_modules_directories_and_zip_archives(tmp_path):
+    code = "kept = [bytearray(500) for _ in range(50)]\n"
+    (tmp_path / "here_mod.py").write_text(code)
+    (tmp_path / "app_dir").mkdir()
+    (tmp_path / "app_dir" / "__main__.py").write_text(code)
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as archive:
+        archive.writestr("__main__.py", code)
+    for name, program in (
+        ("m", ("-m", "here_mod")),
+        ("d", ("app_dir",)),
+        ("z", ("app.zip",)),
+    ):
+        done = cli("run", "-q", "-o", f"{name}.snap", *program, cwd=tmp_path)
+        assert done.returncode == 0, (program, done.stderr)
+        assert (tmp_path / f"{name}.snap").exists()
 
 
 def test_snapshots_are_git_ignored():

@@ -239,6 +239,11 @@ def _check_starts(program: list[str]) -> None:
         filename = "<string>"
         shown = "-c"
     else:
+        import zipfile
+
+        if not os.path.isfile(first) or zipfile.is_zipfile(first):
+            # A directory or zip archive with a __main__.py: python itself finds the code.
+            return
         try:
             with open(first, "rb") as file:
                 source = file.read()
