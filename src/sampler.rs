@@ -8,13 +8,15 @@
 //! memoryless, each allocation is then sampled independently with probability
 //! `1 - exp(-(size + 1) / R)`, which is what `crate::analysis::sampling` weights by.
 //!
-//! One allocation must be charged once. The wrapped allocators nest: pymalloc serves a
-//! request above 512 bytes from `PyMem_RawMalloc`, so one `PyObject_Malloc` runs our OBJ hook
-//! and, inside it, our RAW hook for the same block. Exact tracing records the block twice at
-//! the same address (the second record replaces the first), but charging the countdown twice
-//! would double those blocks' sampling probability and bias every estimate. So each hook
-//! opens a [`Scope`] around the call it wraps, and only the outermost one on the thread
-//! consults the countdown.
+//! One allocation is seen once. The wrapped allocators nest: pymalloc serves a request above
+//! 512 bytes (and grows its arena table) from `PyMem_RawMalloc`/`PyMem_RawRealloc`, so one
+//! `PyObject_Malloc` runs our OBJ hook and, inside it, our RAW hook for the same memory. Under
+//! the debug allocator hooks (`PYTHONMALLOC=debug`, `-X dev`) the two calls even return
+//! different addresses (each debug layer adds its own header), so recording both would count
+//! the block twice. So each allocating hook opens a [`Scope`] around the call it wraps, and
+//! only the outermost one on the thread records (and, when sampling, consults the countdown),
+//! as tracemalloc ignores its reentrant calls; nested frees and reallocations still forget
+//! whatever they free.
 //!
 //! The fast path is one thread-local lookup, a subtraction and a branch, before any stack
 //! walk or table access; the draw (a logarithm and a few multiplies) runs once per sample,
@@ -120,12 +122,9 @@ fn mix(mut z: u64) -> u64 {
 pub struct Scope(*const State);
 
 impl Scope {
-    /// Enters; costs nothing beyond a load while tracing exactly.
+    /// Enters: one thread-local lookup and an increment.
     #[inline(always)]
     pub fn enter() -> Scope {
-        if INTERVAL.load(Relaxed) == 0 {
-            return Scope(std::ptr::null());
-        }
         match STATE.try_with(|s| s as *const State) {
             Ok(state) => {
                 // SAFETY: a thread-local outlives every frame of its thread.
@@ -137,13 +136,14 @@ impl Scope {
         }
     }
 
-    /// Whether the allocation of `size` bytes this scope wrapped is to be recorded: always
-    /// when exact; when sampling, if this is the outermost hook and the allocation crosses
-    /// the countdown.
+    /// Whether the allocation of `size` bytes this scope wrapped is to be recorded: if this
+    /// is the outermost hook on the thread and, when sampling, the allocation crosses the
+    /// countdown.
     #[inline(always)]
     pub fn keep(&self, size: usize) -> bool {
         if self.0.is_null() {
-            // Exact, unless sampling began during the call (then skip: no state to charge).
+            // The thread's state is gone (thread exit): nesting unknown, so exact tracing
+            // records and sampling skips (no state to charge).
             return INTERVAL.load(Relaxed) == 0;
         }
         // SAFETY: as in `enter`; the scope never leaves its thread (raw pointers are !Send).
@@ -260,6 +260,25 @@ mod tests {
     }
 
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// The debug allocator hooks give the nested RAW call another address than the OBJ call
+    /// around it, so only the outermost hook may record, in exact mode too.
+    #[test]
+    fn nested_hooks_never_record_when_exact() {
+        std::thread::spawn(|| {
+            let _lock = LOCK.lock().unwrap();
+            configure(0, Some(1));
+            let outer = Scope::enter();
+            let inner = Scope::enter();
+            assert!(!inner.keep(1000), "nested");
+            drop(inner);
+            assert!(outer.keep(1000), "outermost");
+            drop(outer);
+            assert!(keep(1000), "depth back to zero");
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn sampling_rate_matches_the_interval_and_seeds_reproduce() {

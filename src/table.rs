@@ -132,6 +132,16 @@ fn presence_slot(address: usize) -> usize {
     ((address as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - PRESENCE_BITS)) as usize
 }
 
+/// A shard is shrunk when fewer than 1/`SHRINK_BELOW` of its capacity is in use, to twice its
+/// entries: after a spike of short-lived blocks the table gives its memory back as the blocks
+/// are freed (2M entries are ~70 MB of buckets), not only at `clear_traces()`. The rebuild
+/// costs one pass over the shard, paid for by the 7/8 of its capacity freed before it, so the
+/// free path stays one comparison more on average, and the factor between the shrink
+/// threshold and the new size keeps a table hovering at one size from rebuilding over again.
+const SHRINK_BELOW: usize = 8;
+/// Shards this small (~70 KB of buckets) are left alone.
+const SHRINK_MIN: usize = 4096;
+
 pub struct TraceTable {
     map: DashMap<u64, u64, BuildAddressHasher>,
     current: AtomicUsize,
@@ -269,6 +279,25 @@ impl TraceTable {
         let (_, trace) = unpack(key, value.into_inner());
         self.presence_remove(address);
         self.sub(self.charge(trace.size));
+        if shard.len() < shard.capacity() / SHRINK_BELOW && shard.capacity() > SHRINK_MIN {
+            // Rebuilt at twice its entries, or left as it is if the smaller table cannot be
+            // had: a free hook must not fail, nor abort for memory (hashbrown's own
+            // `shrink_to` aborts on a failed allocation). Entries are copied as they are.
+            let rehash = |entry: &Packed| self.hash(entry.0 & ADDRESS_MASK);
+            let old = std::mem::take(&mut *shard);
+            if shard.try_reserve(old.len() * 2, rehash).is_ok() {
+                // SAFETY: iterating a table we own; room for every entry was reserved above.
+                unsafe {
+                    for bucket in old.iter() {
+                        let (key, value) = bucket.as_ref();
+                        let entry = (*key, SharedValue::new(*value.get()));
+                        shard.insert_no_grow(rehash(&entry), entry);
+                    }
+                }
+            } else {
+                *shard = old;
+            }
+        }
         Some(trace)
     }
 
@@ -395,6 +424,34 @@ mod tests {
 
     fn t(size: usize, traceback: u32) -> Trace {
         Trace { size, traceback }
+    }
+
+    /// After a spike the table gives its memory back as the blocks are freed, and the
+    /// totals and the surviving entries are untouched by the rebuilds.
+    #[test]
+    fn a_spike_freed_gives_the_memory_back() {
+        let table = TraceTable::new();
+        let empty = table.memory_usage();
+        let n = 400_000;
+        for i in 0..n {
+            assert!(table.insert(0x10_0000 + i * 16, t(i, 1)));
+        }
+        let spiked = table.memory_usage();
+        for i in 0..n - 100 {
+            table.remove(0x10_0000 + i * 16);
+        }
+        let after = table.memory_usage();
+        // Shards below SHRINK_MIN entries are left alone: a few hundred KB at most.
+        assert!(
+            after < empty + spiked / 10,
+            "{after} bytes kept after freeing (spike {spiked}, empty {empty})"
+        );
+        assert_eq!(table.len(), 100);
+        let kept: usize = (n - 100..n).sum();
+        assert_eq!(table.totals().0, kept);
+        for i in n - 100..n {
+            assert_eq!(table.get(0x10_0000 + i * 16), Some(t(i, 1)));
+        }
     }
 
     #[test]

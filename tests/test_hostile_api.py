@@ -48,6 +48,12 @@ def files(tmp_path, snapshot):
         path.write_bytes(content)
         paths[name] = path
     paths["under_a_file"] = good / "x.snap"  # a regular file as a directory: ENOTDIR
+    paths["fifo"] = tmp_path / "fifo.snap"  # no writer: must not block
+    os.mkfifo(paths["fifo"])
+    paths["dev_zero"] = "/dev/zero"  # endless: must not be read
+    sparse = paths["sparse"] = tmp_path / "sparse.snap"  # 4 GiB claimed, none on disk
+    with open(sparse, "wb") as f:
+        f.truncate(4 << 30)
     return paths
 
 
@@ -113,6 +119,9 @@ LOAD_CASES = [
     ("future", alloctrace.SnapshotFormatError, "format version 999 is newer"),
     ("pickle", alloctrace.SnapshotFormatError, "allow_pickle=True"),
     ("under_a_file", NotADirectoryError, "Not a directory"),
+    ("fifo", alloctrace.SnapshotFormatError, "it is a FIFO, not a regular file"),
+    ("dev_zero", alloctrace.SnapshotFormatError, "a character device, not a regular file"),
+    ("sparse", alloctrace.SnapshotFormatError, "bad magic number"),
 ]
 
 

@@ -109,8 +109,8 @@ def test_invalid_nframe_stops_before_the_program(args, env, names):
     "env, needle",
     [
         ({"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_INTERVAL": "soon"}, "ALLOCTRACE_INTERVAL"),
-        ({"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_INTERVAL": "0"}, "greater than 0"),
-        ({"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_INTERVAL": "-3"}, "greater than 0"),
+        ({"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_INTERVAL": "0"}, "at least 0.1"),
+        ({"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_INTERVAL": "-3"}, "at least 0.1"),
         ({"ALLOCTRACE_INTERVAL": "1"}, "ALLOCTRACE_DUMP is not"),
         ({"ALLOCTRACE_DUMP": "x-{host}.snap"}, "unknown placeholder {host}"),
         ({"ALLOCTRACE_DUMP": "x-{pid.snap"}, "ALLOCTRACE_DUMP"),

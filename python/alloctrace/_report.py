@@ -147,7 +147,8 @@ def _fit_location(prefix: str, location: str, rest: str, width: int | None) -> s
 
 
 def _source_line(filename: str, lineno: int) -> str:
-    if lineno <= 0:
+    if lineno <= 0 or "\0" in filename:
+        # A NUL makes linecache's os.stat() raise on 3.11 and 3.12: no file has that name.
         return ""
     return linecache.getline(filename, lineno).strip()
 

@@ -15,6 +15,7 @@ Snapshot files are a compact, versioned, checksummed binary format (never pickle
 import linecache
 import os
 import pickle
+import stat
 from collections.abc import Iterable, Sequence
 from functools import total_ordering
 
@@ -154,8 +155,13 @@ class Traceback(Sequence):
         lines = []
         for frame in frames:
             lines.append(f'  File "{frame.filename}", line {frame.lineno}')
-            # looked up at call time so that patching linecache.getline takes effect
-            source = linecache.getline(frame.filename, frame.lineno).strip()
+            # looked up at call time so that patching linecache.getline takes effect; a NUL
+            # (no file has one) makes linecache raise on 3.11 and 3.12
+            source = (
+                ""
+                if "\0" in frame.filename
+                else linecache.getline(frame.filename, frame.lineno).strip()
+            )
             if source:
                 lines.append(f"    {source}")
         return lines
@@ -549,6 +555,17 @@ class Snapshot:
     def _attributes(self):
         return {k: v for k, v in vars(self).items() if k not in _INTERNAL_ATTRIBUTES}
 
+    def _set_attributes(self, attributes, source):
+        """Set user attributes read from *source* (a file name), none of which may take the
+        name of the snapshot's own attributes: a file must not change what the snapshot is."""
+        for name in attributes:
+            if _is_reserved_attribute(name):
+                raise SnapshotFormatError(
+                    f"{source} is not a readable alloctrace snapshot: its user attribute "
+                    f"{name!r} has the name of a Snapshot attribute"
+                )
+        self.__dict__.update(attributes)
+
     def __reduce__(self):
         # The state is the attributes dict, or (attributes, retention reports) when the
         # snapshot holds reports, so no attribute name is reserved for them.
@@ -569,15 +586,24 @@ class Snapshot:
         if isinstance(state, tuple):
             state, reports = state
             self._data = self._data.with_retention(reports)
-        self.__dict__.update(state)
+        self._set_attributes(state, "the pickle")
 
     def dump(self, filename):
         """Write the snapshot, with its plain-valued attributes, into a file.
 
         The file is replaced atomically: a failed dump leaves any previous file intact. It
         is synced to disk before it takes the name, so a crash cannot leave it empty.
+        An attribute named like one of the snapshot's own (``statistics``, ``__class__``,
+        any dunder name...) is refused with ``ValueError``, as :meth:`load` would refuse it.
         """
-        self._data.dump(_path(filename), self._attributes())
+        attributes = self._attributes()
+        for name in attributes:
+            if _is_reserved_attribute(name):
+                raise ValueError(
+                    f"cannot dump the snapshot attribute {name!r}: it has the name of a "
+                    "Snapshot attribute, which load() refuses to set from a file"
+                )
+        self._data.dump(_path(filename), attributes)
 
     @staticmethod
     def load(filename, *, allow_pickle=False):
@@ -587,15 +613,16 @@ class Snapshot:
         too; unpickling can execute arbitrary code, so only use it on trusted files.
         """
         filename = _path(filename)
-        if allow_pickle:
+        # Only a regular file is opened here: a FIFO or a device goes to the native reader,
+        # which refuses it without blocking.
+        if allow_pickle and stat.S_ISREG(os.stat(filename).st_mode):
             with open(filename, "rb") as fp:
                 head = fp.read(2)
             if head in _PICKLE_PROTOCOL_BYTES:
                 return _load_pickle(filename)
         data, attributes = SnapshotData.load(filename)
         snapshot = Snapshot._from_data(data)
-        for name, value in attributes.items():
-            setattr(snapshot, name, value)
+        snapshot._set_attributes(attributes, filename)
         return snapshot
 
     @property
@@ -792,8 +819,21 @@ class _TracemallocUnpickler(pickle.Unpickler):
 
 
 def _load_pickle(filename):
+    """A snapshot from a pickle file; whatever is wrong with the pickle (truncated, of
+    another class, of the wrong shape) is a :class:`SnapshotFormatError`."""
     with open(filename, "rb") as fp:
-        loaded = _TracemallocUnpickler(fp).load()
+        try:
+            return _snapshot_from_pickle(filename, fp)
+        except (SnapshotFormatError, MemoryError):
+            raise
+        except Exception as exc:
+            raise SnapshotFormatError(
+                f"{filename} is not a readable snapshot pickle: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def _snapshot_from_pickle(filename, fp):
+    loaded = _TracemallocUnpickler(fp).load()
     if isinstance(loaded, Snapshot):
         return loaded
     if not isinstance(loaded, _PickledSnapshot):
@@ -807,9 +847,18 @@ def _load_pickle(filename):
     if not isinstance(traces, _PickledTraces) or limit is None:
         raise SnapshotFormatError(f"{filename} is a pickled tracemalloc.Snapshot without traces")
     snapshot = Snapshot(traces.state.get("_traces", ()), limit)
-    for name, value in state.items():
-        setattr(snapshot, name, value)
+    snapshot._set_attributes(state, filename)
     return snapshot
+
+
+def _is_reserved_attribute(name):
+    """Whether *name* is the snapshot's own (a property, a method, internal state or any
+    dunder name), which no attribute from a file may replace."""
+    return (
+        name in _INTERNAL_ATTRIBUTES
+        or hasattr(Snapshot, name)
+        or (name.startswith("__") and name.endswith("__"))
+    )
 
 
 class SiteRetention:

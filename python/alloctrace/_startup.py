@@ -10,10 +10,13 @@ set; otherwise this module is never imported and costs nothing.
     1 frame, and the option wins over the variable. ``-E`` and ``-I`` ignore the variables.
 ``ALLOCTRACE_DUMP=PATH``
     Write a snapshot to PATH when the process exits (normal end, ``sys.exit``, an uncaught
-    exception, SIGTERM). Implies ``ALLOCTRACE=1`` when tracing is not otherwise configured.
+    exception, SIGTERM). A SIGTERM or SIGINT that arrives while that snapshot is written is
+    held until it is in place; then the process dies of that signal (see
+    :meth:`Dumper.dump_at_exit`). Implies ``ALLOCTRACE=1`` when tracing is not otherwise configured.
     ``{pid}``, ``{time}`` and ``{n}`` in PATH are replaced (see :func:`expand_path`).
 ``ALLOCTRACE_INTERVAL=SECONDS``
-    With ``ALLOCTRACE_DUMP``, also write numbered snapshots every SECONDS from a daemon thread.
+    With ``ALLOCTRACE_DUMP``, also write numbered snapshots every SECONDS (at least
+    :data:`MIN_INTERVAL`, 0.1) from a daemon thread.
 ``ALLOCTRACE_SAMPLE_INTERVAL=BYTES``
     Trace in sampled mode, one sample per BYTES allocated on average (see
     :func:`parse_size` for the accepted forms, e.g. ``524288``, ``512KiB``, ``512k``, ``2MiB``;
@@ -67,6 +70,13 @@ XOPTION = "alloctrace"
 
 #: Exit status when the start-up configuration is invalid (the usual "bad usage" status).
 CONFIG_ERROR_STATUS = 2
+
+#: The shortest ``ALLOCTRACE_INTERVAL`` accepted, in seconds: at most ten periodic snapshots a
+#: second, each a file and a pass over the whole trace table.
+MIN_INTERVAL = 0.1
+
+#: Values shown in an error message are cut to this many characters.
+_SHOWN_MAX = 200
 
 #: The largest sampling interval :func:`alloctrace.start` accepts (1 TiB).
 MAX_SAMPLE_INTERVAL = 1 << 40
@@ -132,6 +142,22 @@ class Config:
         )
 
 
+def _shown(value: str) -> str:
+    """*value*'s repr for an error line, cut short if it is long."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_MAX else text[: _SHOWN_MAX - 5] + "...'"
+
+
+def _decimal(value: str) -> int | None:
+    """*value* as a plain decimal number (ASCII digits, surrounding blanks allowed), else
+    ``None``: ``int()`` would also take ``1_0``, ``+5`` and other scripts' digits."""
+    text = value.strip()
+    # 40 digits is beyond every limit here (2**64 has 20), and far below int()'s own limit.
+    if not text or len(text) > 40 or not text.isascii() or not text.isdigit():
+        return None
+    return int(text, 10)
+
+
 def parse_objects(value: str) -> bool:
     """Parse ``ALLOCTRACE_OBJECTS``: ``1`` (record object kinds) or ``0`` (do not)."""
     text = value.strip()
@@ -156,15 +182,12 @@ def parse_retention(value: str, source: str = ENV_RETENTION) -> int:
 
 def parse_nframe(value: str, source: str) -> int:
     """Parse a frame count from *source* (``"ALLOCTRACE"`` or ``"-X alloctrace"``)."""
-    try:
-        nframe = int(value.strip(), 10)
-    except ValueError:
-        nframe = -1
-    if not 0 <= nframe <= MAX_NFRAME:
+    nframe = _decimal(value)
+    if nframe is None or nframe > MAX_NFRAME:
         if source == ENV_NFRAME:
-            shown = f"{ENV_NFRAME}={value!r}"
+            shown = f"{ENV_NFRAME}={_shown(value)}"
         else:
-            shown = f"-X {XOPTION}={value}"
+            shown = f"-X {XOPTION}={_shown(value)[1:-1]}"
         raise ConfigError(
             f"{shown} is invalid: expected a number of frames from 0 to {MAX_NFRAME} "
             "(0 disables tracing)"
@@ -173,14 +196,16 @@ def parse_nframe(value: str, source: str) -> int:
 
 
 def parse_interval(value: str) -> float:
-    """Parse ``ALLOCTRACE_INTERVAL``: a positive, finite number of seconds."""
+    """Parse ``ALLOCTRACE_INTERVAL``: a finite number of seconds, at least
+    :data:`MIN_INTERVAL`."""
     try:
         seconds = float(value.strip())
     except ValueError:
         seconds = float("nan")
-    if not 0 < seconds < float("inf"):
+    if not MIN_INTERVAL <= seconds < float("inf"):
         raise ConfigError(
-            f"{ENV_INTERVAL}={value!r} is invalid: expected a number of seconds greater than 0"
+            f"{ENV_INTERVAL}={_shown(value)} is invalid: expected a number of seconds, at "
+            f"least {MIN_INTERVAL}"
         )
     return seconds
 
@@ -194,7 +219,12 @@ def parse_size(value: str) -> int | None:
     text = value.strip()
     number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").rstrip()
     unit = text[len(number) :].strip().lower()
-    if unit not in _SIZE_UNITS or not number or not all(c.isdigit() or c == "." for c in number):
+    if (
+        unit not in _SIZE_UNITS
+        or not number
+        or not number.isascii()
+        or not all(c.isdigit() or c == "." for c in number)
+    ):
         return None
     try:
         amount = float(number) if "." in number else int(number, 10)
@@ -207,7 +237,7 @@ def parse_sample_interval(value: str, source: str = ENV_SAMPLE_INTERVAL) -> int:
     """Parse a sampling interval in bytes; ``0`` means exact tracing."""
     size = parse_size(value)
     if size is None or size > MAX_SAMPLE_INTERVAL:
-        shown = f"{source}={value!r}" if source.isupper() else f"{source} {value!r}"
+        shown = f"{source}={_shown(value)}" if source.isupper() else f"{source} {_shown(value)}"
         raise ConfigError(
             f"{shown} is invalid: expected a number of bytes from 0 (exact tracing) to 1TiB, "
             "with an optional unit (e.g. 524288, 512KiB, 512k, 2MiB)"
@@ -217,30 +247,36 @@ def parse_sample_interval(value: str, source: str = ENV_SAMPLE_INTERVAL) -> int:
 
 def parse_sample_seed(value: str, source: str = ENV_SAMPLE_SEED) -> int:
     """Parse ``ALLOCTRACE_SAMPLE_SEED``: an integer from 0 to 2**64-1."""
-    try:
-        seed = int(value.strip(), 10)
-    except ValueError:
-        seed = -1
-    if not 0 <= seed < 1 << 64:
-        shown = f"{source}={value!r}" if source.isupper() else f"{source} {value!r}"
+    seed = _decimal(value)
+    if seed is None or seed >= 1 << 64:
+        shown = f"{source}={_shown(value)}" if source.isupper() else f"{source} {_shown(value)}"
         raise ConfigError(f"{shown} is invalid: expected an integer from 0 to 2**64-1")
     return seed
 
 
 def check_path_template(template: str, source: str = ENV_DUMP) -> str:
-    """Check that *template* only uses the ``{pid}``, ``{time}`` and ``{n}`` placeholders."""
+    """Check that *template* only uses the ``{pid}``, ``{time}`` and ``{n}`` placeholders,
+    bare: a format spec or conversion (``{time:d}``, ``{pid!r}``, ``{pid:>99}``) could fail at
+    exit, when the snapshot is due, or make a path of any length."""
+    shown = f"{source}={_shown(template)}"
     try:
         parsed = list(string.Formatter().parse(template))
-        fields = [field for _, field, _, _ in parsed if field is not None]
     except ValueError as exc:
         raise ConfigError(
-            f"{source}={template!r} is invalid: {exc} (write {{{{ and }}}} for literal braces)"
+            f"{shown} is invalid: {exc} (write {{{{ and }}}} for literal braces)"
         ) from None
-    for field in fields:
+    for _, field, spec, conversion in parsed:
+        if field is None:
+            continue
         if field not in _PLACEHOLDERS:
             raise ConfigError(
-                f"{source}={template!r} is invalid: unknown placeholder {{{field}}}; accepted: "
-                "{pid}, {time}, {n} (write {{ and }} for literal braces)"
+                f"{shown} is invalid: unknown placeholder {_shown('{' + field + '}')[1:-1]}; "
+                "accepted: {pid}, {time}, {n} (write {{ and }} for literal braces)"
+            )
+        if spec or conversion:
+            raise ConfigError(
+                f"{shown} is invalid: placeholder {{{field}}} takes no format spec or "
+                "conversion; accepted: {pid}, {time}, {n}"
             )
     return template
 
@@ -378,6 +414,8 @@ class Dumper:
         self._lock = threading.RLock()
         self._count = 0
         self._done = False
+        # Signals held while the exit snapshot is written, to be acted on once it is.
+        self._held = None
         self._stop = threading.Event()
         self._thread = None
 
@@ -396,11 +434,46 @@ class Dumper:
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:
+        if self._held is not None:
+            # The exit snapshot is being written (this handler interrupted it): finish it.
+            self._held.append(signum)
+            return
         self.dump_at_exit()
-        # Die of the same signal so that the parent sees "killed by SIGTERM", as it would have.
+        self._die_of(signum)
+
+    def _die_of(self, signum) -> None:
+        """Die of *signum* by its default action, so that the parent sees "killed by
+        SIGTERM" (or SIGINT), as it would have without the snapshot."""
         self._signal.signal(signum, self._signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         os._exit(128 + signum)
+
+    def _hold_signals(self) -> dict:
+        """Defer SIGTERM and SIGINT where they would end the process (default action,
+        Python's KeyboardInterrupt, or our own handler); a handler the program installed is
+        left alone. Only the main thread can change handlers; elsewhere nothing is held."""
+        signal = self._signal
+        held = {}
+        if self._threading.current_thread() is not self._threading.main_thread():
+            return held
+        self._held = []
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            handler = signal.getsignal(signum)
+            if handler in (signal.SIG_DFL, signal.default_int_handler, self._on_sigterm):
+                signal.signal(signum, self._on_held_signal)
+                held[signum] = handler
+        return held
+
+    def _on_held_signal(self, signum, frame) -> None:
+        self._held.append(signum)
+
+    def _release_signals(self, held: dict) -> None:
+        """Restore the handlers; if a held signal came, die of it now."""
+        for signum, handler in held.items():
+            self._signal.signal(signum, handler)
+        pending, self._held = self._held, None
+        if pending:
+            self._die_of(pending[0])
 
     def _start_thread(self) -> None:
         if self.interval is None:
@@ -419,14 +492,24 @@ class Dumper:
                 self._write(expand_path(self.template, pid=os.getpid(), n=self._count))
 
     def dump_at_exit(self) -> None:
-        """Write the final snapshot, once, whichever exit path gets here first."""
+        """Write the final snapshot, once, whichever exit path gets here first.
+
+        From the main thread, a SIGTERM or SIGINT arriving meanwhile is held until the
+        snapshot is in place, then the process dies of it (exit status as if killed by that
+        signal): a signal never cuts the snapshot short nor leaves its temporary file. A
+        handler the program installed for either signal is not touched.
+        """
         self._stop.set()
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-            n = self._count + 1 if _has_n(self.template) else None
-            self._write(expand_path(self.template, pid=os.getpid(), n=n))
+        held = self._hold_signals()
+        try:
+            with self._lock:
+                if self._done:
+                    return
+                self._done = True
+                n = self._count + 1 if _has_n(self.template) else None
+                self._write(expand_path(self.template, pid=os.getpid(), n=n))
+        finally:
+            self._release_signals(held)
 
     def _write(self, path: str) -> None:
         try:
@@ -445,8 +528,8 @@ class Dumper:
             self._previous = snapshot
         except BaseException as exc:
             # Never let a failed dump change how the program ends.
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            _warn(f"cannot write snapshot to {path}: {reason}")
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            _warn(f"cannot write snapshot to {path}: {reason or type(exc).__name__}")
 
     def _after_fork_in_child(self) -> None:
         self._previous = None

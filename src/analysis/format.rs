@@ -724,8 +724,14 @@ fn looks_like_pickle(data: &[u8]) -> bool {
     data.len() >= 2 && data[0] == 0x80 && (2..=5).contains(&data[1])
 }
 
-/// Decodes a snapshot file's bytes; the error is the reason, for [`Error::Format`].
-pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason> {
+/// The largest timestamp a file may hold: the start of the year 10000, past which no date
+/// can be shown (Python's `datetime` ends there). NaN, infinities and negative values are
+/// refused as well, so that every loaded snapshot's time can be rendered.
+const MAX_TIMESTAMP: f64 = 253_402_300_800.0;
+
+/// Checks the magic number and the version in the first bytes of a file (all of it, or at
+/// least its first [`HEADER_LEN`] bytes); returns the version.
+fn check_header(data: &[u8]) -> std::result::Result<u32, Reason> {
     if data.is_empty() {
         return Err("the file is empty".into());
     }
@@ -754,62 +760,82 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
     if version == 0 {
         return Err("unknown format version 0 (corrupted header)".into());
     }
+    Ok(version)
+}
 
-    // Structure first: sections must tile the file exactly up to the end marker.
-    let mut sections: Vec<(u32, &[u8])> = Vec::new();
-    let mut pos = HEADER_LEN;
-    loop {
-        if data.len() - pos < SECTION_HEADER_LEN {
-            return Err(format!(
-                "truncated: the file ends at byte {} without its end marker",
-                data.len()
-            ));
-        }
-        let tag = u32::from_le_bytes(data[pos..pos + 4].try_into().unwrap());
-        let len = u64::from_le_bytes(data[pos + 4..pos + 12].try_into().unwrap());
-        pos += SECTION_HEADER_LEN;
-        let left = (data.len() - pos) as u64;
+/// Steps over the section headers found in `data`, the first bytes of a file of `total`
+/// bytes, from `*pos` (a section boundary) on: `Ok(true)` once the end marker is reached and
+/// ends the file, `Ok(false)` if `data` ends before that. Errors as soon as the structure is
+/// wrong, so a file being read can be refused before the rest of it is read.
+fn walk_sections(data: &[u8], total: usize, pos: &mut usize) -> std::result::Result<bool, Reason> {
+    while data.len() - *pos >= SECTION_HEADER_LEN {
+        let at = *pos;
+        let tag = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
+        let len = u64::from_le_bytes(data[at + 4..at + 12].try_into().unwrap());
+        let left = (total - at - SECTION_HEADER_LEN) as u64;
         if len > left {
             return Err(format!(
-                "truncated: section {tag} at byte {} declares {len} bytes but only {left} remain",
-                pos - SECTION_HEADER_LEN
+                "truncated: section {tag} at byte {at} declares {len} bytes but only {left} \
+                 remain"
             ));
         }
-        let payload = &data[pos..pos + len as usize];
-        pos += len as usize;
+        *pos = at + SECTION_HEADER_LEN + len as usize;
         if tag == TAG_END {
             if len != 4 {
                 return Err(format!(
                     "corrupted: end marker declares {len} bytes instead of 4"
                 ));
             }
-            if pos != data.len() {
+            if *pos != total {
                 return Err(format!(
                     "{} bytes of trailing garbage after the end marker",
-                    data.len() - pos
+                    total - *pos
                 ));
             }
-            let stored = u32::from_le_bytes(payload.try_into().unwrap());
-            let actual = crc32(&data[..pos - 4]);
-            if stored != actual {
-                return Err(format!(
-                    "corrupted: checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"
-                ));
-            }
+            return Ok(true);
+        }
+    }
+    if data.len() == total {
+        return Err(format!(
+            "truncated: the file ends at byte {total} without its end marker"
+        ));
+    }
+    Ok(false)
+}
+
+/// Decodes a snapshot file's bytes; the error is the reason, for [`Error::Format`].
+pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason> {
+    let version = check_header(data)?;
+    // Structure first, in one pass over the section headers: the sections must tile the
+    // file exactly up to the end marker, whose checksum covers every byte before it. Only
+    // then is any section looked at, each in constant time.
+    // With all of the file at hand, the walk ends at the end marker or fails.
+    let mut pos = HEADER_LEN;
+    walk_sections(data, data.len(), &mut pos)?;
+    let stored = u32::from_le_bytes(data[data.len() - 4..].try_into().unwrap());
+    let actual = crc32(&data[..data.len() - 4]);
+    if stored != actual {
+        return Err(format!(
+            "corrupted: checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"
+        ));
+    }
+    let mut sections: hashbrown::HashMap<u32, &[u8]> = hashbrown::HashMap::new();
+    let mut pos = HEADER_LEN;
+    loop {
+        let tag = u32::from_le_bytes(data[pos..pos + 4].try_into().unwrap());
+        let len = u64::from_le_bytes(data[pos + 4..pos + 12].try_into().unwrap()) as usize;
+        pos += SECTION_HEADER_LEN;
+        if tag == TAG_END {
             break;
         }
-        if sections.iter().any(|&(t, _)| t == tag) {
+        if sections.insert(tag, &data[pos..pos + len]).is_some() {
             return Err(format!("corrupted: section {tag} appears twice"));
         }
-        sections.push((tag, payload));
+        pos += len;
     }
-    let find = |tag: u32, name: &str| {
-        sections
-            .iter()
-            .find(|&&(t, _)| t == tag)
-            .map(|&(_, p)| p)
-            .ok_or_else(|| format!("the {name} section is missing"))
-    };
+    let section = |tag: u32| sections.get(&tag).copied();
+    let find =
+        |tag: u32, name: &str| section(tag).ok_or_else(|| format!("the {name} section is missing"));
 
     let meta = find(TAG_META, "metadata")?;
     let config = bincode::config::standard().with_limit::<{ 1 << 20 }>();
@@ -817,6 +843,14 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         .map_err(|e| format!("metadata section is unreadable: {e}"))?;
     if used != find(TAG_META, "metadata")?.len() {
         return Err("metadata section has unexpected bytes at its end".into());
+    }
+    if let Some(t) = meta.timestamp {
+        if !(0.0..MAX_TIMESTAMP).contains(&t) {
+            return Err(format!(
+                "the metadata timestamp {t} is not a time (seconds since 1970 before the \
+                 year 10000)"
+            ));
+        }
     }
 
     let mut r = Reader::new(find(TAG_FILENAMES, "filenames")?, "filenames");
@@ -902,7 +936,7 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
     } else {
         (TAG_TRACES, TAG_TRACE_COLUMNS)
     };
-    if sections.iter().any(|&(t, _)| t == other) {
+    if section(other).is_some() {
         return Err(format!(
             "corrupted: section {other} does not belong in a version {version} file"
         ));
@@ -914,14 +948,13 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         decode_traces_v1(payload, tracebacks.len())?
     };
 
-    let (functions, traceback_functions) = match sections.iter().find(|&&(t, _)| t == TAG_FUNCTIONS)
-    {
-        Some(&(_, payload)) => decode_functions(payload, &tracebacks)?,
+    let (functions, traceback_functions) = match section(TAG_FUNCTIONS) {
+        Some(payload) => decode_functions(payload, &tracebacks)?,
         None => (Vec::new(), Vec::new()),
     };
 
-    let sample_interval = match sections.iter().find(|&&(t, _)| t == TAG_SAMPLING) {
-        Some(&(_, payload)) => {
+    let sample_interval = match section(TAG_SAMPLING) {
+        Some(payload) => {
             let mut r = Reader::new(payload, "sampling");
             let interval = r.uleb()?;
             r.finish()?;
@@ -935,13 +968,13 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         None => None,
     };
 
-    let kinds = match sections.iter().find(|&&(t, _)| t == TAG_KINDS) {
-        Some(&(_, payload)) => Some(decode_kinds(payload, traces.len())?),
+    let kinds = match section(TAG_KINDS) {
+        Some(payload) => Some(decode_kinds(payload, traces.len())?),
         None => None,
     };
 
     let mut attrs = Vec::new();
-    if let Some(&(_, payload)) = sections.iter().find(|&&(t, _)| t == TAG_ATTRS) {
+    if let Some(payload) = section(TAG_ATTRS) {
         let mut r = Reader::new(payload, "attributes");
         let n = r.count(2, "attributes")?;
         for _ in 0..n {
@@ -953,8 +986,8 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         }
         r.finish()?;
     }
-    let retention = match sections.iter().find(|&&(t, _)| t == TAG_RETENTION) {
-        Some(&(_, payload)) => Some(decode_retention(payload)?),
+    let retention = match section(TAG_RETENTION) {
+        Some(payload) => Some(decode_retention(payload)?),
         None => None,
     };
 
@@ -1439,15 +1472,113 @@ fn decode_functions(
 
 /// Reads and decodes a snapshot file.
 pub fn load(path: &Path) -> Result<(Snapshot, Attributes)> {
-    let data = fs::read(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        action: "read",
-        source,
-    })?;
-    decode(&data).map_err(|reason| Error::Format {
+    let format_err = |reason| Error::Format {
         path: path.to_path_buf(),
         reason,
-    })
+    };
+    let data = read_snapshot_file(path)?.map_err(format_err)?;
+    decode(&data).map_err(format_err)
+}
+
+/// Bytes read per `read()` call: small enough that a structure error shows before much of a
+/// large file is read, large enough to cost nothing in system calls.
+const READ_CHUNK: usize = 8 << 20;
+/// Reserved at once for a file up to this size; larger files grow as they are read, so a
+/// file that claims to be huge (a sparse file) costs memory only for the bytes actually read
+/// before it is refused.
+const READ_RESERVE: usize = 64 << 20;
+
+/// Reads a snapshot file whole, checking it as it comes: `Ok(Err(reason))` for a file that is
+/// not a snapshot.
+///
+/// Only a regular file is read: a FIFO, a device or a socket is refused before any read, and
+/// opened without blocking, since reading `/dev/zero` or a FIFO without a writer would never
+/// end. The header is checked from the first 12 bytes and the section structure as each
+/// chunk arrives, so a file that is not a snapshot costs one small read however large it
+/// says it is; nothing past the size the file had when opened is read.
+fn read_snapshot_file(path: &Path) -> Result<std::result::Result<Vec<u8>, Reason>> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let io_err = |action: &'static str| {
+        move |source| Error::Io {
+            path: path.to_path_buf(),
+            action,
+            source,
+        }
+    };
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io_err("read"))?;
+    let meta = file.metadata().map_err(io_err("read"))?;
+    let kind = meta.file_type();
+    if kind.is_dir() {
+        return Err(io_err("read")(std::io::Error::from_raw_os_error(
+            libc::EISDIR,
+        )));
+    }
+    if !kind.is_file() {
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_block_device() {
+            "a block device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "a special file"
+        };
+        return Ok(Err(format!(
+            "it is {what}, not a regular file (snapshots are read from regular files only)"
+        )));
+    }
+    let total = usize::try_from(meta.len()).unwrap_or(usize::MAX);
+    let mut data: Vec<u8> = Vec::new();
+    let out_of_memory = || io_err("read")(std::io::Error::from(std::io::ErrorKind::OutOfMemory));
+    data.try_reserve_exact(total.min(READ_RESERVE))
+        .map_err(|_| out_of_memory())?;
+    let mut pos = HEADER_LEN;
+    let mut header_checked = false;
+    while data.len() < total {
+        // The header alone first, then chunks.
+        let want = match header_checked {
+            false => HEADER_LEN,
+            true => READ_CHUNK,
+        }
+        .min(total - data.len());
+        if data.capacity() - data.len() < want {
+            let grow = want.max(data.len().min(total - data.len()));
+            data.try_reserve_exact(grow).map_err(|_| out_of_memory())?;
+        }
+        let start = data.len();
+        data.resize(start + want, 0);
+        let mut got = 0;
+        while got < want {
+            match file.read(&mut data[start + got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err("read")(e)),
+            }
+        }
+        data.truncate(start + got);
+        if got < want {
+            // The file shrank while being read: decode reports it truncated.
+            break;
+        }
+        if !header_checked {
+            if let Err(reason) = check_header(&data) {
+                return Ok(Err(reason));
+            }
+            header_checked = true;
+        }
+        if let Err(reason) = walk_sections(&data, total, &mut pos) {
+            return Ok(Err(reason));
+        }
+    }
+    Ok(Ok(data))
 }
 
 /// Writes a snapshot file atomically and durably (see [`write_atomic`]).
@@ -1553,15 +1684,24 @@ fn sync_parent(path: &Path) -> Result<()> {
     }
 }
 
+/// `.NAME.PID.N.tmp` next to `path`, with NAME cut short where needed so that the whole
+/// name fits in the 255 bytes a file name may have: any name that fits there can be
+/// dumped to.
 fn temp_path(path: &Path) -> PathBuf {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
+    const NAME_MAX: usize = 255;
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()))
+    let suffix = format!(".{}.{n}.tmp", std::process::id());
+    let name = path.file_name().map(OsStr::as_bytes).unwrap_or_default();
+    let keep = name.len().min(NAME_MAX - 1 - suffix.len());
+    let mut tmp = Vec::with_capacity(NAME_MAX);
+    tmp.push(b'.');
+    tmp.extend_from_slice(&name[..keep]);
+    tmp.extend_from_slice(suffix.as_bytes());
+    path.with_file_name(std::ffi::OsString::from_vec(tmp))
 }
 
 #[cfg(test)]
@@ -2213,6 +2353,126 @@ mod tests {
         let s = SnapshotBuilder::new(1).finish();
         let data = encode(&s, &vec![(b"deep".to_vec(), v)]);
         assert!(decode(&data).unwrap_err().contains("nest deeper"));
+    }
+
+    /// The structure is walked once and sections are found by tag in constant time: a
+    /// million empty sections of unknown tags decode (or fail their checksum) in linear
+    /// time; the duplicate scan used to be quadratic (694 s for this file).
+    #[test]
+    fn many_sections_load_in_linear_time() {
+        let (s, attrs) = sample();
+        let good = encode(&s, &attrs);
+        let mut data = good[..good.len() - 16].to_vec();
+        for tag in 0..1_000_000u32 {
+            section(&mut data, 1000 + tag, b"");
+        }
+        let data = reseal_end(data);
+        assert_eq!(decode(&data).unwrap().0, s);
+        let mut bad = data.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert!(decode(&bad).unwrap_err().contains("checksum mismatch"));
+        // A repeated tag among them is still found, once the checksum holds.
+        let mut twice = good[..good.len() - 16].to_vec();
+        for tag in 0..100_000u32 {
+            section(&mut twice, 1000 + tag % 99_999, b"");
+        }
+        let err = decode(&reseal_end(twice)).unwrap_err();
+        assert!(err.contains("section 1000 appears twice"), "{err}");
+    }
+
+    /// Every loaded snapshot's time can be shown: one rule, checked at load.
+    #[test]
+    fn timestamps_that_are_not_times_are_refused() {
+        let (s, attrs) = sample();
+        for (t, ok) in [
+            (f64::NAN, false),
+            (f64::INFINITY, false),
+            (f64::NEG_INFINITY, false),
+            (1e20, false),
+            (-1.0, false),
+            (MAX_TIMESTAMP, false),
+            (0.0, true),
+            (MAX_TIMESTAMP - 1.0, true),
+        ] {
+            let mut s = s.clone();
+            s.metadata.timestamp = Some(t);
+            let result = decode(&encode(&s, &attrs));
+            match ok {
+                true => assert_eq!(result.unwrap().0.metadata.timestamp, Some(t)),
+                false => {
+                    let err = result.unwrap_err();
+                    assert!(
+                        err.contains("timestamp") && err.contains("is not a time"),
+                        "{err}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A file name that fits the file system's 255 bytes can be dumped to: the temporary
+    /// name is cut to fit as well.
+    #[test]
+    fn temporary_names_fit_name_max() {
+        for len in [1, 200, 230, 245, 255] {
+            let name = "n".repeat(len);
+            let tmp = temp_path(Path::new("/some/dir").join(&name).as_path());
+            let tmp_name = tmp.file_name().unwrap().len();
+            assert!(tmp_name <= 255, "{len}: {tmp_name}");
+            assert_eq!(tmp.parent(), Some(Path::new("/some/dir")));
+        }
+        let dir = std::env::temp_dir().join(format!("alloctrace-long-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("x".repeat(245));
+        let (s, attrs) = sample();
+        dump(&path, &s, &attrs).unwrap();
+        assert_eq!(load(&path).unwrap().0, s);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Special files are refused before any read; a regular file that is not a snapshot
+    /// costs one small read, whatever size it claims (a sparse file).
+    #[test]
+    fn only_regular_files_are_read() {
+        for dev in ["/dev/zero", "/dev/urandom", "/dev/null"] {
+            let Err(Error::Format { reason, .. }) = load(Path::new(dev)) else {
+                panic!("{dev} was not refused as a format error");
+            };
+            assert!(
+                reason.contains("a character device, not a regular file"),
+                "{reason}"
+            );
+        }
+        let dir = std::env::temp_dir().join(format!("alloctrace-special-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let Err(Error::Format { reason, .. }) = load(&fifo) else {
+            panic!("the FIFO was not refused");
+        };
+        assert!(reason.contains("a FIFO"), "{reason}");
+        // Sparse: 1 TB claimed, nothing on disk; a bad header, then a good header and a hole.
+        let sparse = dir.join("sparse");
+        let f = fs::File::create(&sparse).unwrap();
+        f.set_len(1 << 40).unwrap();
+        let Err(Error::Format { reason, .. }) = load(&sparse) else {
+            panic!("the sparse file was not refused");
+        };
+        assert!(reason.contains("bad magic number"), "{reason}");
+        let mut head = MAGIC.to_vec();
+        head.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        (&f).write_all(&head).unwrap();
+        let Err(Error::Format { reason, .. }) = load(&sparse) else {
+            panic!("the sparse file with a header was not refused");
+        };
+        assert!(reason.contains("end marker declares 0 bytes"), "{reason}");
+        assert!(
+            matches!(load(&dir), Err(Error::Io { .. })),
+            "a directory is an OSError"
+        );
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
