@@ -471,7 +471,8 @@ mod tests {
         assert!(table.insert(0x1000, t(100, 1)));
         assert!(table.insert(0x2000, t(50, 2)));
         // (address, new traceback or None to forget, was traced, trace after, current after)
-        let steps: &[(usize, Option<u32>, bool, Option<Trace>, usize)] = &[
+        type Step = (usize, Option<u32>, bool, Option<Trace>, usize);
+        let steps: &[Step] = &[
             (0x1000, Some(7), true, Some(t(100, 7)), 150),
             (0x3000, Some(7), false, None, 150),
             (0x2000, None, true, None, 100),
