@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from alloctrace import _native
 from subproc import run_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,6 +37,13 @@ def moved_share(ours, theirs):
     return moved / max(sum(theirs.values()), 1)
 
 
+# Where alloctrace cannot see object creations (Debian's static 3.11, docs/freelists.md), free
+# list reuse moves 3-19% of these workloads' bytes: a known difference, measured in the README.
+@pytest.mark.xfail(
+    _native._freelist_mechanism() is None,
+    reason="no way to re-attribute free-list reuse on this interpreter",
+    strict=True,
+)
 @pytest.mark.parametrize(
     "workload",
     ["docutils_html.py", "jinja2_render.py", "markdown_tree.py", "pygments_tokens.py"],
