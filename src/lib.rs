@@ -4,6 +4,7 @@
 //! - [`hooks`]: the PEP 445 allocator hooks (the hot path) and their installation.
 //! - [`capture`]: reading the Python stack from a hook, one file per CPython version.
 //! - [`sampler`]: the per-thread byte countdown of sampled mode.
+//! - [`freelist`]: re-attributing objects CPython reuses from its free lists.
 //! - [`table`]: the live-trace table, keyed by block address, and the memory counters.
 //! - [`intern`]: traceback interning and the lazy (code, offset) → line resolution.
 //! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
@@ -14,6 +15,7 @@
 pub mod analysis;
 pub mod capture;
 pub mod error;
+pub mod freelist;
 pub mod heap;
 pub mod hooks;
 pub mod intern;

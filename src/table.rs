@@ -301,6 +301,44 @@ impl TraceTable {
         Some(trace)
     }
 
+    /// Gives the block at `address`, if traced, a new traceback: `traceback` is called with
+    /// its trace (under the shard's write lock, so nothing frees or replaces the block in
+    /// between) and returns the new id, or `None` to forget the block (trace-time filters
+    /// reject its new stack). Returns whether the block was traced.
+    ///
+    /// This is the one place a live block changes traceback (an object reused from a CPython
+    /// free list, see [`crate::freelist`]), so per-traceback accounting belongs here too.
+    #[inline]
+    pub fn retrace(
+        &self,
+        address: usize,
+        traceback: impl FnOnce(Trace) -> Option<TracebackId>,
+    ) -> bool {
+        let hash = self.hash(address as u64);
+        let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
+        let mut shard = shard.write();
+        let Some(bucket) = shard.find(hash, |entry| entry.0 & ADDRESS_MASK == address as u64)
+        else {
+            return false;
+        };
+        // SAFETY: the bucket was just found in this shard, whose write lock is held.
+        let entry = unsafe { bucket.as_mut() };
+        let (_, old) = unpack(entry.0, *entry.1.get());
+        match traceback(old) {
+            Some(id) => {
+                // Same address and size: only the traceback half of the value changes.
+                *entry.1.get_mut() = (*entry.1.get() & 0xffff_ffff) | u64::from(id) << 32;
+            }
+            None => {
+                // SAFETY: as above; the bucket is not used after its removal.
+                unsafe { shard.remove(bucket) };
+                self.presence_remove(address);
+                self.sub(self.charge(old.size));
+            }
+        }
+        true
+    }
+
     pub fn get(&self, address: usize) -> Option<Trace> {
         let hash = self.hash(address as u64);
         let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
@@ -482,6 +520,33 @@ mod tests {
         table.clear();
         assert_eq!(table.totals(), (0, 0));
         assert!(table.is_empty());
+    }
+
+    #[test]
+    fn retrace_changes_traceback_only_or_forgets() {
+        let table = TraceTable::new();
+        assert!(table.insert(0x1000, t(100, 1)));
+        assert!(table.insert(0x2000, t(50, 2)));
+        // (address, new traceback or None to forget, was traced, trace after, current after)
+        type Step = (usize, Option<u32>, bool, Option<Trace>, usize);
+        let steps: &[Step] = &[
+            (0x1000, Some(7), true, Some(t(100, 7)), 150),
+            (0x3000, Some(7), false, None, 150),
+            (0x2000, None, true, None, 100),
+            (0x2000, Some(1), false, None, 100),
+        ];
+        for &(address, new, traced, after, current) in steps {
+            let mut seen = None;
+            let found = table.retrace(address, |old| {
+                seen = Some(old);
+                new
+            });
+            assert_eq!(found, traced, "{address:#x}");
+            assert_eq!(seen.is_some(), traced, "callback only for a traced block");
+            assert_eq!(table.get(address), after, "{address:#x}");
+            assert_eq!(table.totals().0, current, "{address:#x}");
+        }
+        assert_eq!(table.totals().1, 150, "retracing never raises the peak");
     }
 
     #[test]

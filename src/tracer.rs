@@ -261,6 +261,37 @@ pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool, scope: &samp
         return;
     };
     record_current(address, size, gil_held);
+    if gil_held {
+        crate::freelist::note_allocated(address);
+    }
+}
+
+/// An object is being created in `block`, which this thread did not just allocate: a block
+/// reused from a free list (or one allocated before tracing, or not sampled). If traced, it
+/// gets the current traceback, as the standard module's `_PyTraceMalloc_NewReference` does;
+/// a stack the trace-time filters reject forgets it, as if it were allocated there. While
+/// recording is disabled it keeps its traceback, since no new block is recorded then.
+///
+/// # Safety
+/// Called from [`crate::freelist`] with the GIL held.
+#[inline]
+pub unsafe fn on_reused_block(block: usize) {
+    let table = table();
+    if !RECORDING.load(Relaxed) || !table.may_contain(block) {
+        return;
+    }
+    let tstate = Current::gil_thread_state(true);
+    if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
+        return;
+    }
+    let Some(_guard) = ReentrancyGuard::enter() else {
+        return;
+    };
+    table.retrace(block, |old| match current_traceback(true) {
+        Ok(new) => new,
+        // No memory for a new traceback: the block keeps the one it has.
+        Err(OutOfMemory) => Some(old.traceback),
+    });
 }
 
 /// A block is about to be freed.
@@ -323,6 +354,10 @@ pub unsafe fn on_realloc_end(
     } else if RECORDING.load(Relaxed) {
         if scope.keep(size) {
             record_current(new, size, gil_held);
+            if gil_held {
+                // `_PyTuple_Resize` creates the object again in the resized block.
+                crate::freelist::note_allocated(new);
+            }
         }
     } else if let Some(old) = old {
         record(new, Trace { size, ..old });
@@ -427,7 +462,10 @@ pub fn start(py: Python<'_>, nframe: i64, sampling: Sampling) -> Result<()> {
     RECORDING.store(true, Relaxed);
     TRACING.store(true, Relaxed);
     // SAFETY: the GIL is held.
-    unsafe { hooks::install() };
+    unsafe {
+        hooks::install();
+        crate::freelist::install();
+    }
     Ok(())
 }
 
@@ -439,7 +477,10 @@ pub fn stop(py: Python<'_>) {
     }
     TRACING.store(false, Relaxed);
     // SAFETY: the GIL is held.
-    unsafe { hooks::uninstall() };
+    unsafe {
+        crate::freelist::uninstall();
+        hooks::uninstall();
+    }
     table().clear();
     // SAFETY: the GIL is held; hooks on this thread are off (TRACING is false) and no borrow
     // of the cells is live here.

@@ -13,6 +13,11 @@
 #include "internal/pycore_gc.h"
 #endif
 #include "internal/pycore_interp.h"
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+#include "internal/pycore_runtime.h"
+#elif PY_VERSION_HEX < 0x030C0000
+#include "internal/pycore_pymem.h"
+#endif
 
 #define OFF(name, type, field) \
     printf("pub const %s: usize = %zu;\n", name, offsetof(type, field))
@@ -85,6 +90,12 @@ int main(void) {
 #if PY_VERSION_HEX >= 0x030C0000
     OFF("LONG_TAG", PyLongObject, long_value.lv_tag);
     printf("pub const LONG_NON_SIZE_BITS: usize = %d;\n", _PyLong_NON_SIZE_BITS);
+#endif
+    /* src/freelist/patch.rs: where `_Py_NewReference` reads tracemalloc's tracing flag. */
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+    OFF("TRACEMALLOC_TRACING", _PyRuntimeState, tracemalloc.config.tracing);
+#elif PY_VERSION_HEX < 0x030C0000
+    OFF("TRACEMALLOC_TRACING", struct _PyTraceMalloc_Config, tracing);
 #endif
     return 0;
 }

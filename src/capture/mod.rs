@@ -16,7 +16,7 @@ use std::ffi::c_void;
 use pyo3::ffi;
 
 #[allow(dead_code)]
-mod layout {
+pub(crate) mod layout {
     include!(concat!(env!("OUT_DIR"), "/layout.rs"));
 }
 

@@ -230,7 +230,15 @@ fn take_snapshot(py: Python<'_>, objects: bool) -> PyResult<PySnapshotData> {
     Ok(PySnapshotData::new(tracer::take_snapshot(py, objects)?))
 }
 
+/// How this interpreter lets alloctrace re-attribute objects reused from free lists
+/// (`"reftracer"`, `"patched"`), or `None` where it cannot (see docs/freelists.md).
+#[pyfunction]
+fn _freelist_mechanism() -> Option<&'static str> {
+    crate::freelist::mechanism()
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_freelist_mechanism, m)?)?;
     m.add_function(wrap_pyfunction!(start, m)?)?;
     m.add_function(wrap_pyfunction!(stop, m)?)?;
     m.add_function(wrap_pyfunction!(get_sample_interval, m)?)?;

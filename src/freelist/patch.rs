@@ -1,0 +1,291 @@
+//! CPython 3.9–3.12: object creations by rewriting two operands of `_Py_NewReference`.
+//!
+//! In the shared libpython of these versions `_Py_NewReference` (and 3.12's
+//! `_Py_NewReferenceNoTotal`) is a small function, and the only caller of
+//! `_PyTraceMalloc_NewReference`:
+//!
+//! ```text
+//! mov  rax, [rip + GOT slot]        ; &_Py_tracemalloc_config (3.12: &_PyRuntime)
+//! push rbx ; mov rbx, rdi
+//! mov  eax, [rax + offset(tracing)]
+//! test eax, eax ; jne L
+//! ...
+//! L: call _PyTraceMalloc_NewReference   ; 3.9: through the PLT
+//! ```
+//!
+//! We point the first load at a word of our own (near the function, since the operand is a
+//! 32-bit displacement) that holds the address of a "flag" always set, and the call at a
+//! jump to [`new_reference`]. The interpreter's real flag is not touched, so
+//! `tracemalloc.is_tracing()`, `PyTraceMalloc_Track` and finalization behave as without us;
+//! when the standard module does trace, [`new_reference`] also makes its call.
+//!
+//! Every byte is checked against that shape (and the GOT slot against the flag's address)
+//! before anything is written; an interpreter built otherwise is left alone. The patch is
+//! written with the GIL held: only a thread holding it runs `_Py_NewReference`. `stop()`
+//! writes the original operands back.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::OnceLock;
+
+use pyo3::ffi;
+
+use crate::capture::layout;
+
+pub const NAME: &str = "patched";
+
+/// One function to patch, as found and checked.
+#[derive(Clone, Copy)]
+struct Site {
+    /// Address of the load's 32-bit displacement, and the original value.
+    load_disp: usize,
+    load_orig: i32,
+    /// Address of the call's 32-bit displacement, and the original value.
+    call_disp: usize,
+    call_orig: i32,
+}
+
+struct Plan {
+    sites: Vec<Site>,
+    /// The interpreter's own `tracing` flag (read through the original GOT slot).
+    real_flag: usize,
+    /// What the call originally reached (the standard module's function, or its PLT stub).
+    original_callee: usize,
+    /// Our page near the functions: the fake config pointer, then a jump to us.
+    page: usize,
+}
+
+const FAKE_CONFIG_AT: usize = 0;
+const ONE_AT: usize = 64;
+const STUB_AT: usize = 128;
+
+static PLAN: OnceLock<Option<Plan>> = OnceLock::new();
+/// The original callee, for [`new_reference`] (0 until planned).
+static ORIGINAL_CALLEE: AtomicUsize = AtomicUsize::new(0);
+static REAL_FLAG: AtomicUsize = AtomicUsize::new(0);
+
+/// What `_Py_NewReference` now calls instead of `_PyTraceMalloc_NewReference`.
+unsafe extern "C" fn new_reference(op: *mut ffi::PyObject) -> c_int {
+    super::on_new_object(op);
+    // SAFETY: REAL_FLAG is the address of the interpreter's `int tracing`, set before the
+    // patch that makes this function reachable.
+    if *(REAL_FLAG.load(Relaxed) as *const c_int) != 0 {
+        let callee = ORIGINAL_CALLEE.load(Relaxed);
+        // SAFETY: the original target of the patched call, which takes the object.
+        return std::mem::transmute::<usize, unsafe extern "C" fn(*mut ffi::PyObject) -> c_int>(
+            callee,
+        )(op);
+    }
+    0
+}
+
+unsafe fn symbol(name: &CStr) -> usize {
+    libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize
+}
+
+unsafe fn read_i32(at: usize) -> i32 {
+    std::ptr::read_unaligned(at as *const i32)
+}
+
+unsafe fn bytes_at(at: usize, expected: &[u8]) -> bool {
+    std::slice::from_raw_parts(at as *const u8, expected.len()) == expected
+}
+
+/// Checks `function` against the expected shape; returns the site, the GOT slot it reads the
+/// config base from, and the call's target.
+unsafe fn inspect(function: usize) -> Option<(Site, usize, usize)> {
+    // mov rax, [rip + disp32]
+    if !bytes_at(function, &[0x48, 0x8b, 0x05]) {
+        return None;
+    }
+    let load_disp = function + 3;
+    let load_orig = read_i32(load_disp);
+    let slot = (function + 7).wrapping_add_signed(load_orig as isize);
+    // push rbx; mov rbx, rdi
+    let mut at = function + 7;
+    if !bytes_at(at, &[0x53, 0x48, 0x89, 0xfb]) {
+        return None;
+    }
+    at += 4;
+    // mov eax, [rax + disp8] or [rax + disp32]: the flag's offset in the config base.
+    let offset = if bytes_at(at, &[0x8b, 0x40]) {
+        at += 3;
+        *((at - 1) as *const u8) as usize
+    } else if bytes_at(at, &[0x8b, 0x80]) {
+        at += 6;
+        read_i32(at - 4) as usize
+    } else {
+        return None;
+    };
+    if offset != layout::TRACEMALLOC_TRACING {
+        return None;
+    }
+    // test eax, eax; jne rel8
+    if !bytes_at(at, &[0x85, 0xc0, 0x75]) {
+        return None;
+    }
+    at += 4;
+    let target = at.wrapping_add_signed(*((at - 1) as *const i8) as isize);
+    // call rel32
+    if !bytes_at(target, &[0xe8]) {
+        return None;
+    }
+    let call_disp = target + 1;
+    let call_orig = read_i32(call_disp);
+    let callee = (target + 5).wrapping_add_signed(call_orig as isize);
+    Some((
+        Site {
+            load_disp,
+            load_orig,
+            call_disp,
+            call_orig,
+        },
+        slot,
+        callee,
+    ))
+}
+
+/// The config base `_Py_NewReference` should read from the GOT slot.
+unsafe fn config_base() -> usize {
+    if cfg!(Py_3_12) {
+        symbol(c"_PyRuntime")
+    } else {
+        symbol(c"_Py_tracemalloc_config")
+    }
+}
+
+/// An anonymous page within ±1 GiB of `near` (so that 32-bit displacements from there reach
+/// it), or `None`.
+unsafe fn page_near(near: usize) -> Option<usize> {
+    const STEP: usize = 1 << 20;
+    let base = near & !(STEP - 1);
+    for i in 1..1024usize {
+        for hint in [base.wrapping_sub(i * STEP), base.wrapping_add(i * STEP)] {
+            let got = libc::mmap(
+                hint as *mut c_void,
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            );
+            if got == libc::MAP_FAILED {
+                continue;
+            }
+            let got = got as usize;
+            if got.abs_diff(near) < (1 << 30) {
+                return Some(got);
+            }
+            // An old kernel took the flag for a plain hint and put the page elsewhere.
+            libc::munmap(got as *mut c_void, 4096);
+        }
+    }
+    None
+}
+
+unsafe fn plan() -> Option<Plan> {
+    let mut functions = vec![symbol(c"_Py_NewReference")];
+    if cfg!(Py_3_12) {
+        functions.push(symbol(c"_Py_NewReferenceNoTotal"));
+    }
+    let base = config_base();
+    if base == 0 || functions.contains(&0) {
+        return None;
+    }
+    let mut sites = Vec::new();
+    let mut callee = None;
+    for &function in &functions {
+        let (site, slot, target) = inspect(function)?;
+        if *(slot as *const usize) != base || callee.is_some_and(|c| c != target) {
+            return None;
+        }
+        // Where the standard module's function is exported, the call must reach it (3.9
+        // exports it but calls it through a PLT stub, which we cannot check as simply).
+        let exported = symbol(c"_PyTraceMalloc_NewReference");
+        if cfg!(Py_3_10) && exported != 0 && exported != target {
+            return None;
+        }
+        callee = Some(target);
+        sites.push(site);
+    }
+    let page = page_near(functions[0])?;
+    let fits = |from: usize, to: usize| i32::try_from(to as isize - from as isize).is_ok();
+    if !sites.iter().all(|s| {
+        fits(s.load_disp + 4, page + FAKE_CONFIG_AT) && fits(s.call_disp + 4, page + STUB_AT)
+    }) {
+        return None;
+    }
+    // The fake config: reading its `tracing` field reads the 1 at ONE_AT.
+    let fake = (page + ONE_AT).wrapping_sub(layout::TRACEMALLOC_TRACING);
+    *((page + FAKE_CONFIG_AT) as *mut usize) = fake;
+    *((page + ONE_AT) as *mut c_int) = 1;
+    // jmp [rip + 0]; .quad new_reference
+    let stub = page + STUB_AT;
+    std::ptr::copy_nonoverlapping([0xff_u8, 0x25, 0, 0, 0, 0].as_ptr(), stub as *mut u8, 6);
+    *((stub + 6) as *mut usize) =
+        new_reference as unsafe extern "C" fn(*mut ffi::PyObject) -> c_int as usize;
+    if libc::mprotect(page as *mut c_void, 4096, libc::PROT_READ | libc::PROT_EXEC) != 0 {
+        return None;
+    }
+    Some(Plan {
+        sites,
+        real_flag: base + layout::TRACEMALLOC_TRACING,
+        original_callee: callee?,
+        page,
+    })
+}
+
+fn planned() -> Option<&'static Plan> {
+    // SAFETY: `plan` only reads the interpreter's code and maps a page of our own.
+    PLAN.get_or_init(|| unsafe { plan() }).as_ref()
+}
+
+/// Writes `value` at `at` in the interpreter's code. The page stays executable throughout
+/// (other threads may be running other code on it).
+unsafe fn write_code(at: usize, value: i32) -> bool {
+    let page = at & !4095;
+    let len = if (at + 4) > page + 4096 { 8192 } else { 4096 };
+    let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+    if libc::mprotect(page as *mut c_void, len, rwx) != 0 {
+        return false;
+    }
+    std::ptr::write_unaligned(at as *mut i32, value);
+    libc::mprotect(page as *mut c_void, len, libc::PROT_READ | libc::PROT_EXEC) == 0
+}
+
+pub fn available() -> bool {
+    planned().is_some()
+}
+
+pub unsafe fn install() -> bool {
+    let Some(plan) = planned() else {
+        return false;
+    };
+    REAL_FLAG.store(plan.real_flag, Relaxed);
+    ORIGINAL_CALLEE.store(plan.original_callee, Relaxed);
+    for site in &plan.sites {
+        let load = (plan.page + FAKE_CONFIG_AT) as isize - (site.load_disp + 4) as isize;
+        let call = (plan.page + STUB_AT) as isize - (site.call_disp + 4) as isize;
+        // Call first: until the load is redirected too, the call is only made when the
+        // standard module traces, and then reaches us, who forward to it.
+        if !write_code(site.call_disp, call as i32) || !write_code(site.load_disp, load as i32) {
+            restore(plan);
+            return false;
+        }
+    }
+    true
+}
+
+unsafe fn restore(plan: &Plan) {
+    for site in &plan.sites {
+        // Load first, for the same reason as in `install`.
+        write_code(site.load_disp, site.load_orig);
+        write_code(site.call_disp, site.call_orig);
+    }
+}
+
+pub unsafe fn uninstall() {
+    if let Some(plan) = planned() {
+        restore(plan);
+    }
+}

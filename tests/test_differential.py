@@ -1,0 +1,72 @@
+"""Same per-line answers as tracemalloc on real programs: workloads built on PyPI packages
+(tests/workloads/) run under each tracer at one frame, in separate processes, and their
+``statistics('lineno')`` are compared.
+
+The measure is the share of traced bytes on other lines than tracemalloc's: half the sum of
+per-line differences, over tracemalloc's total. Free-list reuse that is not re-attributed
+moves whole objects to other lines (issue 13: 17.9% on docutils); the same tracer run twice
+agrees to well under 1%.
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+from alloctrace import _native
+from subproc import run_python
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKLOADS = os.path.join(HERE, "workloads")
+MAX_MOVED = 0.02
+
+
+def per_line(tracer, workload):
+    proc = run_python(
+        [os.path.join(WORKLOADS, "driver.py"), tracer, os.path.join(WORKLOADS, workload)],
+        PYTHONHASHSEED="0",
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def moved_share(ours, theirs):
+    lines = ours.keys() | theirs.keys()
+    moved = sum(abs(ours.get(k, 0) - theirs.get(k, 0)) for k in lines) / 2
+    return moved / max(sum(theirs.values()), 1)
+
+
+# Where alloctrace cannot see object creations (Debian's static 3.11, docs/freelists.md), free
+# list reuse moves 3-19% of these workloads' bytes: a known difference, measured in the README.
+@pytest.mark.xfail(
+    _native._freelist_mechanism() is None,
+    reason="no way to re-attribute free-list reuse on this interpreter",
+    strict=True,
+)
+@pytest.mark.parametrize(
+    "workload",
+    ["docutils_html.py", "jinja2_render.py", "markdown_tree.py", "pygments_tokens.py"],
+)
+def test_per_line_sizes_match_tracemalloc(workload):
+    theirs = per_line("tracemalloc", workload)
+    ours = per_line("alloctrace", workload)
+    share = moved_share(ours, theirs)
+    worst = sorted(
+        ((ours.get(k, 0) - theirs.get(k, 0), k) for k in ours.keys() | theirs.keys()),
+        key=lambda d: -abs(d[0]),
+    )[:5]
+    print(f"{workload}: {share:.2%} of {sum(theirs.values())} bytes moved", file=sys.stderr)
+    assert share <= MAX_MOVED, f"{share:.2%} of the bytes on other lines; worst: {worst}"
+
+
+def test_moved_share_measure():
+    # (ours, theirs, expected share)
+    cases = [
+        ({"a:1": 100}, {"a:1": 100}, 0.0),
+        ({"a:1": 100}, {"a:2": 100}, 1.0),
+        ({"a:1": 90, "a:2": 10}, {"a:1": 100}, 0.1),
+        ({}, {}, 0.0),
+    ]
+    for ours, theirs, expected in cases:
+        assert moved_share(ours, theirs) == pytest.approx(expected)

@@ -1,0 +1,45 @@
+"""Runs one workload under one tracer at one frame and prints its per-line sizes as JSON.
+
+    python driver.py {alloctrace|tracemalloc} WORKLOAD.py
+
+The workload's ``setup()`` (imports, first use) runs untraced; the free lists are emptied
+(a full collection does) so that both tracers start from the same state; then ``run()`` is
+traced and what it returns is kept alive while the snapshot is taken. Lines of the tracers'
+own files and of this driver are left out: each tracer allocates differently for itself.
+"""
+
+import gc
+import importlib.util
+import json
+import os
+import sys
+
+
+def main():
+    tracer_name, path = sys.argv[1:3]
+    if tracer_name == "alloctrace":
+        import alloctrace as tracer
+    else:
+        import tracemalloc as tracer
+    spec = importlib.util.spec_from_file_location("workload", path)
+    workload = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(workload)
+    workload.setup()
+    gc.collect()
+    tracer.start(1)
+    kept = workload.run()
+    snapshot = tracer.take_snapshot()
+    tracer.stop()
+    own = (os.path.dirname(tracer.__file__), __file__, "tracemalloc.py")
+    sizes = {
+        f"{frame.filename}:{frame.lineno}": stat.size
+        for stat in snapshot.statistics("lineno")
+        for frame in [stat.traceback[0]]
+        if not frame.filename.startswith(own[:2]) and not frame.filename.endswith(own[2])
+    }
+    json.dump(sizes, sys.stdout)
+    del kept
+
+
+if __name__ == "__main__":
+    main()
