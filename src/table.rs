@@ -305,11 +305,14 @@ impl TraceTable {
     }
 
     /// Copies every live trace out, shard by shard. Never calls back into Python, so it is
-    /// safe to run while hooks on other threads insert and remove.
-    pub fn collect(&self) -> Vec<(usize, Trace)> {
-        let mut out = Vec::with_capacity(self.map.len() + 64);
+    /// safe to run while hooks on other threads insert and remove. `None` if the memory for
+    /// the copy cannot be had (the caller raises `MemoryError`).
+    pub fn collect(&self) -> Option<Vec<(usize, Trace)>> {
+        let mut out = Vec::new();
+        out.try_reserve_exact(self.map.len() + 64).ok()?;
         for shard in self.map.shards() {
             let shard = shard.read();
+            out.try_reserve(shard.len()).ok()?;
             // SAFETY: the shard's read lock is held for the whole iteration.
             unsafe {
                 for bucket in shard.iter() {
@@ -318,7 +321,7 @@ impl TraceTable {
                 }
             }
         }
-        out
+        Some(out)
     }
 
     /// Empties the table and zeroes both totals, atomically with respect to hooks.
