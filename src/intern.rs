@@ -780,10 +780,10 @@ mod tests {
     #[test]
     fn deep_recursion_costs_memory_linear_in_depth() {
         let mut interner = Interner::new();
-        let depth = 3000;
+        let depth: usize = 3000;
         let mut stack: Vec<RawFrame> = Vec::new();
         for level in 0..depth {
-            stack.insert(0, f(0, 10 + 2 * (level % 3)));
+            stack.insert(0, f(0, 10 + 2 * (level % 3) as i32));
             unsafe { interner.intern(&stack, stack.len() as u16) }.unwrap();
         }
         assert_eq!(interner.len(), depth + 1);

@@ -421,7 +421,7 @@ mod tests {
             }
             assert_eq!(table.totals(), (current, peak), "after {op} {address:#x}");
         }
-        let sum: usize = table.collect().iter().map(|(_, t)| t.size).sum();
+        let sum: usize = table.collect().unwrap().iter().map(|(_, t)| t.size).sum();
         assert_eq!(sum, table.totals().0);
         table.reset_peak();
         assert_eq!(table.totals(), (210, 210));
@@ -450,7 +450,7 @@ mod tests {
         for th in threads {
             th.join().unwrap();
         }
-        let sum: usize = table.collect().iter().map(|(_, t)| t.size).sum();
+        let sum: usize = table.collect().unwrap().iter().map(|(_, t)| t.size).sum();
         assert_eq!(sum, table.totals().0);
         assert_eq!(table.len(), 4 * (20_000_usize).div_ceil(3));
     }
@@ -548,7 +548,12 @@ mod tests {
             .filter(|&&a| table.may_contain(a) && !live_slots.contains(&presence_slot(a)))
             .count();
         assert_eq!(stale, 0);
-        let sum: usize = table.collect().iter().map(|(_, t)| estimate(t.size)).sum();
+        let sum: usize = table
+            .collect()
+            .unwrap()
+            .iter()
+            .map(|(_, t)| estimate(t.size))
+            .sum();
         assert_eq!(sum, table.totals().0);
         table.clear();
         assert!(live.iter().all(|&a| !table.may_contain(a)));
