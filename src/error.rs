@@ -1,8 +1,8 @@
 //! The crate's one error type, converted to a Python exception once, at the pyo3 boundary.
 //!
 //! Every variant carries what the user needs to fix the problem: the bad value, the file and
-//! what was wrong with it. Python sees `ValueError`, `TypeError`, `RuntimeError`, `OSError` or
-//! `alloctrace.SnapshotFormatError` (a `ValueError` subclass).
+//! what was wrong with it. Python sees `ValueError`, `TypeError`, `RuntimeError`, `OSError`,
+//! `MemoryError` or `alloctrace.SnapshotFormatError` (a `ValueError` subclass).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -17,6 +17,9 @@ pub enum Error {
     State(String),
     /// A file that is not a readable snapshot (`SnapshotFormatError`).
     Format { path: PathBuf, reason: String },
+    /// Memory for a result could not be had (`MemoryError`, as `tracemalloc` raises): paths
+    /// whose memory grows with the data reserve it fallibly rather than abort the process.
+    OutOfMemory,
     /// The operating system refused (`OSError`, with errno kept).
     Io {
         path: PathBuf,
@@ -33,6 +36,7 @@ impl fmt::Display for Error {
             Error::InvalidArgument(msg) | Error::WrongType(msg) | Error::State(msg) => {
                 f.write_str(msg)
             }
+            Error::OutOfMemory => f.write_str("out of memory"),
             Error::Format { path, reason } => {
                 write!(
                     f,
@@ -50,3 +54,9 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+impl From<std::collections::TryReserveError> for Error {
+    fn from(_: std::collections::TryReserveError) -> Self {
+        Error::OutOfMemory
+    }
+}

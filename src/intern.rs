@@ -4,11 +4,46 @@
 //! stores a 32-bit id, not frames. Tracebacks are interned by their raw frames (code object
 //! address, byte offset), hashed as plain words, so the hook never computes a line number.
 //!
+//! ## Stacks as a trie
+//!
+//! Deep programs make many distinct stacks that differ only near the top (recursion, a
+//! framework's twenty frames around every call). Each interned stack is therefore a node of a
+//! trie rooted at the outermost frame: a node is `(parent node, frame)`, and a traceback is its
+//! innermost node plus the full depth. A new stack costs one node per frame not already shared
+//! with an interned one, so memory grows with the number of distinct frames-in-context rather
+//! than with depth times stacks (recursion to depth `d` costs `d` nodes, not `d²/2` frames).
+//! Storage grows in fixed-size chunks ([`Chunked`]), so no doubling ever holds twice what is
+//! used. The hook still finds a known stack with one hash of its raw frames and one probe
+//! (compared by walking the trie), and the stack it interned last is kept flat as well, so the
+//! common case — a loop allocating on one line — compares a few words.
+//!
+//! ## Code objects: pinned while running, buried when dead
+//!
 //! Raw frames name code objects by address, and an address is only meaningful while the object
-//! lives. So interning a traceback takes a strong reference to each code object it names (the
-//! "pins"); they are released together with the tracebacks, by `clear_traces()` or `stop()`.
-//! The cost is that code objects created and dropped while tracing (e.g. by `exec` in a loop)
-//! stay alive until then.
+//! lives: once freed, a new code object may be created at the same address, and a stored
+//! `(address, offset)` would then match frames of that other code. So a node takes a strong
+//! reference to its code object (the "pin") — taken in the hook, which only increments a
+//! reference count.
+//!
+//! Pins must not keep code alive, or a program compiling code in a loop leaks under tracing
+//! (jinja2 without its template cache grew 10 MiB per 400 renders). The sweep
+//! ([`Interner::dying_codes`], [`Resolver::bury`], [`Interner::bury`]) finds code objects whose
+//! only reference is ours, resolves what tracebacks need from them (filename, function, and the
+//! line of each offset used), rewrites their nodes to a tag that no live frame can equal (an
+//! odd number standing for the buried code, the resolved line in place of the offset) and then
+//! drops the reference. The address is only released after no stored key holds it, so reuse
+//! cannot confuse two code objects, and a traceback of a block allocated by dead code still
+//! names its file, line and function.
+//!
+//! The sweep runs Python code (resolving reads attributes, dropping a code object runs its
+//! weakref callbacks), so it never runs in a hook. It runs at safe points: before a snapshot
+//! and the other reads of the traces, from every `get_traced_memory()` (a code object's last
+//! other reference can go without anything new being pinned, e.g. in `gc.collect()`; the
+//! check costs a reference-count read per pinned code object), and from a pending call (`Py_AddPendingCall`, which takes no Python lock and
+//! does not allocate) that the hook schedules when the number of pins has grown by half since
+//! the last sweep (at least [`SWEEP_MIN_PINS`]), so its cost, linear in the pins, is amortised
+//! over the pins created. Between sweeps, dead code stays alive: that delay is bounded by the
+//! same rule and never reaches a reading of the figures.
 //!
 //! All of this is GIL-protected state: only a thread holding the main interpreter's GIL may
 //! intern (threads without it record the `<unknown>` traceback), exactly as `tracemalloc`
@@ -27,42 +62,164 @@ use crate::table::{BuildAddressHasher, TracebackId};
 /// The id of the `('<unknown>', 0)` traceback, used where no stack could be read.
 pub const UNKNOWN_TRACEBACK: TracebackId = 0;
 
+/// The fewest new pins that make a sweep due (see the module docs).
+pub const SWEEP_MIN_PINS: usize = 256;
+
+/// "No node": the parent of an outermost frame, the end of a code object's node chain.
+const NO_NODE: u32 = u32::MAX;
+
+/// Elements per storage chunk, as a power of two.
+const CHUNK_SHIFT: u32 = 12;
+const CHUNK: usize = 1 << CHUNK_SHIFT;
+
+/// A vector that grows by fixed-size chunks: never more than one chunk unused, and growing
+/// never copies (a doubling `Vec` holds up to twice what it uses, and both copies while
+/// it grows). Every growth is a fallible reservation.
+struct Chunked<T> {
+    chunks: Vec<Vec<T>>,
+    len: usize,
+}
+
+impl<T> Chunked<T> {
+    const fn new() -> Self {
+        Self {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn get(&self, i: u32) -> &T {
+        &self.chunks[(i >> CHUNK_SHIFT) as usize][i as usize & (CHUNK - 1)]
+    }
+
+    #[inline(always)]
+    fn get_mut(&mut self, i: u32) -> &mut T {
+        &mut self.chunks[(i >> CHUNK_SHIFT) as usize][i as usize & (CHUNK - 1)]
+    }
+
+    /// Makes room for `additional` more elements, so that pushing them cannot allocate;
+    /// `None` (and nothing changed that matters) if the memory cannot be had or the ids would
+    /// no longer fit 32 bits.
+    fn try_reserve(&mut self, additional: usize) -> Option<()> {
+        let needed = self.len.checked_add(additional)?;
+        if needed > NO_NODE as usize {
+            return None;
+        }
+        while self.chunks.len() * CHUNK < needed {
+            self.chunks.try_reserve(1).ok()?;
+            let mut chunk = Vec::new();
+            chunk.try_reserve_exact(CHUNK).ok()?;
+            self.chunks.push(chunk);
+        }
+        Some(())
+    }
+
+    /// Appends after a successful [`Chunked::try_reserve`]; returns the new element's index.
+    #[inline]
+    fn push(&mut self, value: T) -> u32 {
+        let i = self.len;
+        self.chunks[i >> CHUNK_SHIFT].push(value);
+        self.len += 1;
+        i as u32
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn memory_usage(&self) -> usize {
+        self.chunks.len() * CHUNK * std::mem::size_of::<T>()
+            + self.chunks.capacity() * std::mem::size_of::<Vec<T>>()
+    }
+}
+
+/// One frame in the context of its callers: a trie node.
+///
+/// `code` is a live code object's address (pinned), 0 for the unknown frame, or, once the code
+/// object is dead, an odd tag `(index of its buried record) << 1 | 1` that no live frame can
+/// equal (objects are aligned); `offset` is then the resolved line, not a byte offset.
+#[derive(Clone, Copy)]
+struct Node {
+    code: usize,
+    offset: i32,
+    parent: u32,
+}
+
 struct Stack {
-    start: u32,
+    /// The innermost frame's node.
+    leaf: u32,
     len: u16,
     total_nframe: u16,
-    hash: u64,
     /// The trace-time filters' verdict on this stack, valid while the filter set's generation
     /// is `verdict_generation` (0: never judged).
     keep: bool,
     verdict_generation: u32,
+    hash: u64,
 }
 
-/// One folded 128-bit multiply per frame (a single `mul` on x86-64): code addresses are
-/// 16-byte aligned heap pointers below 2^48 and offsets are small, so `code ^ offset << 48`
-/// keeps both, and the fold spreads every input bit over both ends of the hash (hashbrown
-/// takes buckets from the low bits and tags from the high ones).
+/// Mixes one word into a hash with one folded 128-bit multiply (a single `mul` on x86-64): the
+/// fold spreads every input bit over both ends of the hash (hashbrown takes buckets from the
+/// low bits and tags from the high ones).
+#[inline(always)]
+fn mix(h: u64, word: u64) -> u64 {
+    let product = u128::from(h ^ word) * 0x9E37_79B9_7F4A_7C15_u128;
+    (product as u64) ^ ((product >> 64) as u64)
+}
+
+/// Code addresses are aligned heap pointers below 2^48 and offsets are small, so
+/// `code ^ offset << 48` keeps both in one word.
+#[inline(always)]
+fn frame_word(code: usize, offset: i32) -> u64 {
+    code as u64 ^ (u64::from(offset as u32) << 48)
+}
+
 #[inline]
 fn hash_stack(frames: &[RawFrame], total_nframe: u16) -> u64 {
-    let mut h = u64::from(total_nframe);
-    for frame in frames {
-        let word = frame.code as u64 ^ (u64::from(frame.offset as u32) << 48);
-        let product = u128::from(h ^ word) * 0x9E37_79B9_7F4A_7C15_u128;
-        h = (product as u64) ^ ((product >> 64) as u64);
+    frames.iter().fold(u64::from(total_nframe), |h, frame| {
+        mix(h, frame_word(frame.code, frame.offset))
+    })
+}
+
+#[inline]
+fn hash_node(parent: u32, code: usize, offset: i32) -> u64 {
+    mix(u64::from(parent), frame_word(code, offset))
+}
+
+/// A code object only the interner still references, and the nodes that name it (found by
+/// [`Interner::dying_codes`], to be resolved and then buried).
+pub struct DyingCode {
+    pub code: usize,
+    /// `(node, byte offset)` for every node of this code object.
+    nodes: Vec<(u32, i32)>,
+}
+
+impl DyingCode {
+    pub fn offsets(&self) -> impl Iterator<Item = i32> + '_ {
+        self.nodes.iter().map(|&(_, offset)| offset)
     }
-    h
 }
 
 pub struct Interner {
-    /// Every interned traceback's frames, back to back.
-    frames: Vec<RawFrame>,
-    stacks: Vec<Stack>,
+    nodes: Chunked<Node>,
+    /// Per node, the next node naming the same code object (a chain per pinned code object,
+    /// so burying one touches only its own nodes).
+    same_code: Chunked<u32>,
+    /// `(parent, frame)` -> node.
+    node_index: HashTable<u32>,
+    stacks: Chunked<Stack>,
+    /// Whole raw stack -> traceback: the hook's one probe.
     index: HashTable<TracebackId>,
-    /// Code objects we hold a strong reference to.
-    pinned: hashbrown::HashSet<usize, BuildAddressHasher>,
-    /// The last stack interned or found: a loop allocating on one line repeats it, and
-    /// comparing a few frames is cheaper than hashing and probing.
+    /// Pinned code objects (we hold a strong reference), each with the head of its node chain.
+    pins: hashbrown::HashMap<usize, u32, BuildAddressHasher>,
+    /// Pins taken since the last sweep, and how many there were after it.
+    pins_since_sweep: usize,
+    pins_at_sweep: usize,
+    /// The last stack interned or found, flat: a loop allocating on one line repeats it, and
+    /// comparing a few words is cheaper than hashing and probing.
     last: TracebackId,
+    last_frames: Vec<RawFrame>,
+    last_total: u16,
 }
 
 impl Default for Interner {
@@ -74,15 +231,22 @@ impl Default for Interner {
 impl Interner {
     pub fn new() -> Self {
         let mut interner = Self {
-            frames: Vec::new(),
-            stacks: Vec::new(),
+            nodes: Chunked::new(),
+            same_code: Chunked::new(),
+            node_index: HashTable::new(),
+            stacks: Chunked::new(),
             index: HashTable::new(),
-            pinned: hashbrown::HashSet::with_hasher(BuildAddressHasher),
+            pins: hashbrown::HashMap::with_hasher(BuildAddressHasher),
+            pins_since_sweep: 0,
+            pins_at_sweep: 0,
             last: UNKNOWN_TRACEBACK,
+            last_frames: Vec::new(),
+            last_total: 0,
         };
         // tracemalloc reports an unreadable stack as one unknown frame out of one.
-        let id = interner.insert_new(&[RawFrame::UNKNOWN], 1, hash_stack(&[RawFrame::UNKNOWN], 1));
-        debug_assert_eq!(id, UNKNOWN_TRACEBACK);
+        // SAFETY: the unknown frame names no code object.
+        let id = unsafe { interner.lookup_or_insert(&[RawFrame::UNKNOWN], 1) };
+        assert_eq!(id, Some(UNKNOWN_TRACEBACK));
         interner
     }
 
@@ -95,12 +259,40 @@ impl Interner {
     /// The GIL is held, and every non-zero `code` in `frames` is a live code object.
     #[inline]
     pub unsafe fn intern(&mut self, frames: &[RawFrame], total_nframe: u16) -> Option<TracebackId> {
-        if self.get(self.last) == (frames, total_nframe) {
+        if self.last_total == total_nframe && self.last_frames.as_slice() == frames {
             return Some(self.last);
         }
         let id = self.lookup_or_insert(frames, total_nframe)?;
-        self.last = id;
+        self.last_frames.clear();
+        if self.last_frames.try_reserve(frames.len()).is_ok() {
+            self.last_frames.extend_from_slice(frames);
+            self.last = id;
+            self.last_total = total_nframe;
+        } else {
+            self.last_total = 0;
+        }
         Some(id)
+    }
+
+    /// Whether stack `id` is exactly `frames` out of `total_nframe`.
+    #[inline]
+    fn matches(&self, id: TracebackId, hash: u64, frames: &[RawFrame], total_nframe: u16) -> bool {
+        let stack = self.stacks.get(id);
+        if stack.hash != hash
+            || stack.total_nframe != total_nframe
+            || usize::from(stack.len) != frames.len()
+        {
+            return false;
+        }
+        let mut node = stack.leaf;
+        for frame in frames {
+            let n = self.nodes.get(node);
+            if n.code != frame.code || n.offset != frame.offset {
+                return false;
+            }
+            node = n.parent;
+        }
+        true
     }
 
     /// # Safety
@@ -111,78 +303,124 @@ impl Interner {
         total_nframe: u16,
     ) -> Option<TracebackId> {
         let hash = hash_stack(frames, total_nframe);
-        let Self {
-            frames: arena,
-            stacks,
-            index,
-            ..
-        } = self;
-        let found = index.find(hash, |&id| {
-            let stack = &stacks[id as usize];
-            stack.hash == hash
-                && stack.total_nframe == total_nframe
-                && &arena[stack.start as usize..][..stack.len as usize] == frames
-        });
-        if let Some(&id) = found {
+        if let Some(&id) = self
+            .index
+            .find(hash, |&id| self.matches(id, hash, frames, total_nframe))
+        {
             return Some(id);
         }
         self.reserve_for(frames.len())?;
-        for frame in frames {
-            if frame.code != 0 && self.pinned.insert(frame.code) {
-                ffi::Py_INCREF(frame.code as *mut ffi::PyObject);
-            }
+        let mut parent = NO_NODE;
+        for frame in frames.iter().rev() {
+            parent = self.node(parent, *frame);
         }
-        Some(self.insert_new(frames, total_nframe, hash))
+        let id = self.stacks.push(Stack {
+            leaf: parent,
+            len: frames.len() as u16,
+            total_nframe,
+            keep: true,
+            verdict_generation: 0,
+            hash,
+        });
+        let stacks = &self.stacks;
+        self.index
+            .insert_unique(hash, id, |&other| stacks.get(other).hash);
+        if self.pins_since_sweep >= SWEEP_MIN_PINS.max(self.pins_at_sweep / 2) {
+            crate::tracer::schedule_sweep();
+        }
+        Some(id)
+    }
+
+    /// The node of `frame` under `parent`, made (and its code object pinned) if new.
+    /// Infallible only after [`Interner::reserve_for`] succeeded for the whole stack.
+    ///
+    /// # Safety
+    /// As [`Interner::intern`].
+    unsafe fn node(&mut self, parent: u32, frame: RawFrame) -> u32 {
+        let hash = hash_node(parent, frame.code, frame.offset);
+        let nodes = &self.nodes;
+        let found = self.node_index.find(hash, |&id| {
+            let n = nodes.get(id);
+            n.parent == parent && n.code == frame.code && n.offset == frame.offset
+        });
+        if let Some(&id) = found {
+            return id;
+        }
+        let id = self.nodes.push(Node {
+            code: frame.code,
+            offset: frame.offset,
+            parent,
+        });
+        let nodes = &self.nodes;
+        self.node_index.insert_unique(hash, id, |&other| {
+            let n = nodes.get(other);
+            hash_node(n.parent, n.code, n.offset)
+        });
+        let next = if frame.code == 0 {
+            NO_NODE
+        } else {
+            match self.pins.entry(frame.code) {
+                hashbrown::hash_map::Entry::Occupied(mut head) => {
+                    std::mem::replace(head.get_mut(), id)
+                }
+                hashbrown::hash_map::Entry::Vacant(slot) => {
+                    ffi::Py_INCREF(frame.code as *mut ffi::PyObject);
+                    slot.insert(id);
+                    self.pins_since_sweep += 1;
+                    NO_NODE
+                }
+            }
+        };
+        self.same_code.push(next);
+        id
     }
 
     /// Makes room for one more stack of `nframe` frames, so that storing it cannot allocate.
     fn reserve_for(&mut self, nframe: usize) -> Option<()> {
-        self.frames.try_reserve(nframe).ok()?;
-        self.stacks.try_reserve(1).ok()?;
-        let stacks = &self.stacks;
-        self.index
-            .try_reserve(1, |&other| stacks[other as usize].hash)
+        self.nodes.try_reserve(nframe)?;
+        self.same_code.try_reserve(nframe)?;
+        self.stacks.try_reserve(1)?;
+        let nodes = &self.nodes;
+        self.node_index
+            .try_reserve(nframe, |&other| {
+                let n = nodes.get(other);
+                hash_node(n.parent, n.code, n.offset)
+            })
             .ok()?;
-        self.pinned.try_reserve(nframe).ok()
-    }
-
-    /// Stores a stack known to be new. Infallible only after [`Interner::reserve_for`]
-    /// succeeded for it (or outside a hook, where allocation failure may abort).
-    fn insert_new(&mut self, frames: &[RawFrame], total_nframe: u16, hash: u64) -> TracebackId {
-        let id = self.stacks.len() as TracebackId;
-        self.stacks.push(Stack {
-            start: self.frames.len() as u32,
-            len: frames.len() as u16,
-            total_nframe,
-            hash,
-            keep: true,
-            verdict_generation: 0,
-        });
-        self.frames.extend_from_slice(frames);
         let stacks = &self.stacks;
         self.index
-            .insert_unique(hash, id, |&other| stacks[other as usize].hash);
-        id
+            .try_reserve(1, |&other| stacks.get(other).hash)
+            .ok()?;
+        self.pins.try_reserve(nframe).ok()
     }
 
-    /// The frames (most recent first) and full stack depth of an interned traceback.
-    pub fn get(&self, id: TracebackId) -> (&[RawFrame], u16) {
-        let stack = &self.stacks[id as usize];
-        (
-            &self.frames[stack.start as usize..][..stack.len as usize],
-            stack.total_nframe,
-        )
+    /// Writes the frames (most recent first) of an interned traceback into `out`, which is
+    /// cleared first, and returns the stack's full depth. `None` if `out` cannot grow.
+    pub fn frames(&self, id: TracebackId, out: &mut Vec<RawFrame>) -> Option<u16> {
+        let stack = self.stacks.get(id);
+        out.clear();
+        out.try_reserve_exact(usize::from(stack.len)).ok()?;
+        let mut node = stack.leaf;
+        while node != NO_NODE {
+            let n = self.nodes.get(node);
+            out.push(RawFrame {
+                code: n.code,
+                offset: n.offset,
+            });
+            node = n.parent;
+        }
+        Some(stack.total_nframe)
     }
 
     /// The cached filter verdict for a stack, if judged under filter generation `generation`.
     #[inline]
     pub fn verdict(&self, id: TracebackId, generation: u32) -> Option<bool> {
-        let stack = &self.stacks[id as usize];
+        let stack = self.stacks.get(id);
         (stack.verdict_generation == generation).then_some(stack.keep)
     }
 
     pub fn set_verdict(&mut self, id: TracebackId, generation: u32, keep: bool) {
-        let stack = &mut self.stacks[id as usize];
+        let stack = self.stacks.get_mut(id);
         stack.keep = keep;
         stack.verdict_generation = generation;
     }
@@ -192,21 +430,95 @@ impl Interner {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.stacks.is_empty()
+        self.stacks.len() == 0
+    }
+
+    /// How many trie nodes the interned stacks use.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The pinned code objects that nothing but the interner references any more, each with
+    /// its nodes. Starts a new sweep period.
+    ///
+    /// # Safety
+    /// The GIL is held.
+    pub unsafe fn dying_codes(&mut self) -> Vec<DyingCode> {
+        self.pins_since_sweep = 0;
+        let mut dying = Vec::new();
+        for (&code, &head) in &self.pins {
+            if ffi::Py_REFCNT(code as *mut ffi::PyObject) != 1 {
+                continue;
+            }
+            let mut nodes = Vec::new();
+            let mut node = head;
+            while node != NO_NODE {
+                nodes.push((node, self.nodes.get(node).offset));
+                node = *self.same_code.get(node);
+            }
+            dying.push(DyingCode { code, nodes });
+        }
+        self.pins_at_sweep = self.pins.len() - dying.len();
+        dying
+    }
+
+    /// Rewrites the nodes of each dying code object to its buried record (`tags[i]`, from
+    /// [`Resolver::bury`]) and resolved lines, and hands over the references to release
+    /// (by the caller, once it holds no borrow of tracer state). A code object that was
+    /// referenced again, or named by a new node, since [`Interner::dying_codes`] is skipped
+    /// and stays pinned.
+    ///
+    /// # Safety
+    /// The GIL is held; `dying` comes from this interner's last `dying_codes()`.
+    pub unsafe fn bury(&mut self, dying: &[DyingCode], burials: &[Burial]) -> Vec<usize> {
+        let mut released = Vec::with_capacity(dying.len());
+        for (code, burial) in dying.iter().zip(burials) {
+            let head = code.nodes.first().map_or(NO_NODE, |&(node, _)| node);
+            if ffi::Py_REFCNT(code.code as *mut ffi::PyObject) != 1
+                || self.pins.get(&code.code) != Some(&head)
+            {
+                continue;
+            }
+            for (&(node, _), &line) in code.nodes.iter().zip(&burial.lines) {
+                let old = *self.nodes.get(node);
+                let hash = hash_node(old.parent, old.code, old.offset);
+                if let Ok(entry) = self.node_index.find_entry(hash, |&id| id == node) {
+                    entry.remove();
+                }
+                let n = self.nodes.get_mut(node);
+                n.code = burial.tag;
+                n.offset = line as i32;
+            }
+            self.pins.remove(&code.code);
+            released.push(code.code);
+        }
+        // The flat copy of the last stack may name a code object being released.
+        self.last_frames.clear();
+        self.last_total = 0;
+        released
     }
 
     /// Hands over the pinned code objects, for the caller to release once it no longer holds
     /// any borrow of tracer state (releasing may run arbitrary code through weakref callbacks).
     pub fn take_pins(&mut self) -> Vec<usize> {
-        self.pinned.drain().collect()
+        self.pins.drain().map(|(code, _)| code).collect()
     }
 
     pub fn memory_usage(&self) -> usize {
-        self.frames.capacity() * std::mem::size_of::<RawFrame>()
-            + self.stacks.capacity() * std::mem::size_of::<Stack>()
+        self.nodes.memory_usage()
+            + self.same_code.memory_usage()
+            + self.stacks.memory_usage()
+            + self.node_index.capacity() * (std::mem::size_of::<u32>() + 1)
             + self.index.capacity() * (std::mem::size_of::<TracebackId>() + 1)
-            + self.pinned.capacity() * (std::mem::size_of::<usize>() + 1)
+            + self.pins.capacity() * (std::mem::size_of::<(usize, u32)>() + 1)
+            + self.last_frames.capacity() * std::mem::size_of::<RawFrame>()
     }
+}
+
+/// What a dead code object's nodes become: its record's tag and, per node, the line.
+pub struct Burial {
+    tag: usize,
+    lines: Vec<u32>,
 }
 
 /// A filename as both the `str` Python gave us and its lossless bytes (see
@@ -234,6 +546,8 @@ pub struct Resolver {
     by_code: HashMap<usize, (u32, Option<u32>)>,
     lines: HashMap<RawFrame, u32>,
     functions: Vec<ResolvedFunction>,
+    /// Per buried (dead) code object, what `by_code` held for it; its nodes' tags index this.
+    buried: Vec<(u32, Option<u32>)>,
 }
 
 impl Resolver {
@@ -243,6 +557,7 @@ impl Resolver {
             by_code: HashMap::new(),
             lines: HashMap::new(),
             functions: Vec::new(),
+            buried: Vec::new(),
         };
         resolver.push_filename(
             PyString::new(py, "<unknown>").unbind(),
@@ -263,22 +578,14 @@ impl Resolver {
         &self.filenames[index as usize]
     }
 
-    /// `(filename index, lineno)` of a raw frame, as `tracemalloc` would have reported it: a
-    /// filename that is not a `str` is `<unknown>`, a line that cannot be found is 0.
+    /// `(filename index, lineno, function index)` of a raw frame, as `tracemalloc` would
+    /// have reported it: a filename that is not a `str` is `<unknown>`, a line that cannot be
+    /// found is 0; the function (index for [`Resolver::function`]) is `None` for the unknown
+    /// frame and for a code object whose name is not a `str`. All come from one lookup by
+    /// code object, so snapshots pay little extra for the function.
     ///
     /// # Safety
-    /// `frame.code` is 0 or a code object pinned by the live interner.
-    pub unsafe fn resolve(&mut self, py: Python<'_>, frame: RawFrame) -> (u32, u32) {
-        let (filename, lineno, _) = self.resolve_with_function(py, frame);
-        (filename, lineno)
-    }
-
-    /// As [`Resolver::resolve`], plus the function (index for [`Resolver::function`]) of the
-    /// frame's code object: `None` for the unknown frame and for a code object whose name is
-    /// not a `str`. Both come from one lookup by code object, so snapshots pay little extra.
-    ///
-    /// # Safety
-    /// As [`Resolver::resolve`].
+    /// `frame` comes from the live interner (0, a pinned code object, or a buried one's tag).
     pub unsafe fn resolve_with_function(
         &mut self,
         py: Python<'_>,
@@ -287,22 +594,72 @@ impl Resolver {
         if frame.code == 0 {
             return (0, 0, None);
         }
-        let (filename, function) = match self.by_code.get(&frame.code) {
-            Some(&found) => found,
-            None => {
-                let found = (
-                    self.resolve_filename(py, frame.code),
-                    self.resolve_function(py, frame.code),
-                );
-                self.by_code.insert(frame.code, found);
-                found
-            }
-        };
-        let lineno = *self.lines.entry(frame).or_insert_with(|| {
+        if frame.code & 1 != 0 {
+            // A buried code object: the node holds the line it resolved to.
+            let (filename, function) = self.buried[frame.code >> 1];
+            return (filename, frame.offset as u32, function);
+        }
+        let (filename, function) = self.code(py, frame.code);
+        (filename, self.line(frame), function)
+    }
+
+    /// The filename and function indexes of a live code object, resolved once.
+    ///
+    /// # Safety
+    /// `code` is a live code object and the GIL is held.
+    unsafe fn code(&mut self, py: Python<'_>, code: usize) -> (u32, Option<u32>) {
+        if let Some(&found) = self.by_code.get(&code) {
+            return found;
+        }
+        let found = (
+            self.resolve_filename(py, code),
+            self.resolve_function(py, code),
+        );
+        self.by_code.insert(code, found);
+        found
+    }
+
+    /// # Safety
+    /// `frame.code` is a live code object and the GIL is held.
+    unsafe fn line(&mut self, frame: RawFrame) -> u32 {
+        *self.lines.entry(frame).or_insert_with(|| {
             let line = ffi::PyCode_Addr2Line(frame.code as *mut ffi::PyCodeObject, frame.offset);
             line.max(0) as u32
-        });
-        (filename, lineno, function)
+        })
+    }
+
+    /// Resolves everything the interner's nodes need from each dying code object (filename,
+    /// function, the line of each offset used), records it under a tag for
+    /// [`Interner::bury`], and forgets the caches keyed by its address, which a new code
+    /// object may take once this one is released.
+    ///
+    /// # Safety
+    /// The GIL is held and every code object in `dying` is still alive.
+    pub unsafe fn bury(&mut self, py: Python<'_>, dying: &[DyingCode]) -> Vec<Burial> {
+        dying
+            .iter()
+            .map(|dying| {
+                let record = self.code(py, dying.code);
+                let lines = dying
+                    .offsets()
+                    .map(|offset| {
+                        let frame = RawFrame {
+                            code: dying.code,
+                            offset,
+                        };
+                        let line = self.line(frame);
+                        self.lines.remove(&frame);
+                        line
+                    })
+                    .collect();
+                self.by_code.remove(&dying.code);
+                self.buried.push(record);
+                Burial {
+                    tag: (self.buried.len() - 1) << 1 | 1,
+                    lines,
+                }
+            })
+            .collect()
     }
 
     pub fn function(&self, index: u32) -> &ResolvedFunction {
@@ -365,6 +722,7 @@ impl Resolver {
                 .iter()
                 .map(|f| f.name.len() + std::mem::size_of::<ResolvedFunction>())
                 .sum::<usize>()
+            + self.buried.capacity() * std::mem::size_of::<(u32, Option<u32>)>()
     }
 }
 
@@ -376,15 +734,24 @@ mod tests {
         RawFrame { code, offset }
     }
 
+    fn frames_of(interner: &Interner, id: TracebackId) -> (Vec<RawFrame>, u16) {
+        let mut out = Vec::new();
+        let total = interner.frames(id, &mut out).unwrap();
+        (out, total)
+    }
+
+    // Code address 0 only: no pinning (no interpreter needed).
+
     #[test]
     fn equal_stacks_share_an_id_and_different_ones_do_not() {
         let mut interner = Interner::new();
-        // Code address 0 only: no pinning (no interpreter needed).
         let cases: &[(&[RawFrame], u16)] = &[
             (&[f(0, 2), f(0, 4)], 3),
             (&[f(0, 2), f(0, 4)], 4), // same frames, other depth
             (&[f(0, 4), f(0, 2)], 3), // other order
             (&[f(0, 2)], 1),
+            (&[f(0, 4)], 1),          // a prefix of the third, as a stack of its own
+            (&[f(0, 6), f(0, 4)], 2), // shares its outer frame with the first
         ];
         let ids: Vec<_> = cases
             .iter()
@@ -392,18 +759,56 @@ mod tests {
             .collect();
         let again: Vec<_> = cases
             .iter()
+            .rev()
             .map(|(frames, total)| unsafe { interner.intern(frames, *total) }.unwrap())
             .collect();
-        assert_eq!(ids, again);
+        assert_eq!(ids, again.into_iter().rev().collect::<Vec<_>>());
         let distinct: std::collections::HashSet<_> = ids.iter().collect();
         assert_eq!(distinct.len(), cases.len());
         assert!(!ids.contains(&UNKNOWN_TRACEBACK));
         for ((frames, total), id) in cases.iter().zip(&ids) {
-            assert_eq!(interner.get(*id), (*frames, *total));
+            assert_eq!(frames_of(&interner, *id), (frames.to_vec(), *total));
         }
         assert_eq!(
-            interner.get(UNKNOWN_TRACEBACK),
-            (&[RawFrame::UNKNOWN][..], 1)
+            frames_of(&interner, UNKNOWN_TRACEBACK),
+            (vec![RawFrame::UNKNOWN], 1)
         );
+    }
+
+    /// Recursion: each level's stack is the previous one plus a frame. Stored whole, that is
+    /// depth²/2 frames; as a trie, one node per level.
+    #[test]
+    fn deep_recursion_costs_memory_linear_in_depth() {
+        let mut interner = Interner::new();
+        let depth: usize = 3000;
+        let mut stack: Vec<RawFrame> = Vec::new();
+        for level in 0..depth {
+            stack.insert(0, f(0, 10 + 2 * (level % 3) as i32));
+            unsafe { interner.intern(&stack, stack.len() as u16) }.unwrap();
+        }
+        assert_eq!(interner.len(), depth + 1);
+        assert_eq!(interner.node_count(), depth + 1);
+        // 16-byte nodes and 24-byte stacks plus tables: far below the ~72 MB of whole copies.
+        assert!(
+            interner.memory_usage() < 1 << 20,
+            "{}",
+            interner.memory_usage()
+        );
+        let top = unsafe { interner.intern(&stack, depth as u16) }.unwrap();
+        assert_eq!(frames_of(&interner, top), (stack, depth as u16));
+    }
+
+    #[test]
+    fn chunked_storage_indexes_across_chunks() {
+        let mut chunked: Chunked<u32> = Chunked::new();
+        let n = 3 * CHUNK + 5;
+        chunked.try_reserve(n).unwrap();
+        for i in 0..n {
+            assert_eq!(chunked.push(i as u32 * 7), i as u32);
+        }
+        for i in [0, CHUNK - 1, CHUNK, 2 * CHUNK + 1, n - 1] {
+            assert_eq!(*chunked.get(i as u32), i as u32 * 7);
+        }
+        assert_eq!(chunked.memory_usage() / CHUNK / 4, 4);
     }
 }

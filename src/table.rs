@@ -372,11 +372,14 @@ impl TraceTable {
     }
 
     /// Copies every live trace out, shard by shard. Never calls back into Python, so it is
-    /// safe to run while hooks on other threads insert and remove.
-    pub fn collect(&self) -> Vec<(usize, Trace)> {
-        let mut out = Vec::with_capacity(self.map.len() + 64);
+    /// safe to run while hooks on other threads insert and remove. `None` if the memory for
+    /// the copy cannot be had (the caller raises `MemoryError`).
+    pub fn collect(&self) -> Option<Vec<(usize, Trace)>> {
+        let mut out = Vec::new();
+        out.try_reserve_exact(self.map.len() + 64).ok()?;
         for shard in self.map.shards() {
             let shard = shard.read();
+            out.try_reserve(shard.len()).ok()?;
             // SAFETY: the shard's read lock is held for the whole iteration.
             unsafe {
                 for bucket in shard.iter() {
@@ -385,7 +388,7 @@ impl TraceTable {
                 }
             }
         }
-        out
+        Some(out)
     }
 
     /// Empties the table and zeroes both totals, atomically with respect to hooks.
@@ -513,7 +516,7 @@ mod tests {
             }
             assert_eq!(table.totals(), (current, peak), "after {op} {address:#x}");
         }
-        let sum: usize = table.collect().iter().map(|(_, t)| t.size).sum();
+        let sum: usize = table.collect().unwrap().iter().map(|(_, t)| t.size).sum();
         assert_eq!(sum, table.totals().0);
         table.reset_peak();
         assert_eq!(table.totals(), (210, 210));
@@ -569,7 +572,7 @@ mod tests {
         for th in threads {
             th.join().unwrap();
         }
-        let sum: usize = table.collect().iter().map(|(_, t)| t.size).sum();
+        let sum: usize = table.collect().unwrap().iter().map(|(_, t)| t.size).sum();
         assert_eq!(sum, table.totals().0);
         assert_eq!(table.len(), 4 * (20_000_usize).div_ceil(3));
     }
@@ -667,7 +670,12 @@ mod tests {
             .filter(|&&a| table.may_contain(a) && !live_slots.contains(&presence_slot(a)))
             .count();
         assert_eq!(stale, 0);
-        let sum: usize = table.collect().iter().map(|(_, t)| estimate(t.size)).sum();
+        let sum: usize = table
+            .collect()
+            .unwrap()
+            .iter()
+            .map(|(_, t)| estimate(t.size))
+            .sum();
         assert_eq!(sum, table.totals().0);
         table.clear();
         assert!(live.iter().all(|&a| !table.may_contain(a)));

@@ -181,7 +181,7 @@ unsafe fn current_traceback(
             let keep = match live.interner.verdict(id, filters.generation) {
                 Some(keep) => keep,
                 None => {
-                    let keep = judge(set, live.interner.get(id).0).ok_or(OutOfMemory)?;
+                    let keep = judge(set, &live.scratch[..n]).ok_or(OutOfMemory)?;
                     live.interner.set_verdict(id, filters.generation, keep);
                     keep
                 }
@@ -524,6 +524,68 @@ fn release(_py: Python<'_>, live: Option<Live>, resolver: Option<Resolver>) {
     }
 }
 
+/// Whether a sweep is queued as a pending call.
+static SWEEP_SCHEDULED: AtomicBool = AtomicBool::new(false);
+/// Set while a sweep runs: releasing code objects can run Python code that reads the traces.
+static SWEEPING: AtomicBool = AtomicBool::new(false);
+
+/// Queues a sweep of dead code objects for the interpreter's next safe point. Called from the
+/// interning path of a hook: `Py_AddPendingCall` neither allocates nor needs the GIL.
+pub fn schedule_sweep() {
+    extern "C" fn run(_: *mut c_void) -> std::os::raw::c_int {
+        SWEEP_SCHEDULED.store(false, Relaxed);
+        // SAFETY: pending calls run in the main thread with the GIL held, between bytecodes,
+        // so no borrow of tracer state is live.
+        sweep_dead_code(unsafe { Python::assume_attached() });
+        0
+    }
+    if !SWEEP_SCHEDULED.swap(true, Relaxed) {
+        // SAFETY: a plain function and no argument; callable from any thread.
+        if unsafe { ffi::Py_AddPendingCall(Some(run), std::ptr::null_mut()) } != 0 {
+            SWEEP_SCHEDULED.store(false, Relaxed);
+        }
+    }
+}
+
+/// Releases the code objects only the interner still references, after resolving what their
+/// tracebacks need (see [`crate::intern`]). Each phase borrows tracer state only between
+/// Python calls: resolving allocates (hooks intern meanwhile), releasing runs arbitrary code.
+pub fn sweep_dead_code(py: Python<'_>) {
+    // SAFETY: `py` proves the GIL is held; reading the interpreter pointer has no effect.
+    let here = unsafe { ffi::PyInterpreterState_Get() };
+    if !is_tracing() || here.cast() != MAIN_INTERPRETER.load(Relaxed) {
+        return;
+    }
+    if SWEEPING.swap(true, Relaxed) {
+        return;
+    }
+    // Releasing a code object releases the code objects in its constants (a module's
+    // functions), which only then become ours alone: sweep again until none is released.
+    loop {
+        // SAFETY (each block): the main interpreter's GIL is held and no other borrow of the
+        // cell is live; the phases are separated so that no borrow spans a Python call.
+        let dying = unsafe { LIVE.get().as_mut().map(|live| live.interner.dying_codes()) };
+        let released = match dying {
+            Some(dying) if !dying.is_empty() => {
+                let burials = unsafe { RESOLVER.get().as_mut().map(|r| r.bury(py, &dying)) };
+                match (burials, unsafe { LIVE.get().as_mut() }) {
+                    (Some(burials), Some(live)) => unsafe { live.interner.bury(&dying, &burials) },
+                    _ => Vec::new(),
+                }
+            }
+            _ => Vec::new(),
+        };
+        if released.is_empty() {
+            break;
+        }
+        for code in released {
+            // SAFETY: the GIL is held and each is a strong reference the interner took.
+            unsafe { ffi::Py_DECREF(code as *mut ffi::PyObject) };
+        }
+    }
+    SWEEPING.store(false, Relaxed);
+}
+
 pub fn traceback_limit() -> usize {
     // SAFETY: called from Python-facing functions only, with the GIL held.
     unsafe { *LIMIT.get() }
@@ -603,48 +665,42 @@ fn resolve_stacks(
     py: Python<'_>,
     ids: &[TracebackId],
     functions: bool,
-) -> Vec<(ResolvedStack, ResolvedFunctions)> {
-    // SAFETY: the GIL is held; the interner borrow ends before any Python call.
-    let raw: Vec<(Vec<RawFrame>, u16)> = unsafe {
-        match LIVE.get() {
-            Some(live) => ids
-                .iter()
-                .map(|&id| {
-                    let (frames, total) = live.interner.get(id);
-                    (frames.to_vec(), total)
-                })
-                .collect(),
-            None => return Vec::new(),
+) -> Result<Vec<(ResolvedStack, ResolvedFunctions)>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(ids.len())?;
+    let mut frames = Vec::new();
+    for &id in ids {
+        // SAFETY: the GIL is held; the interner borrow ends before any Python call.
+        let total = match unsafe { LIVE.get() } {
+            Some(live) => live
+                .interner
+                .frames(id, &mut frames)
+                .ok_or(Error::OutOfMemory)?,
+            None => return Ok(Vec::new()),
+        };
+        // SAFETY: the resolver is only used from here, the sweep and the Python-facing
+        // functions; it is not re-entered because resolving runs no code that calls back into
+        // alloctrace (it reads attributes of code objects and encodes strings).
+        let Some(resolver) = (unsafe { RESOLVER.get() }) else {
+            return Ok(Vec::new());
+        };
+        let mut resolved = Vec::new();
+        resolved.try_reserve_exact(frames.len())?;
+        let mut names = Vec::new();
+        if functions {
+            names.try_reserve_exact(frames.len())?;
         }
-    };
-    // SAFETY: the resolver is only used from here and the Python-facing functions; it is not
-    // re-entered because resolving runs no code that calls back into alloctrace (it reads
-    // attributes of code objects and encodes strings).
-    let Some(resolver) = (unsafe { RESOLVER.get() }) else {
-        return Vec::new();
-    };
-    raw.into_iter()
-        .map(|(frames, total)| {
-            // SAFETY: every code object named by the live interner is pinned.
-            let (resolved, names) = if functions {
-                frames
-                    .iter()
-                    .map(|&frame| {
-                        let (filename, lineno, function) =
-                            unsafe { resolver.resolve_with_function(py, frame) };
-                        ((filename, lineno), function)
-                    })
-                    .unzip()
-            } else {
-                let resolved = frames
-                    .iter()
-                    .map(|&frame| unsafe { resolver.resolve(py, frame) })
-                    .collect();
-                (resolved, Vec::new())
-            };
-            ((resolved, total), names)
-        })
-        .collect()
+        for &frame in &frames {
+            // SAFETY: every live code object named by the live interner is pinned.
+            let (filename, lineno, function) = unsafe { resolver.resolve_with_function(py, frame) };
+            resolved.push((filename, lineno));
+            if functions {
+                names.push(function);
+            }
+        }
+        out.push(((resolved, total), names));
+    }
+    Ok(out)
 }
 
 /// Runs `f` with the resolver (for turning filename indexes into objects or bytes).
@@ -662,31 +718,36 @@ struct Collected {
     stacks: Vec<(ResolvedStack, ResolvedFunctions)>,
 }
 
-fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Collected {
-    let live = table().collect();
-    let addresses = if addresses {
-        live.iter().map(|&(address, _)| address).collect()
-    } else {
-        Vec::new()
+fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected> {
+    let live = table().collect().ok_or(Error::OutOfMemory)?;
+    let mut out = Collected {
+        traces: Vec::new(),
+        addresses: Vec::new(),
+        stacks: Vec::new(),
     };
+    if addresses {
+        out.addresses.try_reserve_exact(live.len())?;
+        out.addresses
+            .extend(live.iter().map(|&(address, _)| address));
+    }
+    out.traces.try_reserve_exact(live.len())?;
     let mut dense: HashMap<TracebackId, u32> = HashMap::new();
     let mut ids = Vec::new();
-    let traces = live
-        .iter()
-        .map(|(_, trace)| {
-            let next = ids.len() as u32;
-            let index = *dense.entry(trace.traceback).or_insert_with(|| {
+    for (_, trace) in &live {
+        let next = ids.len() as u32;
+        let index = match dense.entry(trace.traceback) {
+            std::collections::hash_map::Entry::Occupied(found) => *found.get(),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                ids.try_reserve(1)?;
                 ids.push(trace.traceback);
-                next
-            });
-            (trace.size, index)
-        })
-        .collect();
-    Collected {
-        traces,
-        addresses,
-        stacks: resolve_stacks(py, &ids, functions),
+                *slot.insert(next)
+            }
+        };
+        out.traces.push((trace.size, index));
     }
+    drop(live);
+    out.stacks = resolve_stacks(py, &ids, functions)?;
+    Ok(out)
 }
 
 /// A snapshot of every live trace, resolved and interned for analysis; with `objects`, also
@@ -702,64 +763,64 @@ pub fn take_snapshot(py: Python<'_>, objects: bool) -> Result<Snapshot> {
             "the tracemalloc module must be tracing memory allocations to take a snapshot".into(),
         ));
     }
+    sweep_dead_code(py);
     let graph = if objects {
         Some(crate::heap::walk::walk(py, &[], traced_size)?)
     } else {
         None
     };
-    let collected = collect(py, true, objects);
+    let collected = collect(py, true, objects)?;
     let kinds = graph.map(|graph| crate::heap::kinds::kinds_of(&graph, &collected.addresses));
     let limit = traceback_limit() as u32;
-    let snapshot = with_resolver(|resolver| {
+    let snapshot = with_resolver(|resolver| -> Result<Snapshot> {
         let mut builder = SnapshotBuilder::new(limit);
         builder.sample_interval(sampler::interval());
         let mut filename_ids: HashMap<u32, u32> = HashMap::new();
         // Resolver function index -> builder function id (u32::MAX: not interned yet).
         let mut function_ids: Vec<u32> = Vec::new();
-        let tracebacks: Vec<_> = collected
-            .stacks
-            .iter()
-            .map(|((frames, total), functions)| {
-                let ids: Vec<FrameId> = frames
-                    .iter()
-                    .map(|&(filename, lineno)| {
-                        let id = *filename_ids.entry(filename).or_insert_with(|| {
-                            builder.filename(&resolver.filename(filename).bytes)
-                        });
-                        builder.frame(id, lineno)
-                    })
-                    .collect();
-                let traceback = builder.traceback(&ids, Some(u32::from(*total)));
-                let known: Vec<_> = functions
-                    .iter()
-                    .map(|&f| {
-                        let f = f?;
-                        if function_ids.len() <= f as usize {
-                            function_ids.resize(f as usize + 1, u32::MAX);
-                        }
-                        if function_ids[f as usize] == u32::MAX {
-                            let function = resolver.function(f);
-                            function_ids[f as usize] =
-                                builder.function(&function.name, function.first_lineno);
-                        }
-                        Some(function_ids[f as usize])
-                    })
-                    .collect();
-                if known.iter().any(Option::is_some) {
-                    builder.traceback_functions(traceback, &known);
-                }
-                traceback
-            })
-            .collect();
-        builder.reserve_traces(collected.traces.len());
+        let mut tracebacks = Vec::new();
+        tracebacks.try_reserve_exact(collected.stacks.len())?;
+        let mut ids: Vec<FrameId> = Vec::new();
+        let mut known = Vec::new();
+        for ((frames, total), functions) in &collected.stacks {
+            ids.clear();
+            ids.try_reserve(frames.len())?;
+            for &(filename, lineno) in frames {
+                let id = *filename_ids
+                    .entry(filename)
+                    .or_insert_with(|| builder.filename(&resolver.filename(filename).bytes));
+                ids.push(builder.frame(id, lineno));
+            }
+            let traceback = builder.try_traceback(&ids, Some(u32::from(*total)))?;
+            known.clear();
+            known.try_reserve(functions.len())?;
+            for &f in functions {
+                known.push(f.map(|f| {
+                    if function_ids.len() <= f as usize {
+                        function_ids.resize(f as usize + 1, u32::MAX);
+                    }
+                    if function_ids[f as usize] == u32::MAX {
+                        let function = resolver.function(f);
+                        function_ids[f as usize] =
+                            builder.function(&function.name, function.first_lineno);
+                    }
+                    function_ids[f as usize]
+                }));
+            }
+            if known.iter().any(Option::is_some) {
+                builder.try_traceback_functions(traceback, &known)?;
+            }
+            tracebacks.push(traceback);
+        }
+        builder.try_reserve_traces(collected.traces.len())?;
         for &(size, stack) in &collected.traces {
             builder.trace(DEFAULT_DOMAIN, size as u64, tracebacks[stack as usize]);
         }
         builder.metadata(metadata(py));
         builder.kinds(kinds);
-        builder.finish()
+        Ok(builder.finish())
     });
-    Ok(snapshot.unwrap_or_default())
+    snapshot.transpose().map(Option::unwrap_or_default)
 }
 
 fn metadata(py: Python<'_>) -> Metadata {
@@ -808,7 +869,8 @@ pub fn raw_traces(py: Python<'_>) -> PyResult<RawTraces<'_>> {
             frames: Vec::new(),
         });
     }
-    let collected = collect(py, false, false);
+    sweep_dead_code(py);
+    let collected = collect(py, false, false)?;
     let frames = with_resolver(|resolver| {
         collected
             .stacks
@@ -837,7 +899,7 @@ pub fn object_traceback<'py>(
     let Some(trace) = table().get(address) else {
         return Ok(None);
     };
-    let stacks = resolve_stacks(py, &[trace.traceback], false);
+    let stacks = resolve_stacks(py, &[trace.traceback], false)?;
     let Some(((frames, _), _)) = stacks.first() else {
         return Ok(None);
     };
@@ -916,7 +978,7 @@ pub unsafe fn object_sites(py: Python<'_>, addrs: &[usize]) -> (Vec<Option<u32>>
             }))
         })
         .collect();
-    let stacks = resolve_stacks(py, &ids, false);
+    let stacks = resolve_stacks(py, &ids, false).unwrap_or_default();
     let mut sites: Vec<Site> = Vec::new();
     let mut site_ids: HashMap<(u32, u32), u32> = HashMap::new();
     let stack_site: Vec<Option<u32>> = with_resolver(|resolver| {

@@ -302,6 +302,64 @@ impl SnapshotBuilder {
         }
     }
 
+    /// As [`SnapshotBuilder::traceback`], but a failure to get memory is an error rather than
+    /// an abort: a deep program's tracebacks can be most of a snapshot (the live tracer's
+    /// `take_snapshot()` raises `MemoryError` then, as `tracemalloc` does).
+    pub fn try_traceback(
+        &mut self,
+        frames: &[FrameId],
+        total_nframe: Option<u32>,
+    ) -> Result<TracebackId, std::collections::TryReserveError> {
+        let mut owned = Vec::new();
+        owned.try_reserve_exact(frames.len())?;
+        owned.extend_from_slice(frames);
+        let traceback = Traceback {
+            frames: owned.into_boxed_slice(),
+            total_nframe,
+        };
+        if let Some(&id) = self.traceback_ids.get(&traceback) {
+            return Ok(id);
+        }
+        self.snapshot.tracebacks.try_reserve(1)?;
+        self.traceback_ids.try_reserve(1)?;
+        let id = self.snapshot.tracebacks.len() as TracebackId;
+        // The table keeps its own copy of the frames.
+        let mut key = Vec::new();
+        key.try_reserve_exact(frames.len())?;
+        key.extend_from_slice(frames);
+        self.traceback_ids.insert(
+            Traceback {
+                frames: key.into_boxed_slice(),
+                total_nframe,
+            },
+            id,
+        );
+        self.snapshot.tracebacks.push(traceback);
+        Ok(id)
+    }
+
+    /// As [`SnapshotBuilder::traceback_functions`], fallibly.
+    pub fn try_traceback_functions(
+        &mut self,
+        traceback: TracebackId,
+        functions: &[Option<FunctionId>],
+    ) -> Result<(), std::collections::TryReserveError> {
+        let all = &mut self.snapshot.traceback_functions;
+        if all.len() <= traceback as usize {
+            all.try_reserve(traceback as usize + 1 - all.len())?;
+        }
+        if all
+            .get(traceback as usize)
+            .is_none_or(|known| known.is_empty())
+        {
+            let mut owned = Vec::new();
+            owned.try_reserve_exact(functions.len())?;
+            owned.extend_from_slice(functions);
+            self.traceback_functions(traceback, &owned);
+        }
+        Ok(())
+    }
+
     pub fn traceback(&mut self, frames: &[FrameId], total_nframe: Option<u32>) -> TracebackId {
         let traceback = Traceback {
             frames: frames.into(),
@@ -323,6 +381,14 @@ impl SnapshotBuilder {
 
     pub fn reserve_traces(&mut self, additional: usize) {
         self.snapshot.traces.reserve(additional);
+    }
+
+    /// As [`SnapshotBuilder::reserve_traces`], fallibly (domains are runs: nothing to reserve).
+    pub fn try_reserve_traces(
+        &mut self,
+        additional: usize,
+    ) -> Result<(), std::collections::TryReserveError> {
+        self.snapshot.traces.try_reserve_exact(additional)
     }
 
     /// Sets the retention reports (`None`: not captured).

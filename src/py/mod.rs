@@ -1,7 +1,7 @@
 //! The pyo3 layer of `alloctrace._native`: argument conversion, exception mapping and class
 //! wrappers. Logic lives in the plain-Rust modules; what is here only translates.
 
-use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::error::Error;
@@ -28,6 +28,7 @@ impl From<Error> for PyErr {
             Error::InvalidArgument(_) => PyValueError::new_err(msg),
             Error::WrongType(_) => PyTypeError::new_err(msg),
             Error::State(_) => PyRuntimeError::new_err(msg),
+            Error::OutOfMemory => PyMemoryError::new_err(()),
             Error::Format { .. } => SnapshotFormatError::new_err(msg),
             Error::Io { path, source, .. } => match source.raw_os_error() {
                 Some(errno) => PyOSError::new_err((errno, msg, path.display().to_string())),

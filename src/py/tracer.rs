@@ -149,8 +149,11 @@ fn set_traceback_limit(nframe: FrameCount) -> PyResult<()> {
     Ok(tracer::set_traceback_limit(nframe)?)
 }
 
+/// Code objects that died since the last reading are released first, so that their memory
+/// is not counted (see `crate::intern`).
 #[pyfunction]
-fn get_traced_memory() -> (usize, usize) {
+fn get_traced_memory(py: Python<'_>) -> (usize, usize) {
+    tracer::sweep_dead_code(py);
     tracer::traced_memory()
 }
 
