@@ -6,6 +6,7 @@
 //! - [`sampler`]: the per-thread byte countdown of sampled mode.
 //! - [`table`]: the live-trace table, keyed by block address, and the memory counters.
 //! - [`intern`]: traceback interning and the lazy (code, offset) → line resolution.
+//! - [`tracked`]: blocks extensions report with `PyTraceMalloc_Track`, in their domains.
 //! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
 //! - [`heap`]: the live object graph behind object kinds and retention paths.
 //! - [`analysis`]: snapshots, grouping, diffing, filters and the file format (plain Rust).
@@ -21,3 +22,4 @@ pub mod py;
 pub mod sampler;
 pub mod table;
 pub mod tracer;
+pub mod tracked;

@@ -203,9 +203,9 @@ fn get_traces(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     let items = raw
         .traces
         .iter()
-        .map(|&(size, stack)| {
+        .map(|&(domain, size, stack)| {
             let (frames, total) = &raw.frames[stack as usize];
-            (tracer::DEFAULT_DOMAIN, size, frames, *total).into_pyobject(py)
+            (domain, size, frames, *total).into_pyobject(py)
         })
         .collect::<PyResult<Vec<_>>>()?;
     PyList::new(py, items)
