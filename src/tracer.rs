@@ -37,6 +37,7 @@ use crate::capture::{self, Current, Interpreter, RawFrame, MAX_NFRAME};
 use crate::error::{Error, Result};
 use crate::hooks;
 use crate::intern::{Interner, Resolver, UNKNOWN_TRACEBACK};
+use crate::process_memory::ProcessMemory;
 use crate::sampler;
 use crate::table::{Trace, TraceTable, TracebackId};
 use crate::tracked;
@@ -813,6 +814,8 @@ fn metadata(py: Python<'_>) -> Metadata {
             .map(|d| d.as_secs_f64()),
         pid: Some(std::process::id()),
         argv,
+        // Read last, after the traces were collected: as close to them as possible.
+        process_memory: ProcessMemory::current().ok(),
     }
 }
 
