@@ -136,3 +136,32 @@ def test_older_readers_skip_the_section_and_newer_fields_are_skipped(dumped, tmp
 def test_hostile_process_memory_sections(dumped, tmp_path, payload, message):
     with pytest.raises(SnapshotFormatError, match=message):
         load(tmp_path, with_payload(dumped, payload))
+
+
+def test_cli_sets_traced_against_rss(live_snapshot, tmp_path):
+    import json
+
+    from subproc import run_python
+
+    path = tmp_path / "s.atrace"
+    live_snapshot.dump(path)
+    pm = live_snapshot.process_memory
+    text = run_python(["-m", "alloctrace", "stats", str(path)])
+    assert text.returncode == 0, text.stderr
+    line = text.stdout.splitlines()[1]
+    assert line.startswith("traced ") and " of RSS " in line, text.stdout
+    assert "anonymous" in line and "file-backed" in line and "peak RSS" in line
+    args = ["-m", "alloctrace", "stats", "--json", "--include", "nothing*", str(path)]
+    filtered = run_python(args)
+    assert filtered.returncode == 0, filtered.stderr
+    figures = json.loads(filtered.stdout)["snapshot"]["process_memory"]
+    assert {k: figures[k] for k in pm._fields} == pm._asdict()
+    # The whole snapshot's traced total, not the filtered one (the RSS is the whole process's).
+    assert figures["traced"] == sum(t.size for t in live_snapshot.traces) > 0
+    # Without figures: no line, and null in JSON.
+    old = tmp_path / "tm.pickle"
+    tracemalloc.Snapshot([(0, 1, (("a.py", 1),), 1)], 1).dump(old)
+    text = run_python(["-m", "alloctrace", "stats", "--allow-pickle", str(old)])
+    assert "of RSS" not in text.stdout, text.stdout
+    doc = run_python(["-m", "alloctrace", "stats", "--json", "--allow-pickle", str(old)])
+    assert json.loads(doc.stdout)["snapshot"]["process_memory"] is None

@@ -36,8 +36,17 @@ def _statistics(snapshot, args: argparse.Namespace):
     return snapshot, stats, total_size, total_count
 
 
+def _traced(snapshot) -> int:
+    """The snapshot's whole traced total, when it is to be set against the RSS (computed
+    only then: it costs a grouping)."""
+    if getattr(snapshot, "process_memory", None) is None:
+        return 0
+    return common.totals(snapshot)[0]
+
+
 def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[str]:
     """The text of ``alloctrace stats`` for an already loaded snapshot."""
+    memory = _report.process_memory_note(_traced(snapshot), snapshot)
     snapshot, stats, total_size, total_count = _statistics(snapshot, args)
     limit = common.limit(args)
     shown = stats if limit is None else stats[:limit]
@@ -60,6 +69,8 @@ def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[
     if note is not None:
         # A line of its own under the title, so a narrow terminal cannot cut it off.
         lines.insert(1, f"({note})")
+    if memory is not None:
+        lines.insert(1, memory)
     return lines
 
 
@@ -69,6 +80,7 @@ def execute(args: argparse.Namespace) -> int:
     common.check_objects(args.file, snapshot, args)
     if args.json:
         _, described = common.filters(args)
+        memory = _report.process_memory_json(_traced(snapshot), snapshot)
         snapshot, stats, total_size, total_count = _statistics(snapshot, args)
         document = _report.stats_json(
             stats,
@@ -81,6 +93,8 @@ def execute(args: argparse.Namespace) -> int:
             total_size=total_size,
             total_count=total_count,
         )
+        # Null for snapshots that did not record it (loaded pickles, older files).
+        document["snapshot"]["process_memory"] = memory
         common.write_json(document)
         return 0
     common.write_lines(render_stats(args.file, snapshot, args, sys.stdout))
