@@ -106,3 +106,22 @@ def test_why_leak_diff_then_why(tmp_path):
     assert f"× {holder[0]} ({EXAMPLES / 'why_leak.py'}:{holder[1]})" in why.stdout
     assert "  __main__._sessions → dict['client-" in why.stdout
     assert "Session.__dict__['history'] → list[" in why.stdout
+
+
+def test_rss_vs_traced(tmp_path):
+    import re
+
+    result = run([str(EXAMPLES / "rss_vs_traced.py")], tmp_path)
+    rows = {}
+    for line in result.stdout.splitlines()[:5]:
+        step = line.split()[0]
+        figures = re.findall(r"(?:traced|RSS|anonymous|tracer)\s+([\d.]+)", line)
+        rows[step] = [float(f) for f in figures]
+    traced, rss, anon = 0, 1, 2
+    # Freeing 9 in 10 small objects gives the traced memory back, not the resident memory.
+    assert rows["2b."][traced] < rows["2a."][traced] / 5
+    assert rows["2b."][rss] > rows["2a."][rss] * 0.8
+    # An anonymous mapping is resident and anonymous, but untraced.
+    assert rows["3."][anon] - rows["2b."][anon] >= 60
+    assert abs(rows["3."][traced] - rows["2b."][traced]) < 1
+    assert result.stdout.splitlines()[-1].startswith("snapshot: traced ")
