@@ -148,9 +148,9 @@ def test_cli_sets_traced_against_rss(live_snapshot, tmp_path):
     pm = live_snapshot.process_memory
     text = run_python(["-m", "alloctrace", "stats", str(path)])
     assert text.returncode == 0, text.stderr
-    line = text.stdout.splitlines()[1]
-    assert line.startswith("traced ") and " of RSS " in line, text.stdout
-    assert "anonymous" in line and "file-backed" in line and "peak RSS" in line
+    title = text.stdout.splitlines()[0]
+    assert f" in {path} (" in title and "; traced " in title, text.stdout
+    assert title.endswith(f" of RSS {alloctrace._report.format_size(pm.rss)})"), title
     args = ["-m", "alloctrace", "stats", "--json", "--include", "nothing*", str(path)]
     filtered = run_python(args)
     assert filtered.returncode == 0, filtered.stderr

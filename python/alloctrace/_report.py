@@ -72,17 +72,13 @@ def sampling_note(snapshot) -> str | None:
 
 
 def process_memory_note(traced: int, snapshot) -> str | None:
-    """ "traced X of RSS Y" and the kernel's split of the RSS, for a snapshot that recorded
-    the process's memory; ``None`` otherwise. *traced* is the snapshot's whole traced total
-    (before any filter: the RSS is the whole process's)."""
+    """'traced X of RSS Y' for a snapshot that recorded the process's memory; ``None``
+    otherwise. *traced* is the snapshot's whole traced total (before any filter: the RSS is
+    the whole process's). The kernel's split of the RSS is in ``--json``."""
     pm = getattr(snapshot, "process_memory", None)
     if pm is None:
         return None
-    return (
-        f"traced {format_size(traced)} of RSS {format_size(pm.rss)}: anonymous "
-        f"{format_size(pm.anon)}, file-backed {format_size(pm.file)}, shared "
-        f"{format_size(pm.shmem)}; peak RSS {format_size(pm.peak_rss)}"
-    )
+    return f"traced {format_size(traced)} of RSS {format_size(pm.rss)}"
 
 
 def process_memory_json(traced: int, snapshot) -> dict[str, int] | None:

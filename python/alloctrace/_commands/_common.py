@@ -194,7 +194,8 @@ def limit(args: argparse.Namespace) -> int | None:
     return None if args.limit == 0 else args.limit
 
 
-def header(path: str, snapshot) -> str:
+def header(path: str, snapshot, memory: str | None = None) -> str:
+    """``PATH (traceback_limit=N, pid P, Python X.Y.Z, date[; memory])``."""
     metadata = getattr(snapshot, "metadata", None) or {}
     parts = [f"traceback_limit={snapshot.traceback_limit}"]
     if metadata.get("pid") is not None:
@@ -207,7 +208,8 @@ def header(path: str, snapshot) -> str:
     if metadata.get("timestamp"):
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(metadata["timestamp"]))
         parts.append(stamp)
-    return f"{path} ({', '.join(parts)})"
+    tail = "" if memory is None else f"; {memory}"
+    return f"{path} ({', '.join(parts)}{tail})"
 
 
 def write_lines(lines: Sequence[str]) -> None:

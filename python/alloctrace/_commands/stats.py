@@ -55,7 +55,7 @@ def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[
     names = _report.KEY_SINGULAR if shown_count == 1 else _report.KEY_TITLES
     what = names[args.key] + (" (cumulative)" if args.cumulative else "")
     count = "All" if limit is None else f"Top {shown_count}"
-    title = f"{count} {what} in {common.header(path, snapshot)}"
+    title = f"{count} {what} in {common.header(path, snapshot, memory)}"
     lines = renderer.stats(
         stats,
         key_type=args.key,
@@ -69,8 +69,6 @@ def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[
     if note is not None:
         # A line of its own under the title, so a narrow terminal cannot cut it off.
         lines.insert(1, f"({note})")
-    if memory is not None:
-        lines.insert(1, memory)
     return lines
 
 
