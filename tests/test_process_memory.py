@@ -10,7 +10,7 @@ import zlib
 import pytest
 
 import alloctrace
-from alloctrace import ProcessMemory, Snapshot, SnapshotFormatError
+from alloctrace import ProcessMemory, Snapshot, SnapshotFormatError, _report
 
 TAG = 13
 
@@ -150,7 +150,7 @@ def test_cli_sets_traced_against_rss(live_snapshot, tmp_path):
     assert text.returncode == 0, text.stderr
     title = text.stdout.splitlines()[0]
     assert f" in {path} (" in title and "; traced " in title, text.stdout
-    assert title.endswith(f" of RSS {alloctrace._report.format_size(pm.rss)})"), title
+    assert title.endswith(f" of RSS {_report.format_size(pm.rss)})"), title
     args = ["-m", "alloctrace", "stats", "--json", "--include", "nothing*", str(path)]
     filtered = run_python(args)
     assert filtered.returncode == 0, filtered.stderr
