@@ -7,6 +7,8 @@
 //! - [`freelist`]: re-attributing objects CPython reuses from its free lists.
 //! - [`table`]: the live-trace table, keyed by block address, and the memory counters.
 //! - [`intern`]: traceback interning and the lazy (code, offset) → line resolution.
+//! - [`tracked`]: blocks extensions report with `PyTraceMalloc_Track`, in their domains.
+//! - [`process_memory`]: the process's RSS as the kernel splits it, beside the traced total.
 //! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
 //! - [`heap`]: the live object graph behind object kinds and retention paths.
 //! - [`analysis`]: snapshots, grouping, diffing, filters and the file format (plain Rust).
@@ -19,7 +21,9 @@ pub mod freelist;
 pub mod heap;
 pub mod hooks;
 pub mod intern;
+pub mod process_memory;
 pub mod py;
 pub mod sampler;
 pub mod table;
 pub mod tracer;
+pub mod tracked;

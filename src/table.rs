@@ -339,6 +339,18 @@ impl TraceTable {
         true
     }
 
+    /// Charges the totals for a block kept outside the map (an extension's block in another
+    /// domain, see `crate::tracked`): `removed` leaves them, `added` joins them. The one place
+    /// where traces outside the map meet the table's accounting.
+    pub fn account(&self, removed: Option<Trace>, added: Option<Trace>) {
+        if let Some(trace) = removed {
+            self.sub(self.charge(trace.size));
+        }
+        if let Some(trace) = added {
+            self.add(self.charge(trace.size));
+        }
+    }
+
     pub fn get(&self, address: usize) -> Option<Trace> {
         let hash = self.hash(address as u64);
         let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];

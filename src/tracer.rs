@@ -37,8 +37,10 @@ use crate::capture::{self, Current, Interpreter, RawFrame, MAX_NFRAME};
 use crate::error::{Error, Result};
 use crate::hooks;
 use crate::intern::{Interner, Resolver, UNKNOWN_TRACEBACK};
+use crate::process_memory::ProcessMemory;
 use crate::sampler;
 use crate::table::{Trace, TraceTable, TracebackId};
+use crate::tracked;
 
 /// All PEP 445 allocations land in tracemalloc's default domain 0.
 pub const DEFAULT_DOMAIN: u32 = 0;
@@ -141,7 +143,7 @@ impl Drop for ReentrancyGuard {
 }
 
 #[inline(always)]
-fn table() -> &'static TraceTable {
+pub(crate) fn table() -> &'static TraceTable {
     TABLE.get_or_init(TraceTable::new)
 }
 
@@ -154,6 +156,7 @@ fn table() -> &'static TraceTable {
 #[inline(always)]
 unsafe fn current_traceback(
     gil_held: bool,
+    domain: u32,
 ) -> std::result::Result<Option<TracebackId>, OutOfMemory> {
     let unknown = || Ok(KEEP_UNKNOWN.load(Relaxed).then_some(UNKNOWN_TRACEBACK));
     let tstate = Current::gil_thread_state(gil_held);
@@ -177,11 +180,17 @@ unsafe fn current_traceback(
     let filters = FILTERS.get();
     Ok(match &filters.set {
         None => Some(id),
+        // Verdicts are cached for domain 0 only: other domains come from tracked blocks,
+        // which are few (see crate::tracked).
+        Some(set) if domain != DEFAULT_DOMAIN => judge(set, &live.scratch[..n], domain)
+            .ok_or(OutOfMemory)?
+            .then_some(id),
         Some(set) => {
             let keep = match live.interner.verdict(id, filters.generation) {
                 Some(keep) => keep,
                 None => {
-                    let keep = judge(set, &live.scratch[..n]).ok_or(OutOfMemory)?;
+                    let keep =
+                        judge(set, &live.scratch[..n], DEFAULT_DOMAIN).ok_or(OutOfMemory)?;
                     live.interner.set_verdict(id, filters.generation, keep);
                     keep
                 }
@@ -197,7 +206,7 @@ unsafe fn current_traceback(
 /// # Safety
 /// As [`capture::locate`].
 #[cold]
-unsafe fn judge(set: &FilterSet, frames: &[RawFrame]) -> Option<bool> {
+unsafe fn judge(set: &FilterSet, frames: &[RawFrame], domain: u32) -> Option<bool> {
     let mut located: Vec<(Vec<u8>, u32)> = Vec::new();
     located.try_reserve_exact(frames.len()).ok()?;
     for &frame in frames {
@@ -206,7 +215,7 @@ unsafe fn judge(set: &FilterSet, frames: &[RawFrame]) -> Option<bool> {
     let mut refs: Vec<(&[u8], u32)> = Vec::new();
     refs.try_reserve_exact(located.len()).ok()?;
     refs.extend(located.iter().map(|(f, l)| (f.as_slice(), *l)));
-    Some(set.keep(DEFAULT_DOMAIN, &refs))
+    Some(set.keep(domain, &refs))
 }
 
 /// Replaces the trace-time filters. They apply to allocations made from now on; traces
@@ -239,7 +248,7 @@ fn record(address: usize, trace: Trace) {
 /// Called from a hook, inside a [`ReentrancyGuard`].
 #[inline(always)]
 unsafe fn record_current(address: usize, size: usize, gil_held: bool) {
-    match current_traceback(gil_held) {
+    match current_traceback(gil_held, DEFAULT_DOMAIN) {
         Ok(Some(traceback)) => record(address, Trace { size, traceback }),
         Ok(None) => {}
         Err(OutOfMemory) => {
@@ -364,6 +373,51 @@ pub unsafe fn on_realloc_end(
     }
 }
 
+/// The traceback to record for a block an extension reports with `PyTraceMalloc_Track`
+/// (see [`crate::tracked`]): `Ok(None)` when it is not to be recorded (recording disabled,
+/// not sampled, rejected by the trace-time filters), `Err` when out of memory.
+///
+/// # Safety
+/// The calling thread holds the GIL.
+pub(crate) unsafe fn tracked_traceback(
+    domain: u32,
+    size: usize,
+) -> std::result::Result<Option<TracebackId>, ()> {
+    if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) {
+        return Ok(None);
+    }
+    let scope = sampler::Scope::enter();
+    if !scope.keep(size) {
+        return Ok(None);
+    }
+    let Some(_guard) = ReentrancyGuard::enter() else {
+        return Ok(None);
+    };
+    current_traceback(true, domain).map_err(|OutOfMemory| {
+        DROPPED.fetch_add(1, Relaxed);
+    })
+}
+
+/// Records a block an extension tracks in domain 0 (replacing the hook's trace of it, if
+/// any); `false` if out of memory.
+pub(crate) fn record_tracked(address: usize, trace: Trace) -> bool {
+    let Some(_guard) = ReentrancyGuard::enter() else {
+        return true;
+    };
+    let stored = table().insert(address, trace);
+    if !stored {
+        DROPPED.fetch_add(1, Relaxed);
+    }
+    stored
+}
+
+/// Forgets a block an extension untracks in domain 0.
+pub(crate) fn forget_tracked(address: usize) {
+    if let Some(_guard) = ReentrancyGuard::enter() {
+        table().remove(address);
+    }
+}
+
 fn check_nframe(nframe: i64) -> Result<usize> {
     if nframe < 1 || nframe > MAX_NFRAME as i64 {
         return Err(Error::InvalidArgument(format!(
@@ -443,7 +497,7 @@ pub fn start(py: Python<'_>, nframe: i64, sampling: Sampling) -> Result<()> {
         ));
     }
     register_fork_handlers();
-    table().clear();
+    tracked::clear_with(table(), TraceTable::clear);
     let interval = interval.unwrap_or(0);
     table().set_sampling(interval);
     sampler::configure(interval, sampling.seed);
@@ -466,6 +520,7 @@ pub fn start(py: Python<'_>, nframe: i64, sampling: Sampling) -> Result<()> {
         hooks::install();
         crate::freelist::install();
     }
+    tracked::enable();
     Ok(())
 }
 
@@ -481,7 +536,8 @@ pub fn stop(py: Python<'_>) {
         crate::freelist::uninstall();
         hooks::uninstall();
     }
-    table().clear();
+    tracked::disable();
+    tracked::clear_with(table(), TraceTable::clear);
     // SAFETY: the GIL is held; hooks on this thread are off (TRACING is false) and no borrow
     // of the cells is live here.
     let (live, resolver) = unsafe { (LIVE.get().take(), RESOLVER.get().take()) };
@@ -505,7 +561,7 @@ pub fn clear_traces(py: Python<'_>) {
     let (live, resolver) = unsafe {
         let live = LIVE.get().replace(fresh_live);
         let resolver = RESOLVER.get().replace(fresh_resolver);
-        table().clear();
+        tracked::clear_with(table(), TraceTable::clear);
         DROPPED.store(0, Relaxed);
         (live, resolver)
     };
@@ -711,17 +767,37 @@ fn with_resolver<R>(f: impl FnOnce(&Resolver) -> R) -> Option<R> {
 
 /// The live traces and the distinct tracebacks they use, with ids densely renumbered.
 struct Collected {
-    /// `(size, index into stacks)` per live block.
+    /// `(size, index into stacks)` per live block: domain 0's, then the other domains'.
     traces: Vec<(usize, u32)>,
+    /// The domain of each trace after domain 0's (blocks tracked by extensions), in order:
+    /// `traces[traces.len() - tracked_domains.len()..]` are theirs.
+    tracked_domains: Vec<u32>,
     /// Each live block's address, in the order of `traces` (only when asked for).
     addresses: Vec<usize>,
     stacks: Vec<(ResolvedStack, ResolvedFunctions)>,
 }
 
+impl Collected {
+    /// The domain of trace `i`.
+    fn domain(&self, i: usize) -> u32 {
+        let first_tracked = self.traces.len() - self.tracked_domains.len();
+        match i.checked_sub(first_tracked) {
+            Some(k) => self.tracked_domains[k],
+            None => DEFAULT_DOMAIN,
+        }
+    }
+}
+
 fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected> {
-    let live = table().collect().ok_or(Error::OutOfMemory)?;
+    let mut live = table().collect().ok_or(Error::OutOfMemory)?;
+    // Tracked-domain traces go last: `Collected::domain` finds their domains by position.
+    let tracked = tracked::collect();
+    let tracked_domains = tracked.iter().map(|&(domain, _, _)| domain).collect();
+    live.try_reserve_exact(tracked.len())?;
+    live.extend(tracked.into_iter().map(|(_, address, trace)| (address, trace)));
     let mut out = Collected {
         traces: Vec::new(),
+        tracked_domains,
         addresses: Vec::new(),
         stacks: Vec::new(),
     };
@@ -813,8 +889,8 @@ pub fn take_snapshot(py: Python<'_>, objects: bool) -> Result<Snapshot> {
             tracebacks.push(traceback);
         }
         builder.try_reserve_traces(collected.traces.len())?;
-        for &(size, stack) in &collected.traces {
-            builder.trace(DEFAULT_DOMAIN, size as u64, tracebacks[stack as usize]);
+        for (i, &(size, stack)) in collected.traces.iter().enumerate() {
+            builder.trace(collected.domain(i), size as u64, tracebacks[stack as usize]);
         }
         builder.metadata(metadata(py));
         builder.kinds(kinds);
@@ -838,12 +914,15 @@ fn metadata(py: Python<'_>) -> Metadata {
             .map(|d| d.as_secs_f64()),
         pid: Some(std::process::id()),
         argv,
+        // Read last, after the traces were collected: as close to them as possible.
+        process_memory: ProcessMemory::current().ok(),
     }
 }
 
 /// Python-facing raw traces, as `_tracemalloc._get_traces()` returns them.
 pub struct RawTraces<'py> {
-    pub traces: Vec<(usize, u32)>,
+    /// `(domain, size, index into frames)` per trace.
+    pub traces: Vec<(u32, usize, u32)>,
     /// Frames tuple per distinct traceback, shared by every trace that uses it.
     pub frames: Vec<(Bound<'py, pyo3::types::PyTuple>, u16)>,
 }
@@ -881,7 +960,12 @@ pub fn raw_traces(py: Python<'_>) -> PyResult<RawTraces<'_>> {
     .transpose()?
     .unwrap_or_default();
     Ok(RawTraces {
-        traces: collected.traces,
+        traces: (0..collected.traces.len())
+            .map(|i| {
+                let (size, stack) = collected.traces[i];
+                (collected.domain(i), size, stack)
+            })
+            .collect(),
         frames,
     })
 }

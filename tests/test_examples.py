@@ -132,3 +132,22 @@ def test_catalog_exports(tmp_path):
     assert (tmp_path / "heap.pb.gz").read_bytes()[:2] == b"\x1f\x8b"
     # The function's qualified name from 3.11 (co_qualname), its plain name before.
     assert "add_to_index (" in (tmp_path / "heap.svg").read_text()
+
+
+def test_rss_vs_traced(tmp_path):
+    import re
+
+    result = run([str(EXAMPLES / "rss_vs_traced.py")], tmp_path)
+    rows = {}
+    for line in result.stdout.splitlines()[:5]:
+        step = line.split()[0]
+        figures = re.findall(r"(?:traced|RSS|anonymous|tracer)\s+([\d.]+)", line)
+        rows[step] = [float(f) for f in figures]
+    traced, rss, anon = 0, 1, 2
+    # Freeing 9 in 10 small objects gives the traced memory back, not the resident memory.
+    assert rows["2b."][traced] < rows["2a."][traced] / 5
+    assert rows["2b."][rss] > rows["2a."][rss] * 0.8
+    # An anonymous mapping is resident and anonymous, but untraced.
+    assert rows["3."][anon] - rows["2b."][anon] >= 60
+    assert abs(rows["3."][traced] - rows["2b."][traced]) < 1
+    assert result.stdout.splitlines()[-1].startswith("snapshot: traced ")

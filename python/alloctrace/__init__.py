@@ -38,6 +38,7 @@ from alloctrace._native import (
 )
 from alloctrace._native import get_object_traceback as _get_object_traceback
 from alloctrace._native import get_traces as _get_traces
+from alloctrace._process import ProcessMemory, get_process_memory
 from alloctrace._retention import (
     Edge,
     ReferrerPath,
@@ -66,6 +67,7 @@ __all__ = [
     "Edge",
     "Filter",
     "Frame",
+    "ProcessMemory",
     "ReferrerPath",
     "Retention",
     "SiteRetention",
@@ -82,6 +84,7 @@ __all__ = [
     "enable",
     "get_filters",
     "get_object_traceback",
+    "get_process_memory",
     "get_sample_interval",
     "get_traceback_limit",
     "get_traced_memory",

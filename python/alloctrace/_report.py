@@ -71,6 +71,24 @@ def sampling_note(snapshot) -> str | None:
     return f"sampled, interval {format_interval(interval)}: sizes and counts are estimates"
 
 
+def process_memory_note(traced: int, snapshot) -> str | None:
+    """'traced X of RSS Y' for a snapshot that recorded the process's memory; ``None``
+    otherwise. *traced* is the snapshot's whole traced total (before any filter: the RSS is
+    the whole process's). The kernel's split of the RSS is in ``--json``."""
+    pm = getattr(snapshot, "process_memory", None)
+    if pm is None:
+        return None
+    return f"traced {format_size(traced)} of RSS {format_size(pm.rss)}"
+
+
+def process_memory_json(traced: int, snapshot) -> dict[str, int] | None:
+    """The figures of :func:`process_memory_note`, for ``--json`` (bytes)."""
+    pm = getattr(snapshot, "process_memory", None)
+    if pm is None:
+        return None
+    return {"traced": traced, **pm._asdict()}
+
+
 def format_count(count: int, signed: bool = False) -> str:
     """A block count with thousands separators; *signed* adds ``+`` to gains."""
     return f"{count:+,}" if signed else f"{count:,}"

@@ -19,6 +19,7 @@ import stat
 from collections.abc import Iterable, Sequence
 from functools import total_ordering
 
+from alloctrace import _process
 from alloctrace._native import SnapshotData, SnapshotFormatError, fnmatch_filename
 
 __all__ = [
@@ -539,6 +540,13 @@ class Snapshot:
         """The sampling interval in bytes if the snapshot is sampled (its statistics are
         estimates), ``None`` if every block was traced."""
         return self._data.sample_interval
+
+    @property
+    def process_memory(self):
+        """The process's resident memory when the snapshot was taken, a
+        :class:`ProcessMemory`; ``None`` for snapshots that did not record it (hand-built ones,
+        tracemalloc pickles, files from older versions)."""
+        return _process._from_native(self._data.process_memory)
 
     @property
     def has_objects(self):

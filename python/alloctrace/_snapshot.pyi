@@ -6,6 +6,7 @@ from typing import Any, Optional, Union, overload
 
 from alloctrace._native import SnapshotData
 from alloctrace._native import SnapshotFormatError as SnapshotFormatError
+from alloctrace._process import ProcessMemory
 
 _RawFrame = tuple[str, int]
 _RawTrace = Union[
@@ -137,6 +138,8 @@ class Snapshot:
     def traceback_limit(self) -> int: ...
     @property
     def sample_interval(self) -> Optional[int]: ...
+    @property
+    def process_memory(self) -> Optional[ProcessMemory]: ...
     @property
     def has_objects(self) -> bool: ...
     @property

@@ -518,6 +518,7 @@ mod tests {
             timestamp: Some(2.0),
             pid: Some(9),
             argv: Vec::new(),
+            ..Default::default()
         });
         b.finish()
     }

@@ -62,6 +62,7 @@ use crate::analysis::snapshot::{
     Traceback,
 };
 use crate::error::{Error, Result};
+use crate::process_memory::ProcessMemory;
 
 pub const MAGIC: &[u8; 8] = b"ALCTRSNP";
 /// The version this build writes and the newest it reads.
@@ -81,6 +82,11 @@ const TAG_SAMPLING: u32 = 9;
 const TAG_KINDS: u32 = 10;
 /// Retention reports (optional; see [`decode_retention`]).
 const TAG_RETENTION: u32 = 11;
+/// The process's resident memory at capture time (optional; see [`decode_process_memory`]).
+/// Tag 12 is reserved for the peak.
+const TAG_PROCESS_MEMORY: u32 = 13;
+/// Fields section 13 holds today; a later writer may append more, which this reader skips.
+const PROCESS_MEMORY_FIELDS: u64 = 5;
 const HEADER_LEN: usize = 12;
 const SECTION_HEADER_LEN: usize = 12;
 /// Deepest nesting of list/tuple/dict attribute values accepted, when storing and loading.
@@ -487,6 +493,15 @@ impl Encoder {
                 }
             }
             section(&mut out, TAG_RETENTION, &buf);
+        }
+
+        if let Some(pm) = &md.process_memory {
+            buf.clear();
+            put_uleb(&mut buf, PROCESS_MEMORY_FIELDS);
+            for v in [pm.rss, pm.anon, pm.file, pm.shmem, pm.peak_rss] {
+                put_uleb(&mut buf, v);
+            }
+            section(&mut out, TAG_PROCESS_MEMORY, &buf);
         }
 
         if !attrs.is_empty() {
@@ -990,6 +1005,10 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         Some(payload) => Some(decode_retention(payload)?),
         None => None,
     };
+    let process_memory = match sections.iter().find(|&&(t, _)| t == TAG_PROCESS_MEMORY) {
+        Some(&(_, payload)) => Some(decode_process_memory(payload)?),
+        None => None,
+    };
 
     let snapshot = Snapshot {
         filenames,
@@ -1005,12 +1024,46 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
             timestamp: meta.timestamp,
             pid: meta.pid,
             argv: meta.argv,
+            process_memory,
         },
         sample_interval,
         kinds,
         retention,
     };
     Ok((snapshot, attrs))
+}
+
+/// Section 13: a field count, then RSS, anonymous, file-backed, shared and peak RSS in
+/// bytes, LEB128; fields past those five (from a newer writer) are skipped.
+fn decode_process_memory(payload: &[u8]) -> std::result::Result<ProcessMemory, Reason> {
+    let mut r = Reader::new(payload, "process memory");
+    let n = r.uleb()?;
+    if n < PROCESS_MEMORY_FIELDS {
+        return Err(format!(
+            "the process memory section holds {n} fields, fewer than the \
+             {PROCESS_MEMORY_FIELDS} it must"
+        ));
+    }
+    let mut v = [0u64; PROCESS_MEMORY_FIELDS as usize];
+    for slot in v.iter_mut() {
+        *slot = r.uleb()?;
+    }
+    for _ in PROCESS_MEMORY_FIELDS..n {
+        r.uleb()?;
+    }
+    r.finish()?;
+    let [rss, anon, file, shmem, peak_rss] = v;
+    let pm = ProcessMemory {
+        rss,
+        anon,
+        file,
+        shmem,
+        peak_rss,
+    };
+    match pm.inconsistency() {
+        Some(why) => Err(format!("the process memory section is inconsistent: {why}")),
+        None => Ok(pm),
+    }
 }
 
 /// The trace count and domain runs that both traces sections open with; the runs must cover
@@ -1728,6 +1781,7 @@ mod tests {
             timestamp: Some(1.5e9),
             pid: Some(42),
             argv: vec!["x.py".into(), "-v".into()],
+            process_memory: None,
         });
         let attrs = vec![
             (b"test_attr".to_vec(), AttrValue::Str(b"new".to_vec())),
@@ -2549,6 +2603,93 @@ mod tests {
         let attrs = vec![(b"\0retention".to_vec(), AttrValue::Int(1))];
         let (_, back) = decode(&encode(&s, &attrs)).unwrap();
         assert_eq!(back, attrs);
+    }
+
+    fn with_process_memory() -> (Snapshot, Attributes) {
+        let (mut s, attrs) = sample();
+        s.metadata.process_memory = Some(ProcessMemory {
+            rss: 300 << 20,
+            anon: 200 << 20,
+            file: 90 << 20,
+            shmem: 1 << 20,
+            peak_rss: 400 << 20,
+        });
+        (s, attrs)
+    }
+
+    #[test]
+    fn process_memory_section_round_trips_and_old_files_have_none() {
+        let (s, attrs) = with_process_memory();
+        let data = encode(&s, &attrs);
+        assert_ne!(section_payload_offset(&data, TAG_PROCESS_MEMORY), 0);
+        assert_eq!(decode(&data).unwrap().0, s);
+        for len in 0..data.len() {
+            assert!(decode(&data[..len]).is_err(), "prefix of {len} accepted");
+        }
+        // Without it (files from before, snapshots without figures): None.
+        let bare = without_section(&data, TAG_PROCESS_MEMORY);
+        assert_eq!(decode(&bare).unwrap().0.metadata.process_memory, None);
+        let (plain, attrs) = sample();
+        assert_eq!(decode(&encode(&plain, &attrs)).unwrap().0, plain);
+    }
+
+    /// Rewrites section 13's payload and reseals the file.
+    fn with_process_memory_payload(payload: &[u8]) -> Vec<u8> {
+        let (s, attrs) = with_process_memory();
+        let data = encode(&s, &attrs);
+        let at = section_payload_offset(&data, TAG_PROCESS_MEMORY);
+        let old_len = u64::from_le_bytes(data[at - 8..at].try_into().unwrap()) as usize;
+        let mut out = data[..at - 8].to_vec();
+        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        out.extend_from_slice(payload);
+        out.extend_from_slice(&data[at + old_len..]);
+        reseal(out)
+    }
+
+    #[test]
+    fn process_memory_section_hostile_payloads_are_refused() {
+        let payload = |fields: &[u64]| {
+            let mut p = Vec::new();
+            for &v in fields {
+                put_uleb(&mut p, v);
+            }
+            p
+        };
+        // A newer writer's extra fields are skipped.
+        let (s, _) = decode(&with_process_memory_payload(&payload(&[
+            7, 10, 4, 3, 2, 20, 1, 2,
+        ])))
+        .unwrap();
+        let pm = s.metadata.process_memory.unwrap();
+        assert_eq!(
+            (pm.rss, pm.anon, pm.file, pm.shmem, pm.peak_rss),
+            (10, 4, 3, 2, 20)
+        );
+        // (payload, expected fragment of the error)
+        let mut oversized = payload(&[5, 1]);
+        oversized.extend_from_slice(&[0xFF; 11]);
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (Vec::new(), "process memory section"),
+            (
+                payload(&[4, 10, 4, 3, 2]),
+                "holds 4 fields, fewer than the 5",
+            ),
+            (payload(&[0]), "holds 0 fields"),
+            (payload(&[5, 10, 4, 3]), "process memory section"),
+            (payload(&[5, 10, 4, 3, 2, 20, 9]), "unexpected bytes"),
+            (payload(&[6, 10, 4, 3, 2, 20]), "process memory section"),
+            (payload(&[5, 10, 8, 3, 2, 20]), "exceed the RSS of 10 bytes"),
+            (payload(&[5, 10, u64::MAX, 3, 0, 20]), "exceed the RSS"),
+            (
+                payload(&[u64::MAX, 10, 4, 3, 2, 20]),
+                "process memory section",
+            ),
+            (oversized, "oversized number"),
+        ];
+        for (p, expected) in cases {
+            let err = decode(&with_process_memory_payload(&p)).unwrap_err();
+            assert!(err.contains(expected), "{expected:?} not in {err:?}");
+        }
     }
 
     /// Rewrites section 11's payload (header length included) and reseals the file.

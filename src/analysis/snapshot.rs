@@ -6,6 +6,7 @@
 //! trace. Ids are indexes into the snapshot's own tables; they mean nothing across snapshots,
 //! so anything comparing two snapshots compares resolved contents (filename bytes, line).
 
+use crate::process_memory::ProcessMemory;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -139,6 +140,10 @@ pub struct Metadata {
     pub timestamp: Option<f64>,
     pub pid: Option<u32>,
     pub argv: Vec<String>,
+    /// The process's resident memory when the snapshot was taken (file section 13); `None`
+    /// for hand-built snapshots, tracemalloc pickles and files written before it existed.
+    #[serde(default)]
+    pub process_memory: Option<ProcessMemory>,
 }
 
 /// An immutable snapshot. Built once (by [`SnapshotBuilder`]), then only read.

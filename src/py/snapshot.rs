@@ -561,6 +561,16 @@ impl PySnapshotData {
         self.inner.traceback_limit
     }
 
+    /// `(rss, anon, file, shmem, peak_rss)` in bytes when the snapshot was taken; None when
+    /// not recorded.
+    #[getter]
+    fn process_memory(&self) -> Option<(u64, u64, u64, u64, u64)> {
+        self.inner
+            .metadata
+            .process_memory
+            .map(|pm| (pm.rss, pm.anon, pm.file, pm.shmem, pm.peak_rss))
+    }
+
     /// The sampling interval in bytes of a sampled snapshot, None for an exact one.
     #[getter]
     fn sample_interval(&self) -> Option<u64> {

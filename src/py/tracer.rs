@@ -157,6 +157,15 @@ fn get_traced_memory(py: Python<'_>) -> (usize, usize) {
     tracer::traced_memory()
 }
 
+/// `(rss, anon, file, shmem, peak_rss)` of the process now, in bytes (see
+/// `crate::process_memory`); OSError where the kernel's figures cannot be read.
+#[pyfunction]
+fn get_process_memory() -> PyResult<(u64, u64, u64, u64, u64)> {
+    let pm = crate::process_memory::ProcessMemory::current()
+        .map_err(pyo3::exceptions::PyOSError::new_err)?;
+    Ok((pm.rss, pm.anon, pm.file, pm.shmem, pm.peak_rss))
+}
+
 #[pyfunction]
 fn reset_peak() {
     tracer::reset_peak()
@@ -206,9 +215,9 @@ fn get_traces(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     let items = raw
         .traces
         .iter()
-        .map(|&(size, stack)| {
+        .map(|&(domain, size, stack)| {
             let (frames, total) = &raw.frames[stack as usize];
-            (tracer::DEFAULT_DOMAIN, size, frames, *total).into_pyobject(py)
+            (domain, size, frames, *total).into_pyobject(py)
         })
         .collect::<PyResult<Vec<_>>>()?;
     PyList::new(py, items)
@@ -251,6 +260,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_traceback_limit, m)?)?;
     m.add_function(wrap_pyfunction!(get_traced_memory, m)?)?;
     m.add_function(wrap_pyfunction!(reset_peak, m)?)?;
+    m.add_function(wrap_pyfunction!(get_process_memory, m)?)?;
     m.add_function(wrap_pyfunction!(get_tracemalloc_memory, m)?)?;
     m.add_function(wrap_pyfunction!(get_dropped_traces, m)?)?;
     m.add_function(wrap_pyfunction!(enable, m)?)?;

@@ -252,7 +252,8 @@ def format_time(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
-def header(path: str, snapshot) -> str:
+def header(path: str, snapshot, memory: str | None = None) -> str:
+    """``PATH (traceback_limit=N, pid P, Python X.Y.Z, date[; memory])``."""
     metadata = getattr(snapshot, "metadata", None) or {}
     parts = [f"traceback_limit={snapshot.traceback_limit}"]
     if metadata.get("pid") is not None:
@@ -264,7 +265,8 @@ def header(path: str, snapshot) -> str:
         parts.append(f"Python {version}")
     if metadata.get("timestamp"):
         parts.append(format_time(metadata["timestamp"]))
-    return f"{path} ({', '.join(parts)})"
+    tail = "" if memory is None else f"; {memory}"
+    return f"{path} ({', '.join(parts)}{tail})"
 
 
 def write_lines(lines: Sequence[str]) -> None:

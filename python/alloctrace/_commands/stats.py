@@ -43,8 +43,17 @@ def _statistics(snapshot, args: argparse.Namespace, path: str):
     return snapshot, stats, total_size, total_count
 
 
+def _traced(snapshot) -> int:
+    """The snapshot's whole traced total, when it is to be set against the RSS (computed
+    only then: it costs a grouping)."""
+    if getattr(snapshot, "process_memory", None) is None:
+        return 0
+    return common.totals(snapshot)[0]
+
+
 def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[str]:
     """The text of ``alloctrace stats`` for an already loaded snapshot."""
+    memory = _report.process_memory_note(_traced(snapshot), snapshot)
     snapshot, stats, total_size, total_count = _statistics(snapshot, args, path)
     limit = common.limit(args)
     shown = stats if limit is None else stats[:limit]
@@ -53,7 +62,7 @@ def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[
     names = _report.KEY_SINGULAR if shown_count == 1 else _report.KEY_TITLES
     what = names[args.key] + (" (cumulative)" if args.cumulative else "")
     count = "All" if limit is None else f"Top {shown_count}"
-    title = f"{count} {what} in {common.header(path, snapshot)}"
+    title = f"{count} {what} in {common.header(path, snapshot, memory)}"
     lines = renderer.stats(
         stats,
         key_type=args.key,
@@ -76,6 +85,7 @@ def execute(args: argparse.Namespace) -> int:
     common.check_objects(args.file, snapshot, args)
     if args.json:
         _, described = common.filters(args)
+        memory = _report.process_memory_json(_traced(snapshot), snapshot)
         snapshot, stats, total_size, total_count = _statistics(snapshot, args, args.file)
         document = _report.stats_json(
             stats,
@@ -88,6 +98,8 @@ def execute(args: argparse.Namespace) -> int:
             total_size=total_size,
             total_count=total_count,
         )
+        # Null for snapshots that did not record it (loaded pickles, older files).
+        document["snapshot"]["process_memory"] = memory
         common.write_json(document)
         return 0
     common.write_lines(render_stats(args.file, snapshot, args, sys.stdout))

@@ -1,0 +1,286 @@
+"""Blocks extensions report with PyTraceMalloc_Track/Untrack: recorded in their domain with the
+caller's traceback, as tracemalloc records them, for extensions loaded before and after
+start(); and the faults around the import-table rewriting (unknown blocks, blocks from before
+start(), fork, dlclose, stop() racing a call).
+
+The extension is tests/data/trackext.c, compiled here against this interpreter's headers.
+"""
+
+import ctypes
+import gc
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import threading
+
+import pytest
+
+import alloctrace
+from subproc import run_python
+
+SOURCE = os.path.join(os.path.dirname(__file__), "data", "trackext.c")
+DOMAIN = 7
+CC = shutil.which("cc") or shutil.which("gcc")
+
+pytestmark = pytest.mark.skipif(
+    CC is None or not sys.platform.startswith("linux"), reason="needs a C compiler on Linux"
+)
+
+
+def build(directory, name, flags=()):
+    """Compiles trackext.c as extension module *name* in *directory*; returns its path."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    path = os.path.join(str(directory), name + suffix)
+    include = sysconfig.get_paths()["include"]
+    cmd = [CC, "-shared", "-fPIC", "-O1", f"-DMODNAME={name}", "-I", include, SOURCE]
+    subprocess.run([*cmd, *flags, "-o", path], check=True, capture_output=True)
+    return path
+
+
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Lazy binding (PLT slot), full RELRO (read-only GOT, rewritten under mprotect), and no PLT
+# at all (GLOB_DAT slots read by the call sites).
+LINKS = {
+    "lazy": ["-Wl,-z,lazy"],
+    "relro-now": ["-Wl,-z,relro,-z,now"],
+    "no-plt": ["-fno-plt", "-Wl,-z,relro,-z,now"],
+}
+
+
+@pytest.fixture(scope="module")
+def ext_before(tmp_path_factory):
+    """An extension imported before any test starts tracing."""
+    return load(build(tmp_path_factory.mktemp("before"), "trackext_before"), "trackext_before")
+
+
+def here():
+    return sys._getframe(1).f_lineno
+
+
+def traces_in(domain):
+    return [t for t in alloctrace._get_traces() if t[0] == domain]
+
+
+def consistent():
+    """The current total is the sum of the live traces (no corruption), up to what listing
+    them allocates in between."""
+    before = alloctrace.get_traced_memory()[0]
+    total = sum(t[1] for t in alloctrace._get_traces())
+    after, peak = alloctrace.get_traced_memory()
+    slack = 64 * 1024
+    return min(before, after) - slack <= total <= max(before, after) + slack and peak >= after
+
+
+def test_extension_imported_before_start(stopped_tracer, ext_before):
+    alloctrace.start(5)
+    before = alloctrace.get_traced_memory()[0]
+    line = here() + 1
+    ptr = ext_before.alloc(DOMAIN, 12345)
+    (trace,) = traces_in(DOMAIN)
+    assert trace[1] == 12345
+    assert trace[2][0] == (__file__, line)
+    assert alloctrace.get_traced_memory()[0] - before >= 12345
+    snapshot = alloctrace.take_snapshot()
+    only = snapshot.filter_traces([alloctrace.DomainFilter(True, DOMAIN)])
+    (stat,) = only.statistics("lineno")
+    assert (stat.size, stat.count) == (12345, 1)
+    assert stat.traceback[0].lineno == line
+    assert [t.domain for t in only.traces] == [DOMAIN]
+    without = snapshot.filter_traces([alloctrace.DomainFilter(False, DOMAIN)])
+    assert all(t.domain != DOMAIN for t in without.traces)
+    ext_before.release(DOMAIN, ptr)
+    assert traces_in(DOMAIN) == []
+    assert consistent()
+
+
+@pytest.mark.parametrize("link", sorted(LINKS))
+def test_extension_built_and_imported_after_start(stopped_tracer, tmp_path, link):
+    alloctrace.start(1)
+    name = "trackext_after_" + link.replace("-", "_")
+    ext = load(build(tmp_path, name, LINKS[link]), name)
+    line = here() + 1
+    ptr = ext.alloc(DOMAIN, 777)
+    assert [(t[1], t[2][0]) for t in traces_in(DOMAIN)] == [(777, (__file__, line))]
+    ext.release(DOMAIN, ptr)
+    assert traces_in(DOMAIN) == []
+    alloctrace.stop()
+    # Back to CPython's own function, which ignores the call (-2: tracemalloc not tracing).
+    assert ext.track(DOMAIN, 0x1000, 10) == -2
+
+
+def test_retrack_replaces_and_untrack_of_unknown_is_a_noop(stopped_tracer, ext_before):
+    alloctrace.start(1)
+    ptr = 0x7F00_0000_1000
+    # Sizes large next to what the test's own Python code allocates in between (< 1 KiB).
+    assert ext_before.track(DOMAIN, ptr, 100_000) == 0
+    assert ext_before.track(DOMAIN + 1, ptr, 30_000) == 0  # same address, other domain
+    current = alloctrace.get_traced_memory()[0]
+    assert ext_before.track(DOMAIN, ptr, 40_000) == 0
+    assert abs(alloctrace.get_traced_memory()[0] - (current - 60_000)) < 1024
+    assert sorted((t[0], t[1]) for t in alloctrace._get_traces() if t[0]) == [
+        (DOMAIN, 40_000),
+        (DOMAIN + 1, 30_000),
+    ]
+    current = alloctrace.get_traced_memory()[0]
+    # Never tracked, wrong domain, already untracked: nothing changes.
+    assert ext_before.untrack(DOMAIN, ptr + 16) == 0
+    assert ext_before.untrack(DOMAIN + 2, ptr) == 0
+    assert abs(alloctrace.get_traced_memory()[0] - current) < 1024
+    assert ext_before.untrack(DOMAIN, ptr) == 0
+    assert ext_before.untrack(DOMAIN, ptr) == 0
+    assert [(t[0], t[1]) for t in alloctrace._get_traces() if t[0]] == [(DOMAIN + 1, 30_000)]
+    assert abs(alloctrace.get_traced_memory()[0] - (current - 40_000)) < 1024
+    assert consistent()
+
+
+def test_domain_zero_is_the_hooks_domain(stopped_tracer, ext_before):
+    """Track(0, ..) adds to (or replaces in) the hooks' own traces and Untrack(0, ..) removes
+    from them, as numpy 2.5 relies on to move its PyMem_RawMalloc'd buffers to its domain."""
+    alloctrace.start(1)
+    data = bytearray(100_000)
+    address = next(t for t in alloctrace._get_traces() if t[1] >= 100_000 and t[0] == 0)
+    assert address  # the buffer is traced in domain 0
+    before = alloctrace.get_traced_memory()[0]
+    buffer_ptr = ctypes.addressof(ctypes.c_char.from_buffer(data))
+    # bytearray's buffer is its own block: untrack it from domain 0, track it in another.
+    assert ext_before.untrack(0, buffer_ptr) == 0
+    assert alloctrace.get_traced_memory()[0] < before - 99_000
+    assert ext_before.track(DOMAIN, buffer_ptr, 100_001) == 0
+    assert [t[1] for t in traces_in(DOMAIN)] == [100_001]
+    assert not [t for t in traces_in(0) if t[1] == 100_001]
+    fake = 0x7F00_0000_2000
+    line = here() + 1
+    assert ext_before.track(0, fake, 4242) == 0
+    assert [(t[1], t[2][0]) for t in traces_in(0) if t[1] == 4242] == [(4242, (__file__, line))]
+    assert ext_before.untrack(0, fake) == 0
+    assert not [t for t in traces_in(0) if t[1] == 4242]
+    assert ext_before.untrack(DOMAIN, buffer_ptr) == 0
+    del data
+    assert consistent()
+
+
+def test_blocks_from_before_start_and_after_stop(stopped_tracer, ext_before):
+    old = ext_before.alloc(DOMAIN, 500)  # not tracing: CPython's function ignores it
+    alloctrace.start(1)
+    current = alloctrace.get_traced_memory()[0]
+    ext_before.release(DOMAIN, old)  # Untrack of a block never recorded
+    assert alloctrace.get_traced_memory()[0] == current
+    kept = ext_before.alloc(DOMAIN, 600)
+    alloctrace.stop()
+    ext_before.release(DOMAIN, kept)  # freed after stop(): no trace left to touch
+    alloctrace.start(1)
+    assert traces_in(DOMAIN) == []
+    assert consistent()
+
+
+def test_disable_and_trace_filters_apply(stopped_tracer, ext_before):
+    alloctrace.start(1)
+    alloctrace.disable()
+    ptr = ext_before.alloc(DOMAIN, 64)
+    assert traces_in(DOMAIN) == []
+    alloctrace.enable()
+    ext_before.release(DOMAIN, ptr)
+    alloctrace.add_filter(alloctrace.DomainFilter(False, DOMAIN))
+    ptr = ext_before.alloc(DOMAIN, 64)
+    other = ext_before.alloc(DOMAIN + 1, 64)
+    assert traces_in(DOMAIN) == []
+    assert [t[1] for t in traces_in(DOMAIN + 1)] == [64]
+    ext_before.release(DOMAIN, ptr)
+    ext_before.release(DOMAIN + 1, other)
+
+
+def test_standard_module_sees_the_calls_after_stop(stopped_tracer, ext_before):
+    import tracemalloc
+
+    alloctrace.start(1)
+    alloctrace.stop()
+    tracemalloc.start()
+    try:
+        ptr = ext_before.alloc(DOMAIN, 999)
+        traces = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, DOMAIN)])
+        assert [t.size for t in traces.traces] == [999]
+        ext_before.release(DOMAIN, ptr)
+    finally:
+        tracemalloc.stop()
+
+
+def test_dlclose_of_a_redirected_library(stopped_tracer, tmp_path):
+    import _ctypes
+
+    path = build(tmp_path, "trackext_closed")
+    alloctrace.start(1)
+    lib = ctypes.PyDLL(path)
+    lib.at_track.argtypes = [ctypes.c_uint, ctypes.c_size_t, ctypes.c_size_t]
+    lib.at_untrack.argtypes = [ctypes.c_uint, ctypes.c_size_t]
+    assert lib.at_track(DOMAIN, 0x5000, 321) == 0
+    assert [t[1] for t in traces_in(DOMAIN)] == [321]
+    handle = lib._handle
+    del lib
+    gc.collect()
+    _ctypes.dlclose(handle)
+    alloctrace.stop()  # restores slots: the closed library must not be written
+    alloctrace.start(1)
+    lib = ctypes.PyDLL(path)  # loaded again, redirected again
+    lib.at_track.argtypes = [ctypes.c_uint, ctypes.c_size_t, ctypes.c_size_t]
+    assert lib.at_track(DOMAIN, 0x6000, 123) == 0
+    assert [t[1] for t in traces_in(DOMAIN)] == [123]
+    assert consistent()
+
+
+def test_stop_while_other_threads_are_inside_the_calls(stopped_tracer, ext_before):
+    """Threads call Track/Untrack without the GIL while the main thread starts and stops:
+    no crash, and the table stays consistent."""
+    alloctrace.start(1)
+    workers = [
+        threading.Thread(target=ext_before.hammer, args=(DOMAIN + k, 20_000)) for k in range(3)
+    ]
+    for w in workers:
+        w.start()
+    for _ in range(30):
+        alloctrace.stop()
+        alloctrace.start(1)
+    for w in workers:
+        w.join()
+    assert traces_in(DOMAIN) == [] and consistent()
+
+
+def test_fork_while_redirected(tmp_path):
+    ext = build(tmp_path, "trackext_fork")
+    script = textwrap.dedent(
+        f"""
+        import importlib.util, os, threading
+        import alloctrace
+        spec = importlib.util.spec_from_file_location("trackext_fork", {ext!r})
+        ext = importlib.util.module_from_spec(spec); spec.loader.exec_module(ext)
+        alloctrace.start(1)
+        t = threading.Thread(target=ext.hammer, args=(7, 50_000)); t.start()
+        pids = []
+        for _ in range(5):
+            pid = os.fork()
+            if pid == 0:
+                p = ext.alloc(9, 4096)
+                ok = [tr[1] for tr in alloctrace._get_traces() if tr[0] == 9] == [4096]
+                ext.release(9, p)
+                ok = ok and not [tr for tr in alloctrace._get_traces() if tr[0] == 9]
+                os._exit(0 if ok else 3)
+            pids.append(pid)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+        t.join()
+        p = ext.alloc(9, 100)
+        assert [tr[1] for tr in alloctrace._get_traces() if tr[0] == 9] == [100]
+        print(codes)
+        """
+    )
+    result = run_python(["-c", script])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[0, 0, 0, 0, 0]"
