@@ -17,6 +17,7 @@ pub mod error;
 pub mod heap;
 pub mod hooks;
 pub mod intern;
+pub mod peak;
 pub mod py;
 pub mod sampler;
 pub mod table;

@@ -31,7 +31,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use crate::analysis::filter::{FilterSet, FilterSpec};
-use crate::analysis::sampling::MAX_INTERVAL;
+use crate::analysis::sampling::{count_from_units, MAX_INTERVAL};
 use crate::analysis::snapshot::{FrameId, Metadata, Snapshot, SnapshotBuilder};
 use crate::capture::{self, Current, Interpreter, RawFrame, MAX_NFRAME};
 use crate::error::{Error, Result};
@@ -618,6 +618,8 @@ struct Collected {
     traces: Vec<(usize, u32)>,
     /// Each live block's address, in the order of `traces` (only when asked for).
     addresses: Vec<usize>,
+    /// For the peak: per trace (one per traceback), the blocks it stands for.
+    blocks: Option<Vec<u64>>,
     stacks: Vec<(ResolvedStack, ResolvedFunctions)>,
 }
 
@@ -644,7 +646,30 @@ fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Collected {
     Collected {
         traces,
         addresses,
+        blocks: None,
         stacks: resolve_stacks(py, &ids, functions),
+    }
+}
+
+/// What each traceback held when the traced total last reached its peak (see
+/// [`crate::peak`]): one aggregate trace per traceback.
+fn collect_peak(py: Python<'_>) -> Collected {
+    // SAFETY: the GIL is held and no borrow of the cell is live.
+    let interned = unsafe { LIVE.get().as_ref().map_or(0, |live| live.interner.len()) };
+    let at_peak = table().at_peak(interned);
+    let ids: Vec<TracebackId> = at_peak.iter().map(|&(id, _, _)| id).collect();
+    Collected {
+        traces: (0..at_peak.len())
+            .map(|i| (at_peak[i].1 as usize, i as u32))
+            .collect(),
+        addresses: Vec::new(),
+        blocks: Some(
+            at_peak
+                .iter()
+                .map(|&(_, _, units)| count_from_units(units))
+                .collect(),
+        ),
+        stacks: resolve_stacks(py, &ids, true),
     }
 }
 
@@ -655,10 +680,21 @@ fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Collected {
 /// walk's type-name reads run, which allocate no object the walk saw, so every object in the
 /// graph is still at its address when the traces are matched to it. Resolving tracebacks
 /// (which runs Python code) comes after both.
-pub fn take_snapshot(py: Python<'_>, objects: bool) -> Result<Snapshot> {
+///
+/// With `peak`, the snapshot is of the moment the traced total last reached its peak: one
+/// aggregate trace per traceback (see [`Snapshot::blocks`]), no addresses or object kinds
+/// (`objects` must then be false).
+pub fn take_snapshot(py: Python<'_>, objects: bool, peak: bool) -> Result<Snapshot> {
     if !is_tracing() {
         return Err(Error::State(
             "the tracemalloc module must be tracing memory allocations to take a snapshot".into(),
+        ));
+    }
+    if peak && objects {
+        return Err(Error::InvalidArgument(
+            "a peak snapshot cannot record object kinds: the objects alive at the peak may be \
+             gone (take_snapshot(peak=True) takes no objects=True)"
+                .into(),
         ));
     }
     let graph = if objects {
@@ -666,7 +702,11 @@ pub fn take_snapshot(py: Python<'_>, objects: bool) -> Result<Snapshot> {
     } else {
         None
     };
-    let collected = collect(py, true, objects);
+    let collected = if peak {
+        collect_peak(py)
+    } else {
+        collect(py, true, objects)
+    };
     let kinds = graph.map(|graph| crate::heap::kinds::kinds_of(&graph, &collected.addresses));
     let limit = traceback_limit() as u32;
     let snapshot = with_resolver(|resolver| {
@@ -711,8 +751,19 @@ pub fn take_snapshot(py: Python<'_>, objects: bool) -> Result<Snapshot> {
             })
             .collect();
         builder.reserve_traces(collected.traces.len());
-        for &(size, stack) in &collected.traces {
-            builder.trace(DEFAULT_DOMAIN, size as u64, tracebacks[stack as usize]);
+        match &collected.blocks {
+            None => {
+                for &(size, stack) in &collected.traces {
+                    builder.trace(DEFAULT_DOMAIN, size as u64, tracebacks[stack as usize]);
+                }
+            }
+            Some(blocks) => {
+                for (&(size, stack), &n) in collected.traces.iter().zip(blocks) {
+                    let traceback = tracebacks[stack as usize];
+                    builder.aggregate(DEFAULT_DOMAIN, size as u64, n, traceback);
+                }
+                builder.aggregates();
+            }
         }
         builder.metadata(metadata(py));
         builder.kinds(kinds);
