@@ -2,6 +2,7 @@
 the peak. The per-traceback bookkeeping is checked against a brute-force replay in the Rust
 unit tests (src/table.rs); these tests check it end to end on real allocations."""
 
+import json
 import pickle
 
 import pytest
@@ -181,3 +182,42 @@ def test_dump_at_exit_carries_the_peak(tmp_path):
     peak_rows = _by_line(snapshot.peak)
     size, count = peak_rows[(str(script), 2)]
     assert size >= 100 * 10000 and count >= 100
+
+
+def cli(*args, cwd=None):
+    return run(["-m", "alloctrace", *args], cwd=cwd)
+
+
+def test_cli_shows_the_peak(tmp_path):
+    script = tmp_path / "peaky.py"
+    script.write_text(PEAKY)
+    dump = tmp_path / "out.snap"
+    result = cli("run", "-o", str(dump), str(script), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    current, _, peak = result.stderr.partition("at the peak of")
+    assert "peaky.py:2" not in current.split("Top 10")[1].splitlines()[1]
+    # The peak's top line is the big list, freed before the end.
+    assert "peaky.py:2" in peak.splitlines()[1], result.stderr
+    stats = cli("stats", "--peak", "--json", str(dump))
+    assert stats.returncode == 0, stats.stderr
+    rows = json.loads(stats.stdout)
+    top = rows["stats"][0]
+    assert top["traceback"][-1]["lineno"] == 2 and top["size"] >= 100 * 10000, top
+    diff = cli("diff", "--peak", str(dump))
+    assert diff.returncode == 0, diff.stderr
+    assert "(peak)" in diff.stdout and "peaky.py:2" in diff.stdout
+    plain = tmp_path / "plain.snap"
+    alloctrace.start()
+    try:
+        alloctrace.take_snapshot().dump(plain)
+    finally:
+        alloctrace.stop()
+    # (arguments, exit status, message)
+    for args, status, message in [
+        (("stats", "--peak", str(plain)), 1, "holds no peak"),
+        (("diff", "--peak", str(plain)), 1, "holds no peak"),
+        (("diff", "--peak", str(dump), str(dump)), 2, "takes one snapshot file"),
+        (("diff", str(dump)), 2, "needs two snapshot files"),
+    ]:
+        bad = cli(*args)
+        assert bad.returncode == status and message in bad.stderr, (args, bad.stderr)
