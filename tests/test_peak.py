@@ -3,6 +3,7 @@ the peak. The per-traceback bookkeeping is checked against a brute-force replay 
 unit tests (src/table.rs); these tests check it end to end on real allocations."""
 
 import json
+import pathlib
 import pickle
 
 import pytest
@@ -221,3 +222,19 @@ def test_cli_shows_the_peak(tmp_path):
     ]:
         bad = cli(*args)
         assert bad.returncode == status and message in bad.stderr, (args, bad.stderr)
+
+
+def test_peak_example(tmp_path):
+    example = pathlib.Path(__file__).resolve().parent.parent / "examples" / "peak.py"
+    result = cli("run", "-o", str(tmp_path / "peak.snap"), str(example), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    current, _, peak = result.stderr.partition("Top 10 lines at the peak of")
+    rows_line = next(
+        n for n, line in enumerate(example.read_text().splitlines(), 1) if "rows = [" in line
+    )
+    # At the peak, the rows were the top line: 50,000 dicts and their strings.
+    top = peak.splitlines()[1]
+    assert top.startswith("#1: ") and f"peak.py:{rows_line}: " in top, result.stderr
+    assert "MiB" in top
+    assert int(top.split(" in ")[1].split()[0].replace(",", "")) >= 100_000
+    assert "MiB" not in current, current
