@@ -7,6 +7,10 @@
 //! it empties the map and zeroes the totals; together that keeps "current == sum of the live
 //! traces' sizes" exact whenever no hook is half-way through.
 //!
+//! Beside the totals, per-traceback counters remember what each traceback held at the peak
+//! (see [`crate::peak`]); [`TraceTable::account`] is the one place a trace's size enters or
+//! leaves the totals and those counters.
+//!
 //! An entry is 16 bytes (see [`Packed`]): the trace table is most of the tracer's memory, one
 //! entry per live block.
 //!
@@ -27,7 +31,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::R
 use std::sync::OnceLock;
 
 use crate::analysis::sampling::{Weights, COUNT_SCALE};
-use crate::peak::PeakCounters;
+use crate::peak::{Counter, PeakCounters};
 
 use dashmap::{DashMap, SharedValue};
 
@@ -230,19 +234,17 @@ impl TraceTable {
         }
     }
 
-    /// The one place where a trace's size enters (`entering`) or leaves the totals and its
+    /// The one place where a trace's size enters (`entering`: its traceback's counter) or leaves (`None`) the totals and its
     /// traceback's counters; called with the shard lock of the trace's block held. Anything
     /// that moves a live block between tracebacks (or adds traces under other keys) goes
     /// through here, so the current total, the peak and the per-traceback values at the
-    /// peak stay in step. A trace enters only after [`PeakCounters::counter`] succeeded for
-    /// its traceback (see `insert`).
+    /// peak stay in step. An entering trace comes with its traceback's counter, which the
+    /// caller got (allocating if need be) before changing anything.
     #[inline(always)]
-    fn account(&self, trace: Trace, entering: bool) {
+    fn account(&self, trace: Trace, entering: Option<&Counter>) {
         let (bytes, blocks) = self.charge(trace.size);
-        if entering {
-            if let Some(counter) = self.counters.counter(trace.traceback) {
-                self.counters.enter(counter, bytes as u64, blocks);
-            }
+        if let Some(counter) = entering {
+            self.counters.enter(counter, bytes as u64, blocks);
             let now = self.current.fetch_add(bytes, Relaxed).wrapping_add(bytes);
             if now > self.peak.load(Relaxed) && self.peak.fetch_max(now, Relaxed) < now {
                 self.counters.new_peak();
@@ -268,9 +270,9 @@ impl TraceTable {
         };
         // Its counter must exist before the trace enters (the only step that may allocate
         // besides the map's own growth).
-        if self.counters.counter(trace.traceback).is_none() {
+        let Some(counter) = self.counters.counter(trace.traceback) else {
             return false;
-        }
+        };
         let hash = self.hash(address as u64);
         let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
         let mut shard = shard.write();
@@ -279,8 +281,8 @@ impl TraceTable {
             let entry = unsafe { bucket.as_mut() };
             let (_, old) = unpack(entry.0, *entry.1.get());
             *entry = (key, SharedValue::new(value));
-            self.account(old, false);
-            self.account(trace, true);
+            self.account(old, None);
+            self.account(trace, Some(counter));
             return true;
         }
         let rehash = |entry: &Packed| self.hash(entry.0 & ADDRESS_MASK);
@@ -290,7 +292,7 @@ impl TraceTable {
         // SAFETY: room for one more entry was reserved just above, under the same lock.
         unsafe { shard.insert_no_grow(hash, (key, SharedValue::new(value))) };
         self.presence_add(address);
-        self.account(trace, true);
+        self.account(trace, Some(counter));
         true
     }
 
@@ -306,7 +308,7 @@ impl TraceTable {
         let ((key, value), _) = unsafe { shard.remove(bucket) };
         let (_, trace) = unpack(key, value.into_inner());
         self.presence_remove(address);
-        self.account(trace, false);
+        self.account(trace, None);
         Some(trace)
     }
 
