@@ -234,12 +234,13 @@ impl TraceTable {
         }
     }
 
-    /// The one place where a trace's size enters (`entering`: its traceback's counter) or leaves (`None`) the totals and its
-    /// traceback's counters; called with the shard lock of the trace's block held. Anything
-    /// that moves a live block between tracebacks (or adds traces under other keys) goes
-    /// through here, so the current total, the peak and the per-traceback values at the
-    /// peak stay in step. An entering trace comes with its traceback's counter, which the
-    /// caller got (allocating if need be) before changing anything.
+    /// The one place where a trace's size enters (`entering`: its traceback's counter) or
+    /// leaves (`None`) the totals and its traceback's counters; called with the shard lock of
+    /// the trace's block held. Anything that moves a live block between tracebacks (or adds
+    /// traces under other keys) goes through here, so the current total, the peak and the
+    /// per-traceback values at the peak stay in step. An entering trace comes with its
+    /// traceback's counter, which the caller got (allocating if need be) before changing
+    /// anything.
     #[inline(always)]
     fn account(&self, trace: Trace, entering: Option<&Counter>) {
         let (bytes, blocks) = self.charge(trace.size);
