@@ -691,13 +691,16 @@ mod tests {
             }
         }
 
+        /// `(bytes, count units)` per traceback.
+        type PerTraceback = BTreeMap<u32, (u64, u64)>;
+
         /// The model's side of every operation: a new peak copies every traceback's sums.
         fn check(
             table: &TraceTable,
             live: &BTreeMap<usize, Trace>,
             peak_total: &mut u64,
-            at_peak: &mut BTreeMap<u32, (u64, u64)>,
-            sums: &dyn Fn(&BTreeMap<usize, Trace>) -> BTreeMap<u32, (u64, u64)>,
+            at_peak: &mut PerTraceback,
+            sums: &dyn Fn(&BTreeMap<usize, Trace>) -> PerTraceback,
         ) {
             let sums_now = sums(live);
             let total: u64 = sums_now.values().map(|v| v.0).sum();
