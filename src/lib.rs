@@ -21,6 +21,7 @@ pub mod freelist;
 pub mod heap;
 pub mod hooks;
 pub mod intern;
+pub mod peak;
 pub mod process_memory;
 pub mod py;
 pub mod sampler;

@@ -7,6 +7,10 @@
 //! it empties the map and zeroes the totals; together that keeps "current == sum of the live
 //! traces' sizes" exact whenever no hook is half-way through.
 //!
+//! Beside the totals, per-traceback counters remember what each traceback held at the peak
+//! (see [`crate::peak`]); [`TraceTable::account`] is the one place a trace's size enters or
+//! leaves the totals and those counters.
+//!
 //! An entry is 16 bytes (see [`Packed`]): the trace table is most of the tracer's memory, one
 //! entry per live block.
 //!
@@ -26,7 +30,8 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
 
-use crate::analysis::sampling::Weights;
+use crate::analysis::sampling::{Weights, COUNT_SCALE};
+use crate::peak::{Counter, PeakCounters};
 
 use dashmap::{DashMap, SharedValue};
 
@@ -146,6 +151,8 @@ pub struct TraceTable {
     map: DashMap<u64, u64, BuildAddressHasher>,
     current: AtomicUsize,
     peak: AtomicUsize,
+    /// Per traceback, bytes and blocks now and at the peak (see [`crate::peak`]).
+    counters: PeakCounters,
     /// The sampling interval (0: exact), for the estimated totals.
     interval: AtomicU64,
     /// The presence filter's counters while sampling, null while exact (every address may
@@ -166,6 +173,7 @@ impl TraceTable {
             map: DashMap::with_hasher(BuildAddressHasher),
             current: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
+            counters: PeakCounters::new(),
             interval: AtomicU64::new(0),
             presence: AtomicPtr::new(std::ptr::null_mut()),
             presence_storage: OnceLock::new(),
@@ -220,13 +228,41 @@ impl TraceTable {
         }
     }
 
-    /// What a trace of `size` adds to the totals: its size, or its estimated bytes when
-    /// sampling.
+    /// What a trace of `size` adds to the totals: its size and one block, or its estimated
+    /// bytes and blocks (count units) when sampling.
     #[inline(always)]
-    fn charge(&self, size: usize) -> usize {
+    fn charge(&self, size: usize) -> (usize, u64) {
         match self.interval.load(Relaxed) {
-            0 => size,
-            interval => Weights::Sampled { interval }.bytes(size as u64) as usize,
+            0 => (size, COUNT_SCALE),
+            interval => {
+                let weights = Weights::Sampled { interval };
+                (
+                    weights.bytes(size as u64) as usize,
+                    weights.count_units(size as u64),
+                )
+            }
+        }
+    }
+
+    /// The one place where a trace's size enters (`entering`: its traceback's counter) or
+    /// leaves (`None`) the totals and its traceback's counters; called with the shard lock of
+    /// the trace's block held. Anything that moves a live block between tracebacks (or adds
+    /// traces under other keys) goes through here, so the current total, the peak and the
+    /// per-traceback values at the peak stay in step. An entering trace comes with its
+    /// traceback's counter, which the caller got (allocating if need be) before changing
+    /// anything.
+    #[inline(always)]
+    fn account(&self, trace: Trace, entering: Option<&Counter>) {
+        let (bytes, blocks) = self.charge(trace.size);
+        if let Some(counter) = entering {
+            self.counters.enter(counter, bytes as u64, blocks);
+            let now = self.current.fetch_add(bytes, Relaxed).wrapping_add(bytes);
+            if now > self.peak.load(Relaxed) && self.peak.fetch_max(now, Relaxed) < now {
+                self.counters.new_peak();
+            }
+        } else {
+            self.counters.leave(trace.traceback, bytes as u64, blocks);
+            self.current.fetch_sub(bytes, Relaxed);
         }
     }
 
@@ -243,6 +279,11 @@ impl TraceTable {
         let Some((key, value)) = pack(address, trace) else {
             return false;
         };
+        // Its counter must exist before the trace enters (the only step that may allocate
+        // besides the map's own growth).
+        let Some(counter) = self.counters.counter(trace.traceback) else {
+            return false;
+        };
         let hash = self.hash(address as u64);
         let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
         let mut shard = shard.write();
@@ -251,8 +292,8 @@ impl TraceTable {
             let entry = unsafe { bucket.as_mut() };
             let (_, old) = unpack(entry.0, *entry.1.get());
             *entry = (key, SharedValue::new(value));
-            self.sub(self.charge(old.size));
-            self.add(self.charge(trace.size));
+            self.account(old, None);
+            self.account(trace, Some(counter));
             return true;
         }
         let rehash = |entry: &Packed| self.hash(entry.0 & ADDRESS_MASK);
@@ -262,7 +303,7 @@ impl TraceTable {
         // SAFETY: room for one more entry was reserved just above, under the same lock.
         unsafe { shard.insert_no_grow(hash, (key, SharedValue::new(value))) };
         self.presence_add(address);
-        self.add(self.charge(trace.size));
+        self.account(trace, Some(counter));
         true
     }
 
@@ -278,7 +319,7 @@ impl TraceTable {
         let ((key, value), _) = unsafe { shard.remove(bucket) };
         let (_, trace) = unpack(key, value.into_inner());
         self.presence_remove(address);
-        self.sub(self.charge(trace.size));
+        self.account(trace, None);
         if shard.len() < shard.capacity() / SHRINK_BELOW && shard.capacity() > SHRINK_MIN {
             // Rebuilt at twice its entries, or left as it is if the smaller table cannot be
             // had: a free hook must not fail, nor abort for memory (hashbrown's own
@@ -325,15 +366,28 @@ impl TraceTable {
         let entry = unsafe { bucket.as_mut() };
         let (_, old) = unpack(entry.0, *entry.1.get());
         match traceback(old) {
-            Some(id) => {
-                // Same address and size: only the traceback half of the value changes.
-                *entry.1.get_mut() = (*entry.1.get() & 0xffff_ffff) | u64::from(id) << 32;
-            }
+            Some(id) if id == old.traceback => {}
+            Some(id) => match self.counters.counter(id) {
+                Some(counter) => {
+                    // Same address and size: only the traceback half of the value changes.
+                    *entry.1.get_mut() = (*entry.1.get() & 0xffff_ffff) | u64::from(id) << 32;
+                    self.account(old, None);
+                    self.account(
+                        Trace {
+                            traceback: id,
+                            ..old
+                        },
+                        Some(counter),
+                    );
+                }
+                // No memory for the new traceback's counter: the block keeps its traceback.
+                None => {}
+            },
             None => {
                 // SAFETY: as above; the bucket is not used after its removal.
                 unsafe { shard.remove(bucket) };
                 self.presence_remove(address);
-                self.sub(self.charge(old.size));
+                self.account(old, None);
             }
         }
         true
@@ -342,13 +396,25 @@ impl TraceTable {
     /// Charges the totals for a block kept outside the map (an extension's block in another
     /// domain, see `crate::tracked`): `removed` leaves them, `added` joins them. The one place
     /// where traces outside the map meet the table's accounting.
-    pub fn account(&self, removed: Option<Trace>, added: Option<Trace>) {
+    ///
+    /// Returns `false`, changing nothing, if the added trace's traceback counter cannot be
+    /// had (no memory): the caller leaves that block untraced.
+    #[must_use = "a `false` is a trace that was not added, to be counted as dropped"]
+    pub fn account_outside(&self, removed: Option<Trace>, added: Option<Trace>) -> bool {
+        let counter = match added {
+            Some(trace) => match self.counters.counter(trace.traceback) {
+                Some(counter) => Some((trace, counter)),
+                None => return false,
+            },
+            None => None,
+        };
         if let Some(trace) = removed {
-            self.sub(self.charge(trace.size));
+            self.account(trace, None);
         }
-        if let Some(trace) = added {
-            self.add(self.charge(trace.size));
+        if let Some((trace, counter)) = counter {
+            self.account(trace, Some(counter));
         }
+        true
     }
 
     pub fn get(&self, address: usize) -> Option<Trace> {
@@ -373,6 +439,14 @@ impl TraceTable {
 
     pub fn reset_peak(&self) {
         self.peak.store(self.current.load(Relaxed), Relaxed);
+        self.counters.new_peak();
+    }
+
+    /// Per traceback below `tracebacks` that held anything at the peak: `(traceback, bytes,
+    /// blocks in count units)` then. Bytes and blocks are estimates when sampling (charged as
+    /// the totals are).
+    pub fn at_peak(&self, tracebacks: usize) -> Vec<(TracebackId, u64, u64)> {
+        self.counters.at_peak(tracebacks)
     }
 
     pub fn len(&self) -> usize {
@@ -411,6 +485,7 @@ impl TraceTable {
         }
         self.current.store(0, Relaxed);
         self.peak.store(0, Relaxed);
+        self.counters.clear();
         if let Some(storage) = self.presence_storage.get() {
             for counter in storage.iter() {
                 counter.store(0, Relaxed);
@@ -437,6 +512,7 @@ impl TraceTable {
         buckets * (std::mem::size_of::<Packed>() + 1)
             + std::mem::size_of_val(self.map.shards())
             + presence
+            + self.counters.memory_usage()
     }
 
     /// Takes every shard's write lock and keeps it: called just before `fork()` so that the
@@ -455,19 +531,6 @@ impl TraceTable {
         for shard in self.map.shards() {
             shard.force_unlock_write();
         }
-    }
-
-    #[inline]
-    fn add(&self, size: usize) {
-        let now = self.current.fetch_add(size, Relaxed).wrapping_add(size);
-        if now > self.peak.load(Relaxed) {
-            self.peak.fetch_max(now, Relaxed);
-        }
-    }
-
-    #[inline]
-    fn sub(&self, size: usize) {
-        self.current.fetch_sub(size, Relaxed);
     }
 }
 
@@ -696,6 +759,124 @@ mod tests {
         assert!(table.may_contain(0x1000));
         assert!(table.insert(0x1000, t(100, 1)));
         assert_eq!(table.totals().0, 100);
+    }
+
+    /// Replays random alloc/free/realloc/replace/reset/clear sequences against a naive
+    /// model that copies every traceback's sums at each new peak, exactly and sampled.
+    #[test]
+    fn values_at_peak_match_a_brute_force_replay() {
+        use std::collections::BTreeMap;
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for interval in [0u64, 4096] {
+            let weights = Weights::new(Some(interval));
+            let charge =
+                |size: usize| (weights.bytes(size as u64), weights.count_units(size as u64));
+            for round in 0..20 {
+                let table = TraceTable::new();
+                table.set_sampling(interval);
+                let mut live: BTreeMap<usize, Trace> = BTreeMap::new();
+                let mut peak_total = 0u64;
+                let mut at_peak: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+                let sums = |live: &BTreeMap<usize, Trace>| {
+                    let mut out: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+                    for t in live.values() {
+                        let (b, u) = charge(t.size);
+                        let e = out.entry(t.traceback).or_default();
+                        e.0 += b;
+                        e.1 += u;
+                    }
+                    out
+                };
+                // Tracebacks spread over two chunks of counters.
+                let tracebacks = [0u32, 1, 2, 7, 1500, 3000];
+                for step in 0..2000 {
+                    let op = rand(100);
+                    let size = match rand(4) {
+                        0 => rand(8) as usize,
+                        1 => rand(20_000) as usize,
+                        _ => rand(300) as usize,
+                    };
+                    let tb = tracebacks[rand(tracebacks.len() as u64) as usize];
+                    let existing = (!live.is_empty())
+                        .then(|| *live.keys().nth(rand(live.len() as u64) as usize).unwrap());
+                    match (op, existing) {
+                        (0..=44, _) | (_, None) => {
+                            let address = 16 * (1 + rand(1 << 20) as usize);
+                            let trace = t(size, tb);
+                            assert!(table.insert(address, trace));
+                            live.insert(address, trace);
+                        }
+                        (45..=79, Some(address)) => {
+                            assert_eq!(table.remove(address), live.remove(&address));
+                        }
+                        (80..=91, Some(address)) => {
+                            // realloc: the old trace out, the new block in.
+                            assert_eq!(table.remove(address), live.remove(&address));
+                            let new = 16 * (1 + rand(1 << 20) as usize);
+                            check(&table, &live, &mut peak_total, &mut at_peak, &sums);
+                            assert!(table.insert(new, t(size, tb)));
+                            live.insert(new, t(size, tb));
+                        }
+                        (92..=96, Some(address)) => {
+                            // A block replaced behind our back.
+                            assert!(table.insert(address, t(size, tb)));
+                            live.insert(address, t(size, tb));
+                        }
+                        (97..=98, _) => {
+                            table.reset_peak();
+                            peak_total = live.values().map(|t| charge(t.size).0).sum();
+                            at_peak = sums(&live);
+                        }
+                        _ => {
+                            table.clear();
+                            live.clear();
+                            peak_total = 0;
+                            at_peak.clear();
+                        }
+                    }
+                    check(&table, &live, &mut peak_total, &mut at_peak, &sums);
+                    let got: BTreeMap<u32, (u64, u64)> = table
+                        .at_peak(4000)
+                        .into_iter()
+                        .map(|(k, b, u)| (k, (b, u)))
+                        .collect();
+                    let want: BTreeMap<u32, (u64, u64)> = at_peak
+                        .iter()
+                        .filter(|(_, &v)| v != (0, 0))
+                        .map(|(&k, &v)| (k, v))
+                        .collect();
+                    assert_eq!(got, want, "interval {interval} round {round} step {step}");
+                    let sum: u64 = got.values().map(|v| v.0).sum();
+                    assert_eq!(sum as usize, table.totals().1);
+                }
+            }
+        }
+
+        /// `(bytes, count units)` per traceback.
+        type PerTraceback = BTreeMap<u32, (u64, u64)>;
+
+        /// The model's side of every operation: a new peak copies every traceback's sums.
+        fn check(
+            table: &TraceTable,
+            live: &BTreeMap<usize, Trace>,
+            peak_total: &mut u64,
+            at_peak: &mut PerTraceback,
+            sums: &dyn Fn(&BTreeMap<usize, Trace>) -> PerTraceback,
+        ) {
+            let sums_now = sums(live);
+            let total: u64 = sums_now.values().map(|v| v.0).sum();
+            if total > *peak_total {
+                *peak_total = total;
+                *at_peak = sums_now;
+            }
+            assert_eq!(table.totals(), (total as usize, *peak_total as usize));
+        }
     }
 
     #[test]

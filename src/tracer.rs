@@ -31,7 +31,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use crate::analysis::filter::{FilterSet, FilterSpec};
-use crate::analysis::sampling::MAX_INTERVAL;
+use crate::analysis::sampling::{count_from_units, MAX_INTERVAL};
 use crate::analysis::snapshot::{FrameId, Metadata, Snapshot, SnapshotBuilder};
 use crate::capture::{self, Current, Interpreter, RawFrame, MAX_NFRAME};
 use crate::error::{Error, Result};
@@ -296,7 +296,7 @@ pub unsafe fn on_reused_block(block: usize) {
     let Some(_guard) = ReentrancyGuard::enter() else {
         return;
     };
-    table.retrace(block, |old| match current_traceback(true) {
+    table.retrace(block, |old| match current_traceback(true, DEFAULT_DOMAIN) {
         Ok(new) => new,
         // No memory for a new traceback: the block keeps the one it has.
         Err(OutOfMemory) => Some(old.traceback),
@@ -774,6 +774,8 @@ struct Collected {
     tracked_domains: Vec<u32>,
     /// Each live block's address, in the order of `traces` (only when asked for).
     addresses: Vec<usize>,
+    /// For the peak: per trace (one per traceback), the blocks it stands for.
+    blocks: Option<Vec<u64>>,
     stacks: Vec<(ResolvedStack, ResolvedFunctions)>,
 }
 
@@ -799,6 +801,7 @@ fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected
         traces: Vec::new(),
         tracked_domains,
         addresses: Vec::new(),
+        blocks: None,
         stacks: Vec::new(),
     };
     if addresses {
@@ -826,6 +829,29 @@ fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected
     Ok(out)
 }
 
+/// What each traceback held when the traced total last reached its peak (see
+/// [`crate::peak`]): one aggregate trace per traceback.
+fn collect_peak(py: Python<'_>) -> Result<Collected> {
+    // SAFETY: the GIL is held and no borrow of the cell is live.
+    let interned = unsafe { LIVE.get().as_ref().map_or(0, |live| live.interner.len()) };
+    let at_peak = table().at_peak(interned);
+    let ids: Vec<TracebackId> = at_peak.iter().map(|&(id, _, _)| id).collect();
+    Ok(Collected {
+        traces: (0..at_peak.len())
+            .map(|i| (at_peak[i].1 as usize, i as u32))
+            .collect(),
+        tracked_domains: Vec::new(),
+        addresses: Vec::new(),
+        blocks: Some(
+            at_peak
+                .iter()
+                .map(|&(_, _, units)| count_from_units(units))
+                .collect(),
+        ),
+        stacks: resolve_stacks(py, &ids, true)?,
+    })
+}
+
 /// A snapshot of every live trace, resolved and interned for analysis; with `objects`, also
 /// the kind of each traced block (see [`crate::heap::kinds`]).
 ///
@@ -833,10 +859,21 @@ fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected
 /// walk's type-name reads run, which allocate no object the walk saw, so every object in the
 /// graph is still at its address when the traces are matched to it. Resolving tracebacks
 /// (which runs Python code) comes after both.
-pub fn take_snapshot(py: Python<'_>, objects: bool) -> Result<Snapshot> {
+///
+/// With `peak`, the snapshot is of the moment the traced total last reached its peak: one
+/// aggregate trace per traceback (see [`Snapshot::blocks`]), no addresses or object kinds
+/// (`objects` must then be false).
+pub fn take_snapshot(py: Python<'_>, objects: bool, peak: bool) -> Result<Snapshot> {
     if !is_tracing() {
         return Err(Error::State(
             "the tracemalloc module must be tracing memory allocations to take a snapshot".into(),
+        ));
+    }
+    if peak && objects {
+        return Err(Error::InvalidArgument(
+            "a peak snapshot cannot record object kinds: the objects alive at the peak may be \
+             gone (take_snapshot(peak=True) takes no objects=True)"
+                .into(),
         ));
     }
     sweep_dead_code(py);
@@ -845,7 +882,11 @@ pub fn take_snapshot(py: Python<'_>, objects: bool) -> Result<Snapshot> {
     } else {
         None
     };
-    let collected = collect(py, true, objects)?;
+    let collected = if peak {
+        collect_peak(py)?
+    } else {
+        collect(py, true, objects)?
+    };
     let kinds = graph.map(|graph| crate::heap::kinds::kinds_of(&graph, &collected.addresses));
     let limit = traceback_limit() as u32;
     let snapshot = with_resolver(|resolver| -> Result<Snapshot> {
@@ -889,8 +930,19 @@ pub fn take_snapshot(py: Python<'_>, objects: bool) -> Result<Snapshot> {
             tracebacks.push(traceback);
         }
         builder.try_reserve_traces(collected.traces.len())?;
-        for (i, &(size, stack)) in collected.traces.iter().enumerate() {
-            builder.trace(collected.domain(i), size as u64, tracebacks[stack as usize]);
+        match &collected.blocks {
+            None => {
+                for (i, &(size, stack)) in collected.traces.iter().enumerate() {
+                    builder.trace(collected.domain(i), size as u64, tracebacks[stack as usize]);
+                }
+            }
+            Some(blocks) => {
+                for (&(size, stack), &n) in collected.traces.iter().zip(blocks) {
+                    let traceback = tracebacks[stack as usize];
+                    builder.aggregate(DEFAULT_DOMAIN, size as u64, n, traceback);
+                }
+                builder.aggregates();
+            }
         }
         builder.metadata(metadata(py));
         builder.kinds(kinds);

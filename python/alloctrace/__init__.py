@@ -160,9 +160,23 @@ def get_object_traceback(obj):
 
 
 def take_snapshot(
-    objects: bool = False, *, retention: int = 0, baseline=None, retention_limit: int = 3
+    objects: bool = False,
+    *,
+    retention: int = 0,
+    baseline=None,
+    retention_limit: int = 3,
+    peak: bool = False,
 ) -> Snapshot:
     """Take a snapshot of the traces of memory blocks allocated by Python.
+
+    With *peak* true, the snapshot is of the moment the traced memory last reached its
+    peak (``get_traced_memory()[1]``) since :func:`start`, :func:`clear_traces` or
+    :func:`reset_peak`, even if that memory is freed now: per traceback, the exact bytes and
+    blocks alive then (estimates with the same weights as :func:`get_traced_memory` when
+    sampling). Its traces are one per traceback, each the total of its blocks
+    (:attr:`Snapshot.is_peak`); statistics, comparisons, filters, dumps and exports work on
+    it as on any snapshot. What cannot be known for a past moment is absent: block
+    addresses (so :func:`get_object_traceback`), object kinds (*objects*) and retention.
 
     With *objects* true, also record what each traced block is (its object kind: the
     object's type, a buffer named after its owner's type such as ``'list (items)'``, or
@@ -184,6 +198,11 @@ def take_snapshot(
             raise TypeError(f"{name} must be an int, not {type(value).__name__}")
         if value < 0:
             raise ValueError(f"{name} must be >= 0, not {value}")
+    if peak and (objects or retention):
+        raise ValueError(
+            "take_snapshot(peak=True) takes neither objects nor retention: the objects alive "
+            "at the peak may be gone"
+        )
     if baseline is not None and not isinstance(baseline, Snapshot):
         raise TypeError(f"baseline must be a Snapshot, not {type(baseline).__name__}")
     if not is_tracing():
@@ -193,7 +212,9 @@ def take_snapshot(
     if _get_traces is _native.get_traces:
         # The fast path: traces go from the live table to the snapshot without ever
         # becoming Python tuples.
-        snapshot = Snapshot._from_data(_native.take_snapshot(bool(objects)))
+        snapshot = Snapshot._from_data(_native.take_snapshot(bool(objects), bool(peak)))
+    elif peak:
+        return Snapshot._from_data(_native.take_snapshot(False, True))
     else:
         if objects:
             raise RuntimeError(

@@ -549,6 +549,25 @@ class Snapshot:
         return _process._from_native(self._data.process_memory)
 
     @property
+    def is_peak(self):
+        """Whether this is a peak snapshot (``take_snapshot(peak=True)``): one trace per
+        traceback, whose size is the total of the blocks it had alive at the peak; their
+        count is in :meth:`statistics`. Such traces have no address, so nothing per block
+        (object kinds, retention) is known."""
+        return self._data.is_peak
+
+    @property
+    def peak(self):
+        """The peak snapshot stored with this one in a dump (``ALLOCTRACE_DUMP`` writes the
+        session's peak with each snapshot), or ``None``."""
+        peak = self._data.peak
+        return None if peak is None else Snapshot._from_data(peak)
+
+    def _with_peak(self, peak):
+        """A copy of this snapshot that :meth:`dump` writes with the peak snapshot *peak*."""
+        return Snapshot._from_data(self._data.with_peak(peak._data))
+
+    @property
     def has_objects(self):
         """Whether the snapshot records object kinds (``take_snapshot(objects=True)``), so
         that it can be grouped by ``'type'`` and ``'lineno+type'``."""
@@ -577,6 +596,11 @@ class Snapshot:
     def __reduce__(self):
         # The state is the attributes dict, or (attributes, retention reports) when the
         # snapshot holds reports, so no attribute name is reserved for them.
+        if self._data.is_peak:
+            raise TypeError(
+                "a peak snapshot cannot be pickled (its traces are per-traceback totals); "
+                "use Snapshot.dump() and Snapshot.load()"
+            )
         state = self._attributes()
         reports = self._data.retention
         if reports is not None:
@@ -685,6 +709,11 @@ class Snapshot:
                 )
         if all(_is_native_filter(f) for f in filters):
             return Snapshot._from_data(self._data.filter([f._spec() for f in filters]))
+        if self._data.is_peak:
+            raise TypeError(
+                "a peak snapshot can only be filtered by Filter and DomainFilter (its traces "
+                "are per-traceback totals)"
+            )
         # A user-defined filter: its _match has to see every raw trace.
         include = [f for f in filters if f.inclusive]
         exclude = [f for f in filters if not f.inclusive]

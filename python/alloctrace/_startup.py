@@ -518,13 +518,15 @@ class Dumper:
             if not alloctrace.is_tracing():
                 _warn(f"no snapshot written to {path}: tracing was stopped by the program")
                 return
+            # The peak is taken first: the snapshot's own work must not move it.
+            peak = alloctrace.take_snapshot(peak=True)
             if not self.objects:
-                alloctrace.take_snapshot().dump(path)
+                alloctrace.take_snapshot()._with_peak(peak).dump(path)
                 return
             snapshot = alloctrace.take_snapshot(
                 objects=True, retention=self.retention, baseline=self._previous
             )
-            snapshot.dump(path)
+            snapshot._with_peak(peak).dump(path)
             self._previous = snapshot
         except BaseException as exc:
             # Never let a failed dump change how the program ends.

@@ -22,7 +22,7 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use prost::Message;
 
-use crate::analysis::sampling::{count_from_units, Weights};
+use crate::analysis::sampling::count_from_units;
 use crate::analysis::snapshot::{FrameId, Function, FunctionId, Snapshot, TracebackId};
 use crate::error::{Error, Result};
 
@@ -163,8 +163,13 @@ fn stacks(snapshot: &Snapshot, by_domain: bool) -> Vec<Stack> {
     type Key<'a> = (&'a [FrameId], &'a [Option<FunctionId>], u32);
     let mut index: HashMap<Key<'_>, usize> = HashMap::new();
     let mut out: Vec<Stack> = Vec::new();
-    let weights = Weights::new(snapshot.sample_interval);
-    for (trace, trace_domain) in snapshot.traces.iter().zip(snapshot.domains.iter()) {
+    let weighted = snapshot.weighted();
+    for ((trace, trace_domain), (bytes, count)) in snapshot
+        .traces
+        .iter()
+        .zip(snapshot.domains.iter())
+        .zip(weighted)
+    {
         let t = trace.traceback;
         let frames: &[FrameId] = &snapshot.tracebacks[t as usize].frames;
         let functions: &[Option<FunctionId>] = snapshot
@@ -182,8 +187,8 @@ fn stacks(snapshot: &Snapshot, by_domain: bool) -> Vec<Stack> {
             out.len() - 1
         });
         // Counts in fixed point until every trace is in (see `sampling`).
-        out[i].count += weights.count_units(trace.size);
-        out[i].size = out[i].size.saturating_add(weights.bytes(trace.size));
+        out[i].count += count;
+        out[i].size = out[i].size.saturating_add(bytes);
     }
     for stack in &mut out {
         stack.count = count_from_units(stack.count);
@@ -487,6 +492,7 @@ pub fn flamegraph(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::sampling::Weights;
     use crate::analysis::snapshot::SnapshotBuilder;
 
     /// main (app.py:10) -> load (app.py:3) -> two allocation sites, plus a second domain and

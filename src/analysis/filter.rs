@@ -627,6 +627,8 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
         tracebacks: snapshot.tracebacks.clone(),
         traces: Vec::new(),
         domains: Default::default(),
+        blocks: None,
+        peak: None,
         traceback_limit: snapshot.traceback_limit,
         metadata: snapshot.metadata.clone(),
         sample_interval: snapshot.sample_interval,
@@ -645,6 +647,10 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
     out.traces = kept(snapshot.traces.iter().copied(), &keep).collect();
     // Domains and object kinds stay aligned with the traces kept.
     out.domains = kept(snapshot.domains.iter(), &keep).collect();
+    out.blocks = snapshot
+        .blocks
+        .as_ref()
+        .map(|blocks| kept(blocks.iter().copied(), &keep).collect());
     out.kinds = snapshot.kinds.as_ref().map(|kinds| Kinds {
         names: kinds.names.clone(),
         of_trace: kept(kinds.of_trace.iter().copied(), &keep).collect(),
@@ -733,8 +739,19 @@ pub fn compact(snapshot: Snapshot) -> Snapshot {
         }
     }
     b.reserve_traces(snapshot.traces.len());
-    for (tr, domain) in snapshot.traces.iter().zip(snapshot.domains.iter()) {
-        b.trace(domain, tr.size, tb_map[tr.traceback as usize]);
+    for (i, (tr, domain)) in snapshot
+        .traces
+        .iter()
+        .zip(snapshot.domains.iter())
+        .enumerate()
+    {
+        match &snapshot.blocks {
+            Some(blocks) => b.aggregate(domain, tr.size, blocks[i], tb_map[tr.traceback as usize]),
+            None => b.trace(domain, tr.size, tb_map[tr.traceback as usize]),
+        }
+    }
+    if snapshot.blocks.is_some() {
+        b.aggregates();
     }
     b.metadata(snapshot.metadata);
     b.sample_interval(snapshot.sample_interval);

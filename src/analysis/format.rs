@@ -17,7 +17,7 @@
 //! 9 sampling interval (below), 10 object kinds (optional:
 //! the kind-name table, then one kind id per trace, in trace order; written only for
 //! snapshots taken with `objects=True`), 11 retention reports (optional: see
-//! [`decode_retention`]). Tables are written once and referenced by index; integers inside the
+//! [`decode_retention`]), 12 the peak (optional: see [`put_peak_section`]). Tables are written once and referenced by index; integers inside the
 //! tables are unsigned LEB128, and traces are stored by column (run-length domains, sizes,
 //! traceback ids) because that is what makes a 1M-trace dump a few MB.
 //!
@@ -83,10 +83,11 @@ const TAG_KINDS: u32 = 10;
 /// Retention reports (optional; see [`decode_retention`]).
 const TAG_RETENTION: u32 = 11;
 /// The process's resident memory at capture time (optional; see [`decode_process_memory`]).
-/// Tag 12 is reserved for the peak.
 const TAG_PROCESS_MEMORY: u32 = 13;
 /// Fields section 13 holds today; a later writer may append more, which this reader skips.
 const PROCESS_MEMORY_FIELDS: u64 = 5;
+/// The peak (section 12): see [`put_peak_section`].
+const TAG_PEAK: u32 = 12;
 const HEADER_LEN: usize = 12;
 const SECTION_HEADER_LEN: usize = 12;
 /// Deepest nesting of list/tuple/dict attribute values accepted, when storing and loading.
@@ -504,6 +505,8 @@ impl Encoder {
             section(&mut out, TAG_PROCESS_MEMORY, &buf);
         }
 
+        put_peak_section(&mut out, snapshot);
+
         if !attrs.is_empty() {
             buf.clear();
             put_uleb(&mut buf, attrs.len() as u64);
@@ -539,6 +542,70 @@ impl Encoder {
     /// The whole file in one buffer.
     fn to_vec(&self) -> Vec<u8> {
         self.pieces().concat()
+    }
+}
+
+/// Section 12, the peak, in one of two forms (a file holds at most one):
+///
+/// - form 1, `[1, uleb n, n × uleb blocks]`: this file's traces are aggregates (a peak
+///   snapshot, one trace per traceback), and trace `i` stands for `blocks[i]` blocks; its size
+///   is their total. A reader that skips the section loads every size right and counts one
+///   block per traceback;
+/// - form 2, `[2, a whole snapshot file]`: the peak of the session this file's snapshot was
+///   taken in (dumps); the nested file holds form 1 and no form 2 (one level only), and its
+///   user attributes are not used. A reader that skips it loads the snapshot unchanged.
+fn put_peak_section(out: &mut Vec<u8>, snapshot: &Snapshot) {
+    if let Some(blocks) = &snapshot.blocks {
+        section_with(out, TAG_PEAK, |out| {
+            out.push(1);
+            put_uleb(out, blocks.len() as u64);
+            for &n in blocks {
+                put_uleb(out, n);
+            }
+        });
+    } else if let Some(peak) = &snapshot.peak {
+        let nested = encode(peak, &Vec::new());
+        section_with(out, TAG_PEAK, |out| {
+            out.push(2);
+            out.extend_from_slice(&nested);
+        });
+    }
+}
+
+/// Decodes section 12 (see [`put_peak_section`]) into `(blocks, peak)`; `nested` is true
+/// inside a form-2 payload, where only form 1 may appear.
+#[allow(clippy::type_complexity)]
+fn decode_peak_section(
+    payload: &[u8],
+    ntraces: usize,
+    nested: bool,
+) -> std::result::Result<(Option<Vec<u64>>, Option<Box<Snapshot>>), Reason> {
+    let mut r = Reader::new(payload, "peak");
+    match r.byte()? {
+        1 => {
+            let n = r.count(1, "block counts")?;
+            if n != ntraces {
+                return Err(format!(
+                    "peak section: {n} block counts for {ntraces} traces"
+                ));
+            }
+            let mut blocks = Vec::with_capacity(n);
+            for _ in 0..n {
+                blocks.push(r.uleb()?);
+            }
+            r.finish()?;
+            Ok((Some(blocks), None))
+        }
+        2 if nested => Err("peak section: a peak holds another peak".into()),
+        2 => {
+            let (peak, _) = decode_file(&payload[1..], true)
+                .map_err(|reason| format!("peak section: {reason}"))?;
+            if peak.blocks.is_none() {
+                return Err("peak section: the peak's traces have no block counts".into());
+            }
+            Ok((None, Some(Box::new(peak))))
+        }
+        form => Err(format!("peak section: unknown form {form}")),
     }
 }
 
@@ -820,6 +887,11 @@ fn walk_sections(data: &[u8], total: usize, pos: &mut usize) -> std::result::Res
 
 /// Decodes a snapshot file's bytes; the error is the reason, for [`Error::Format`].
 pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason> {
+    decode_file(data, false)
+}
+
+/// Decodes a whole file, or with `nested` the snapshot file inside a peak section.
+fn decode_file(data: &[u8], nested: bool) -> std::result::Result<(Snapshot, Attributes), Reason> {
     let version = check_header(data)?;
     // Structure first, in one pass over the section headers: the sections must tile the
     // file exactly up to the end marker, whose checksum covers every byte before it. Only
@@ -1005,9 +1077,13 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         Some(payload) => Some(decode_retention(payload)?),
         None => None,
     };
-    let process_memory = match sections.iter().find(|&&(t, _)| t == TAG_PROCESS_MEMORY) {
-        Some(&(_, payload)) => Some(decode_process_memory(payload)?),
+    let process_memory = match section(TAG_PROCESS_MEMORY) {
+        Some(payload) => Some(decode_process_memory(payload)?),
         None => None,
+    };
+    let (blocks, peak) = match section(TAG_PEAK) {
+        Some(payload) => decode_peak_section(payload, traces.len(), nested)?,
+        None => (None, None),
     };
 
     let snapshot = Snapshot {
@@ -1029,6 +1105,8 @@ pub fn decode(data: &[u8]) -> std::result::Result<(Snapshot, Attributes), Reason
         sample_interval,
         kinds,
         retention,
+        blocks,
+        peak,
     };
     Ok((snapshot, attrs))
 }
@@ -2636,8 +2714,26 @@ mod tests {
     /// Rewrites section 13's payload and reseals the file.
     fn with_process_memory_payload(payload: &[u8]) -> Vec<u8> {
         let (s, attrs) = with_process_memory();
-        let data = encode(&s, &attrs);
-        let at = section_payload_offset(&data, TAG_PROCESS_MEMORY);
+        with_payload(&encode(&s, &attrs), TAG_PROCESS_MEMORY, payload)
+    }
+
+    /// A peak snapshot (aggregates) and a snapshot carrying it.
+    fn peak_pair() -> (Snapshot, Snapshot) {
+        let mut b = SnapshotBuilder::new(2);
+        let a = b.filename(b"a.py");
+        let (f1, f2) = (b.frame(a, 1), b.frame(a, 2));
+        let (t1, t2) = (b.traceback(&[f1], Some(1)), b.traceback(&[f2, f1], Some(3)));
+        b.aggregate(0, 5000, 40, t1);
+        b.aggregate(0, 0, 3, t2);
+        let peak = b.finish();
+        let (mut now, _) = sample();
+        now.peak = Some(Box::new(peak.clone()));
+        (peak, now)
+    }
+
+    /// Replaces the payload of section `tag` (fixing its length) and reseals the file.
+    fn with_payload(data: &[u8], tag: u32, payload: &[u8]) -> Vec<u8> {
+        let at = section_payload_offset(data, tag);
         let old_len = u64::from_le_bytes(data[at - 8..at].try_into().unwrap()) as usize;
         let mut out = data[..at - 8].to_vec();
         out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
@@ -2690,6 +2786,70 @@ mod tests {
             let err = decode(&with_process_memory_payload(&p)).unwrap_err();
             assert!(err.contains(expected), "{expected:?} not in {err:?}");
         }
+    }
+
+    #[test]
+    fn peak_section_round_trips_and_readers_without_it_skip_it() {
+        let (peak, now) = peak_pair();
+        for s in [&peak, &now] {
+            let data = encode(s, &vec![]);
+            assert_eq!(&decode(&data).unwrap().0, s);
+            // A reader that does not know section 12 skips it (as for any unknown tag): the
+            // snapshot without its peak; a peak with its sizes, one block per traceback.
+            let (old, _) = decode(&without_section(&data, TAG_PEAK)).unwrap();
+            let expected = Snapshot {
+                blocks: None,
+                peak: None,
+                ..s.clone()
+            };
+            assert_eq!(old, expected);
+            assert_eq!(encode(&expected, &vec![]), without_section(&data, TAG_PEAK));
+        }
+        let (loaded, _) = decode(&encode(&now, &vec![])).unwrap();
+        assert_eq!(loaded.peak.unwrap().blocks, Some(vec![40, 3]));
+        // An empty peak is still a peak.
+        let mut b = SnapshotBuilder::new(1);
+        b.aggregates();
+        let empty = b.finish();
+        assert_eq!(empty.blocks, Some(vec![]));
+        assert_eq!(decode(&encode(&empty, &vec![])).unwrap().0, empty);
+    }
+
+    #[test]
+    fn hostile_peak_sections_are_refused() {
+        let (peak, now) = peak_pair();
+        let peak_file = encode(&peak, &vec![]);
+        let now_file = encode(&now, &vec![]);
+        let nested = |file: &[u8]| [&[2u8][..], file].concat();
+        let mut corrupt_nested = peak_file.clone();
+        let mid = corrupt_nested.len() / 2;
+        corrupt_nested[mid] ^= 0x55;
+        let plain = encode(&sample().0, &vec![]);
+        // (file holding section 12, payload, expected reason)
+        let cases: Vec<(&[u8], Vec<u8>, &str)> = vec![
+            (&peak_file, vec![], "peak section is truncated"),
+            (&peak_file, vec![0], "unknown form 0"),
+            (&peak_file, vec![3, 0], "unknown form 3"),
+            (&peak_file, vec![1, 1, 40], "1 block counts for 2 traces"),
+            (&peak_file, vec![1, 2, 40], "truncated"),
+            (&peak_file, vec![1, 2, 40, 3, 0], "unexpected bytes"),
+            (&peak_file, vec![1, 0xFF, 0xFF, 0xFF, 0x7F], "declares"),
+            (
+                &now_file,
+                nested(&peak_file[..peak_file.len() - 1]),
+                "peak section: ",
+            ),
+            (&now_file, nested(&corrupt_nested), "peak section: "),
+            (&now_file, nested(b"GIF89a"), "peak section: "),
+            (&now_file, nested(&now_file), "a peak holds another peak"),
+            (&now_file, nested(&plain), "have no block counts"),
+        ];
+        for (file, payload, reason) in cases {
+            let err = decode(&with_payload(file, TAG_PEAK, &payload)).unwrap_err();
+            assert!(err.contains(reason), "{payload:?}: {err}");
+        }
+        // Form 1 at the top of a peak's nested file is what makes it a peak: fine.
+        assert!(decode(&with_payload(&now_file, TAG_PEAK, &nested(&peak_file))).is_ok());
     }
 
     /// Rewrites section 11's payload (header length included) and reseals the file.

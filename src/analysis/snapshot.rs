@@ -8,6 +8,8 @@
 
 use crate::process_memory::ProcessMemory;
 use serde::{Deserialize, Serialize};
+
+use crate::analysis::sampling::{Weights, COUNT_SCALE};
 use std::collections::HashMap;
 
 /// Index into [`Snapshot::filenames`].
@@ -171,6 +173,16 @@ pub struct Snapshot {
     pub traces: Vec<Trace>,
     /// The domain of each trace (as many as `traces`).
     pub domains: Domains,
+    /// `None`: every trace is one block (what the tracer sees now). `Some`: the traces are
+    /// aggregates, one per traceback (a peak snapshot, see `take_snapshot(peak=True)`), and
+    /// this holds, per trace, how many blocks it stands for; its `size` is their total. An
+    /// aggregate's size and count are final: they are not reweighted by `sample_interval`
+    /// (in a sampled peak they are already the estimates).
+    pub blocks: Option<Vec<u64>>,
+    /// The peak of the session this snapshot was taken in, stored with it (dumps written by
+    /// `ALLOCTRACE_DUMP`); always an aggregate snapshot. `None` when not stored. Not kept by
+    /// filters or comparisons: it is a separate snapshot, analysed as such.
+    pub peak: Option<Box<Snapshot>>,
     pub traceback_limit: u32,
     pub metadata: Metadata,
     /// `Some(R)` if the tracer sampled with a mean of R bytes between samples: `traces` then
@@ -231,6 +243,26 @@ impl Snapshot {
         let functions = self.traceback_functions.get(traceback as usize)?;
         let id = (*functions.get(index)?)?;
         Some(&self.functions[id as usize])
+    }
+
+    /// Blocks trace `i` stands for (1 unless the traces are aggregates).
+    #[inline]
+    pub fn blocks_of(&self, i: usize) -> u64 {
+        self.blocks.as_ref().map_or(1, |blocks| blocks[i])
+    }
+
+    /// Per trace, `(estimated bytes, estimated blocks in COUNT_SCALE units)`: the sizes and
+    /// counts every analysis sums. One block of its size per trace when exact, weighted by
+    /// inverse sampling probability when sampled, and as recorded for aggregates.
+    pub fn weighted(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let weights = Weights::new(self.sample_interval);
+        self.traces.iter().enumerate().map(move |(i, tr)| {
+            let size = tr.size;
+            match &self.blocks {
+                Some(blocks) => (size, blocks[i].saturating_mul(COUNT_SCALE)),
+                None => (weights.bytes(size), weights.count_units(size)),
+            }
+        })
     }
 }
 
@@ -382,6 +414,23 @@ impl SnapshotBuilder {
     pub fn trace(&mut self, domain: u32, size: u64, traceback: TracebackId) {
         self.snapshot.traces.push(Trace { size, traceback });
         self.snapshot.domains.push(domain);
+    }
+
+    /// Adds an aggregate trace: `blocks` blocks of `size` bytes together. A builder takes
+    /// either plain traces or aggregates, not both.
+    pub fn aggregate(&mut self, domain: u32, size: u64, blocks: u64, traceback: TracebackId) {
+        let n = self.snapshot.traces.len();
+        let column = self.snapshot.blocks.get_or_insert_with(Vec::new);
+        assert_eq!(column.len(), n, "aggregates and plain traces mixed");
+        column.push(blocks);
+        self.trace(domain, size, traceback);
+    }
+
+    /// Marks the snapshot as made of aggregates even if it has none (an empty peak).
+    pub fn aggregates(&mut self) {
+        if self.snapshot.traces.is_empty() {
+            self.snapshot.blocks.get_or_insert_with(Vec::new);
+        }
     }
 
     pub fn reserve_traces(&mut self, additional: usize) {

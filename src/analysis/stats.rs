@@ -269,23 +269,24 @@ impl Accumulator {
 pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<Stat> {
     let weights = Weights::new(snapshot.sample_interval);
     if key_type.uses_kinds() {
-        return group_kinds(snapshot, key_type == KeyType::LinenoType, weights);
+        return group_kinds(snapshot, key_type == KeyType::LinenoType);
     }
     let ntb = snapshot.tracebacks.len();
     let mut tb_size = vec![0u128; ntb];
     let mut tb_count = vec![0u64; ntb];
-    if weights.is_exact() {
+    // Counts in fixed point until the rows are made, unless every trace is one block.
+    let units = !weights.is_exact() || snapshot.blocks.is_some();
+    if !units {
         for tr in &snapshot.traces {
             let t = tr.traceback as usize;
             tb_size[t] += tr.size as u128;
             tb_count[t] += 1;
         }
     } else {
-        // Estimated bytes per trace; counts in fixed point until the rows are made.
-        for tr in &snapshot.traces {
+        for (tr, (bytes, count)) in snapshot.traces.iter().zip(snapshot.weighted()) {
             let t = tr.traceback as usize;
-            tb_size[t] += weights.bytes(tr.size) as u128;
-            tb_count[t] += weights.count_units(tr.size);
+            tb_size[t] += bytes as u128;
+            tb_count[t] += count;
         }
     }
     let live = (0..ntb).filter(|&t| tb_count[t] > 0);
@@ -365,7 +366,7 @@ pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<St
             count: empty.1,
         });
     }
-    if !weights.is_exact() {
+    if units {
         for row in &mut rows {
             row.count = count_from_units(row.count);
         }
@@ -377,13 +378,14 @@ pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<St
 /// column. A snapshot without kinds groups to nothing (callers check with
 /// [`KeyType::check`] first and report [`NO_KINDS`]). Sampled traces count with their
 /// weights, as in [`group`].
-fn group_kinds(snapshot: &Snapshot, per_line: bool, weights: Weights) -> Vec<Stat> {
+fn group_kinds(snapshot: &Snapshot, per_line: bool) -> Vec<Stat> {
     let Some(kinds) = &snapshot.kinds else {
         return Vec::new();
     };
     let mut index: HashMap<(Option<FrameId>, u32), usize> = HashMap::new();
     let mut rows: Vec<Stat> = Vec::new();
-    for (tr, &kind) in snapshot.traces.iter().zip(&kinds.of_trace) {
+    let weighted = snapshot.weighted();
+    for ((tr, &kind), (bytes, count)) in snapshot.traces.iter().zip(&kinds.of_trace).zip(weighted) {
         let frame = if per_line {
             snapshot.tracebacks[tr.traceback as usize]
                 .frames
@@ -404,8 +406,8 @@ fn group_kinds(snapshot: &Snapshot, per_line: bool, weights: Weights) -> Vec<Sta
             });
             rows.len() - 1
         });
-        rows[i].size += weights.bytes(tr.size) as u128;
-        rows[i].count += weights.count_units(tr.size);
+        rows[i].size += bytes as u128;
+        rows[i].count += count;
     }
     for row in &mut rows {
         row.count = count_from_units(row.count);
@@ -536,6 +538,30 @@ mod tests {
         assert_eq!(small.count_diff, count_from_units(small_units) as i64 - 3);
         let large = diffs.iter().find(|d| d.size == 1 << 20).unwrap();
         assert_eq!((large.size_diff, large.count_diff), (0, 0));
+    }
+
+    #[test]
+    fn aggregate_traces_count_their_blocks_and_are_not_reweighted() {
+        for interval in [None, Some(4096)] {
+            let mut b = SnapshotBuilder::new(1);
+            let a = b.filename(b"a.py");
+            let (f1, f2) = (b.frame(a, 1), b.frame(a, 2));
+            let (t1, t2, t3) = (
+                b.traceback(&[f1], None),
+                b.traceback(&[f2], Some(1)),
+                b.traceback(&[f2], Some(2)),
+            );
+            b.aggregate(0, 1000, 7, t1);
+            b.aggregate(0, 64, 2, t2);
+            b.aggregate(0, 36, 1, t3);
+            b.sample_interval(interval);
+            let s = b.finish();
+            let rows: Vec<(u128, u64)> = statistics(&s, KeyType::Lineno, false)
+                .iter()
+                .map(|r| (r.size, r.count))
+                .collect();
+            assert_eq!(rows, vec![(1000, 7), (100, 3)], "{interval:?}");
+        }
     }
 
     #[test]

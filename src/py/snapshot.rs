@@ -594,6 +594,40 @@ impl PySnapshotData {
         self.inner.traces.len()
     }
 
+    /// True for a peak snapshot: one trace per traceback, each the total of its blocks.
+    #[getter]
+    fn is_peak(&self) -> bool {
+        self.inner.blocks.is_some()
+    }
+
+    /// The peak stored with this snapshot (a dump's), or None.
+    #[getter]
+    fn peak(&self) -> Option<Self> {
+        self.inner
+            .peak
+            .as_ref()
+            .map(|peak| Self::new((**peak).clone()))
+    }
+
+    /// A copy of this snapshot carrying `peak` (a peak snapshot) for `dump`.
+    fn with_peak(&self, py: Python<'_>, peak: &PySnapshotData) -> PyResult<Self> {
+        if self.inner.blocks.is_some() {
+            return Err(PyValueError::new_err(
+                "a peak snapshot cannot carry another peak",
+            ));
+        }
+        if peak.inner.blocks.is_none() {
+            return Err(PyValueError::new_err(
+                "peak must be a peak snapshot (take_snapshot(peak=True))",
+            ));
+        }
+        let (snap, peak): (&Snapshot, &Snapshot) = (&self.inner, &peak.inner);
+        Ok(Self::new(py.detach(|| Snapshot {
+            peak: Some(Box::new(peak.clone())),
+            ..snap.clone()
+        })))
+    }
+
     /// Raw tuple of trace `index` (negative indexes count from the end).
     fn trace<'py>(&self, py: Python<'py>, index: isize) -> PyResult<Bound<'py, PyTuple>> {
         let n = self.inner.traces.len() as isize;
@@ -770,6 +804,7 @@ impl PySnapshotData {
                 let o = o.get();
                 self.inner.traceback_limit == o.inner.traceback_limit
                     && self.inner.sample_interval == o.inner.sample_interval
+                    && self.inner.blocks == o.inner.blocks
                     && self.traces_equal(py, o)
             }
             Err(_) => false,

@@ -236,10 +236,12 @@ fn set_trace_filters(specs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (objects = false))]
-fn take_snapshot(py: Python<'_>, objects: bool) -> PyResult<PySnapshotData> {
+#[pyo3(signature = (objects = false, peak = false))]
+fn take_snapshot(py: Python<'_>, objects: bool, peak: bool) -> PyResult<PySnapshotData> {
     require_main_interpreter("take_snapshot")?;
-    Ok(PySnapshotData::new(tracer::take_snapshot(py, objects)?))
+    Ok(PySnapshotData::new(tracer::take_snapshot(
+        py, objects, peak,
+    )?))
 }
 
 /// How this interpreter lets alloctrace re-attribute objects reused from free lists

@@ -139,8 +139,11 @@ unsafe fn track(domain: u32, ptr: usize, size: usize) -> c_int {
     if map.try_reserve(1).is_err() {
         return -1;
     }
-    let old = map.insert((domain, ptr), trace);
-    table.account(old, Some(trace));
+    let old = map.get(&(domain, ptr)).copied();
+    if !table.account_outside(old, Some(trace)) {
+        return -1;
+    }
+    map.insert((domain, ptr), trace);
     0
 }
 
@@ -152,7 +155,8 @@ fn untrack(domain: u32, ptr: usize) {
     }
     let mut map = store().lock();
     if let Some(old) = map.remove(&(domain, ptr)) {
-        tracer::table().account(Some(old), None);
+        // Nothing is added, so this cannot fail.
+        let _ = tracer::table().account_outside(Some(old), None);
     }
 }
 

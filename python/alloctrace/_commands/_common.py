@@ -125,6 +125,17 @@ def load(path: str, allow_pickle: bool = False):
         raise CommandError(message) from None
 
 
+def peak_of(path: str, snapshot):
+    """The peak snapshot stored in *path* with *snapshot* (see ``Snapshot.peak``)."""
+    peak = getattr(snapshot, "peak", None)
+    if peak is None:
+        raise CommandError(
+            f"{path} holds no peak: only dumps written by ALLOCTRACE_DUMP (or 'alloctrace "
+            "run') carry one"
+        )
+    return peak
+
+
 def _describe(exc: Exception, path: str) -> str:
     message = str(exc) or type(exc).__name__
     return message if path in message else f"{path}: {message}"

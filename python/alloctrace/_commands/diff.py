@@ -1,4 +1,5 @@
-"""``alloctrace diff OLD NEW``: what grew and shrank between two snapshots."""
+"""``alloctrace diff OLD NEW``: what grew and shrank between two snapshots; ``alloctrace diff
+--peak FILE``: between the peak stored in a dump and the dump's own snapshot."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ def register(commands) -> None:
         "entries left out).",
     )
     diff.add_argument("old", help="earlier snapshot file")
-    diff.add_argument("new", help="later snapshot file")
+    diff.add_argument("new", nargs="?", help="later snapshot file")
+    diff.add_argument(
+        "--peak",
+        action="store_true",
+        help="compare the one snapshot file given to the peak stored in it (peak -> end)",
+    )
     common.add_report_options(diff)
     diff.set_defaults(handler=execute)
 
@@ -38,8 +44,22 @@ def _warn_if_swapped(args: argparse.Namespace, old, new) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     common.check_key(args)
-    old = common.load(args.old, args.allow_pickle)
-    new = common.load(args.new, args.allow_pickle)
+    if args.peak:
+        if args.new is not None:
+            raise common.CommandError(
+                "diff --peak takes one snapshot file (its peak is compared to it)",
+                common.USAGE_ERROR,
+            )
+        new = common.load(args.old, args.allow_pickle)
+        old = common.peak_of(args.old, new)
+        args.new, args.old = args.old, f"{args.old} (peak)"
+    elif args.new is None:
+        raise common.CommandError(
+            "diff needs two snapshot files (or --peak and one)", common.USAGE_ERROR
+        )
+    else:
+        old = common.load(args.old, args.allow_pickle)
+        new = common.load(args.new, args.allow_pickle)
     common.check_objects(args.old, old, args)
     common.check_objects(args.new, new, args)
     _warn_if_swapped(args, old, new)

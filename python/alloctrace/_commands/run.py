@@ -330,7 +330,8 @@ def _die_like_child(signum: int) -> NoReturn:
 
 
 def _summarise(shown: str) -> None:
-    """The top 10 lines of the program's exit snapshot, on stderr (stdout is the program's)."""
+    """The top 10 lines of the program's exit snapshot, then of its peak, on stderr (stdout
+    is the program's)."""
     try:
         snapshot = common.load(shown)
         args = argparse.Namespace(
@@ -342,6 +343,8 @@ def _summarise(shown: str) -> None:
             no_source=False,
         )
         lines = render_stats(shown, snapshot, args, sys.stderr)
+        if snapshot.peak is not None:
+            lines += ["", *render_stats(shown, snapshot.peak, args, sys.stderr)]
     except CommandError as exc:
         sys.stderr.write(f"{PROG}: snapshot written to {shown} but unreadable: {exc}\n")
         return

@@ -21,6 +21,11 @@ def register(commands) -> None:
         "line, file, traceback or object kind.",
     )
     stats.add_argument("file", help="snapshot file")
+    stats.add_argument(
+        "--peak",
+        action="store_true",
+        help="show the peak stored in the file (what was alive when the traced memory peaked)",
+    )
     common.add_report_options(stats)
     stats.set_defaults(handler=execute)
 
@@ -62,7 +67,8 @@ def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[
     names = _report.KEY_SINGULAR if shown_count == 1 else _report.KEY_TITLES
     what = names[args.key] + (" (cumulative)" if args.cumulative else "")
     count = "All" if limit is None else f"Top {shown_count}"
-    title = f"{count} {what} in {common.header(path, snapshot, memory)}"
+    where = "at the peak of" if getattr(snapshot, "is_peak", False) else "in"
+    title = f"{count} {what} {where} {common.header(path, snapshot, memory)}"
     lines = renderer.stats(
         stats,
         key_type=args.key,
@@ -82,6 +88,8 @@ def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[
 def execute(args: argparse.Namespace) -> int:
     common.check_key(args)
     snapshot = common.load(args.file, args.allow_pickle)
+    if getattr(args, "peak", False):
+        snapshot = common.peak_of(args.file, snapshot)
     common.check_objects(args.file, snapshot, args)
     if args.json:
         _, described = common.filters(args)
