@@ -545,6 +545,32 @@ def capture_sites(sites, limit=3, max_lines=5):
     return _with_gc_off(analyse)
 
 
+def find_site_report(reports, filename, lineno):
+    """The report among *reports* (dicts with ``filename`` and ``lineno``) for the site
+    *filename*:*lineno*, or ``None``: the one rule by which :meth:`Snapshot.referrer_paths`
+    and ``alloctrace why --line`` name a site.
+
+    *filename* is a full path or the end of one, cut at a ``/`` (``app.py``,
+    ``pkg/app.py``). A report whose file is exactly *filename* wins; otherwise the reports
+    whose file ends with it match, and more than one distinct file matching is a
+    :exc:`ValueError` naming them.
+    """
+    at_line = [r for r in reports if r["lineno"] == lineno]
+    for report in at_line:
+        if report["filename"] == filename:
+            return report
+    tail = "/" + filename.lstrip("/")
+    matches = [r for r in at_line if r["filename"].endswith(tail)]
+    files = sorted({r["filename"] for r in matches})
+    if len(files) > 1:
+        raise ValueError(
+            f"{filename}:{lineno} is ambiguous: it matches "
+            + ", ".join(f"{f}:{lineno}" for f in files)
+            + "; give more of the path"
+        )
+    return matches[0] if matches else None
+
+
 class SiteRetention:
     """Why the objects allocated at one line are alive, as captured in a snapshot.
 

@@ -607,13 +607,15 @@ class Snapshot:
 
         *key* names the site: a ``'file:line'`` string, a :class:`Frame`, or a
         :class:`Traceback` or :class:`Statistic`/:class:`StatisticDiff` (its most recent
-        frame). Returns an :class:`alloctrace.SiteRetention` (what holds the site's objects,
-        sample reference chains, retained size), or ``None`` when none was captured for that
-        site. Raises :exc:`ValueError` if the snapshot holds no retention reports at all:
-        take it with ``take_snapshot(retention=N)``, or dump at exit with
-        ``ALLOCTRACE_OBJECTS=1``.
+        frame). The file may be the end of a path (``'app.py:42'``, ``'pkg/app.py:42'``),
+        as with ``alloctrace why --line``; an end that matches several captured files raises
+        :exc:`ValueError` naming them. Returns an :class:`alloctrace.SiteRetention` (what
+        holds the site's objects, sample reference chains, retained size), or ``None`` when
+        none was captured for that site. Raises :exc:`ValueError` if the snapshot holds no
+        retention reports at all: take it with ``take_snapshot(retention=N)``, or dump at
+        exit with ``ALLOCTRACE_OBJECTS=1``.
         """
-        from alloctrace._retention import SiteRetention
+        from alloctrace._retention import SiteRetention, find_site_report
 
         filename, lineno = _site_of(key)
         reports = self._data.retention
@@ -622,10 +624,8 @@ class Snapshot:
                 "this snapshot holds no retention reports: take it with "
                 "alloctrace.take_snapshot(retention=N), or set ALLOCTRACE_OBJECTS=1 for dumps"
             )
-        for report in reports:
-            if report["lineno"] == lineno and report["filename"] == filename:
-                return SiteRetention(report)
-        return None
+        report = find_site_report(reports, filename, lineno)
+        return None if report is None else SiteRetention(report)
 
     def _filter_trace(self, include_filters, exclude_filters, trace):
         if include_filters and not any(f._match(trace) for f in include_filters):
