@@ -627,8 +627,10 @@ def test_site_report_counts_every_code_object_of_the_line(stopped_tracer, tmp_pa
     ]
     report = snapshot.referrer_paths(f"{holders.__file__}:3")
     assert report is not None
-    # 3,000 lists and their 9,000 bytes objects: every object the line allocated.
-    assert report.count >= 11_900, (report.count, stat.count)
+    # 3,000 lists and their 9,000 bytes objects: every object the line allocated (a few
+    # lists may come from a free list, traced where they were first allocated). Before the
+    # fix, 3.9 counted the comprehension's objects or the function's, not both (~3,000).
+    assert report.count >= 10_800, (report.count, stat.count)
     assert report.size >= 9000 * 300
     del kept
     sys.modules.pop("holders", None)
