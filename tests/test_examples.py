@@ -106,3 +106,22 @@ def test_why_leak_diff_then_why(tmp_path):
     assert f"× {holder[0]} ({EXAMPLES / 'why_leak.py'}:{holder[1]})" in why.stdout
     assert "  __main__._sessions → dict['client-" in why.stdout
     assert "Session.__dict__['history'] → list[" in why.stdout
+
+
+def test_pytest_memory(tmp_path):
+    """docs/pytest.md's failure messages: two tests fail on purpose, two pass."""
+    example = EXAMPLES / "pytest_memory.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(example)],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    out = result.stdout
+    assert "2 failed, 2 passed" in out, out
+    assert "limit_memory: the test was limited to 1.0 MiB but its body allocated 2." in out
+    leak = line_of("pytest_memory.py", 'session = {"user"')
+    assert f"pytest_memory.py:{leak}: " in out and " KiB per run (" in out, out
+    assert "kinds: str " in out and "held by: pytest_memory.SESSIONS" in out

@@ -479,3 +479,50 @@ def test_default_tolerance_holds_against_recorded_noise():
     assert large
     for test in large:
         assert 2 * runs[0][test] > default.allowed(max(r[test] for r in runs))
+
+
+def test_unittest_cases_are_measured(pytester, run):
+    pytester.makepyfile(
+        test_cases=source(
+            """
+            import unittest
+            import pytest
+
+            KEPT = []
+
+            class Case(unittest.TestCase):
+                @pytest.mark.limit_memory("1 MB")
+                def test_big(self):
+                    KEPT.append([bytes(1000) for _ in range(3000)])
+
+                def test_small(self):
+                    pass
+            """
+        )
+    )
+    result = run("--alloctrace-top=2")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "limit_memory: the test was limited to 1.0 MiB" in out
+    assert "2 highest peaks of 2 tests measured" in out
+
+
+def test_limit_leaks_refuses_unittest_cases(pytester, run):
+    pytester.makepyfile(
+        test_cases=source(
+            """
+            import unittest
+            import pytest
+
+            class Case(unittest.TestCase):
+                @pytest.mark.limit_leaks("1 MB")
+                def test_it(self):
+                    pass
+            """
+        )
+    )
+    result = run()
+    assert result.ret == USAGE_ERROR
+    assert "test_cases.py::Case::test_it: limit_leaks needs a plain test function" in (
+        result.stderr.str()
+    )

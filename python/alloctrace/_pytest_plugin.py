@@ -168,7 +168,7 @@ def _marker_errors(item) -> tuple[Optional[TestSpec], list[str]]:
                 "Statistic, or a list of alloctrace.Filter"
             )
         function = getattr(item, "obj", None)
-        if function is None or inspect.iscoroutinefunction(function):
+        if function is None or inspect.iscoroutinefunction(function) or not _calls_pyfunc(item):
             errors.append(
                 f"{item.nodeid}: limit_leaks needs a plain test function (it calls the body "
                 "several times)"
@@ -177,6 +177,12 @@ def _marker_errors(item) -> tuple[Optional[TestSpec], list[str]]:
     if spec.memory_limit is None and spec.leaks is None:
         return None, errors
     return spec, errors
+
+
+def _calls_pyfunc(item) -> bool:
+    """Whether pytest runs *item* by calling its function through ``pytest_pyfunc_call``
+    (plain test functions; not unittest or doctest items, which override ``runtest``)."""
+    return isinstance(item, pytest.Function) and type(item).runtest is pytest.Function.runtest
 
 
 def _is_filter_list(value) -> bool:
@@ -309,31 +315,42 @@ class SessionPlugin:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
+        # Items that call the test function through pytest_pyfunc_call are measured there,
+        # closer to the body: pytest's own work in the call phase (its PYTEST_CURRENT_TEST
+        # variable, output capture, warnings) stays out. Others (unittest, doctest) here.
         spec = self.specs.get(item.nodeid)
+        if spec is None or _calls_pyfunc(item):
+            return (yield)
+        return (yield from self._measured(item, spec))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_pyfunc_call(self, pyfuncitem):
+        spec = self.specs.get(pyfuncitem.nodeid)
         if spec is None:
             return (yield)
+        return (yield from self._measured(pyfuncitem, spec))
+
+    def _measured(self, item, spec: TestSpec):
+        """The body of both wrappers: trace what the inner call does, then judge it."""
         measure = Measure(spec)
-        item._alloctrace_measure = measure
         self._begin(measure)
         try:
-            result = yield
+            if spec.leaks is not None and measure.skipped_reason is None:
+                result = yield from self._leak_runs(item, measure)
+            else:
+                result = yield
         except BaseException:
             self._end(item, measure, passed=False)
             raise
-        finally:
-            del item._alloctrace_measure
         self._end(item, measure, passed=True)
         return result
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_pyfunc_call(self, pyfuncitem):
-        measure = getattr(pyfuncitem, "_alloctrace_measure", None)
-        if measure is None or measure.spec.leaks is None or measure.skipped_reason:
-            return None
+    def _leak_runs(self, item, measure: Measure):
+        """Calls the test function warmup + runs times: the warm-up calls directly, then
+        pytest's own call (the first counted run), then the other counted runs."""
         leaks = measure.spec.leaks
-        function = pyfuncitem.obj
-        names = pyfuncitem._fixtureinfo.argnames
-        kwargs = {name: pyfuncitem.funcargs[name] for name in names}
+        function = item.obj
+        kwargs = {name: item.funcargs[name] for name in item._fixtureinfo.argnames}
         for _ in range(leaks.warmup):
             function(**kwargs)
         # Only what the counted runs allocate is traced from here: caches the warm-up runs
@@ -341,13 +358,14 @@ class SessionPlugin:
         gc.collect()
         if measure.stepped_aside is None:
             _native.clear_traces()
-        for _ in range(leaks.runs):
+        result = yield
+        for _ in range(leaks.runs - 1):
             function(**kwargs)
         del kwargs
         gc.collect()
         if measure.stepped_aside is None and _native.is_tracing():
             measure.leak_report = _leak_report(leaks, self.verbosity)
-        return True
+        return result
 
     def _begin(self, measure: Measure) -> None:
         import tracemalloc
