@@ -499,7 +499,10 @@ unsafe fn owned_buffers(
 /// `rightblock`; a block is `leftlink`, 64 item pointers, `rightlink`. The walk stops after
 /// as many blocks as the item count can fill (plus the two partly used ends), so a deque
 /// being changed by no one (the GIL is held) is read in bounded time whatever its state.
-/// Spare blocks a deque keeps for reuse (3.12+) are not found: they stay `raw`.
+/// Spare blocks a deque keeps for reuse (3.12+) are not found: they stay `raw`. Only the
+/// static deque type (up to 3.11) is recognised: from 3.12 `_collections` makes its types
+/// from specs (heap types), which [`is_deque`] does not trust by name, so their blocks are
+/// still `raw` there.
 ///
 /// # Safety
 /// `obj` is a live object, a deque if `deque`, and the GIL is held.
