@@ -1116,14 +1116,27 @@ pub unsafe fn object_sites(py: Python<'_>, addrs: &[usize]) -> (Vec<Option<u32>>
         .collect();
     let stacks = resolve_stacks(py, &ids, false).unwrap_or_default();
     let mut sites: Vec<Site> = Vec::new();
+    // The resolver numbers filenames per code object: a comprehension or nested function
+    // (its own code object) gets another number for the same file. A site is the file's
+    // name and the line, so the numbers are merged by name first.
+    let mut files: HashMap<Box<[u8]>, u32> = HashMap::new();
     let mut site_ids: HashMap<(u32, u32), u32> = HashMap::new();
     let stack_site: Vec<Option<u32>> = with_resolver(|resolver| {
         stacks
             .iter()
             .map(|((frames, _), _)| {
                 let &(filename, lineno) = frames.first()?;
-                Some(*site_ids.entry((filename, lineno)).or_insert_with(|| {
-                    sites.push((resolver.filename(filename).bytes.clone(), lineno));
+                let name = &resolver.filename(filename).bytes;
+                let file = match files.get(name) {
+                    Some(&file) => file,
+                    None => {
+                        let file = files.len() as u32;
+                        files.insert(name.clone(), file);
+                        file
+                    }
+                };
+                Some(*site_ids.entry((file, lineno)).or_insert_with(|| {
+                    sites.push((name.clone(), lineno));
                     sites.len() as u32 - 1
                 }))
             })

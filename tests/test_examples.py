@@ -151,3 +151,22 @@ def test_rss_vs_traced(tmp_path):
     assert rows["3."][anon] - rows["2b."][anon] >= 60
     assert abs(rows["3."][traced] - rows["2b."][traced]) < 1
     assert result.stdout.splitlines()[-1].startswith("snapshot: traced ")
+
+
+def test_pytest_memory(tmp_path):
+    """docs/pytest.md's failure messages: two tests fail on purpose, two pass."""
+    example = EXAMPLES / "pytest_memory.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(example)],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    out = result.stdout
+    assert "2 failed, 2 passed" in out, out
+    assert "limit_memory: the test was limited to 1.0 MiB but its body allocated 2." in out
+    leak = line_of("pytest_memory.py", 'session = {"user"')
+    assert f"pytest_memory.py:{leak}: " in out and " KiB per run (" in out, out
+    assert "kinds: str " in out and "held by: pytest_memory.SESSIONS" in out

@@ -264,6 +264,14 @@ def clear_filters() -> None:
     _trace_filters.clear()
 
 
+def load_ipython_extension(ipython) -> None:
+    """Register the ``%%alloctrace`` cell magic: ``%load_ext alloctrace`` in IPython or
+    Jupyter (see :mod:`alloctrace._ipython`)."""
+    from alloctrace._ipython import load_ipython_extension as load
+
+    load(ipython)
+
+
 def _refuse_tracemalloc_while_tracing() -> None:
     """Make the standard ``tracemalloc.start()`` refuse while alloctrace traces.
 

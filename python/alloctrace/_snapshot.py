@@ -667,11 +667,13 @@ class Snapshot:
 
         *key* names the site: a ``'file:line'`` string, a :class:`Frame`, or a
         :class:`Traceback` or :class:`Statistic`/:class:`StatisticDiff` (its most recent
-        frame). Returns an :class:`alloctrace.SiteRetention` (what holds the site's objects,
-        sample reference chains, retained size), or ``None`` when none was captured for that
-        site. Raises :exc:`ValueError` if the snapshot holds no retention reports at all:
-        take it with ``take_snapshot(retention=N)``, or dump at exit with
-        ``ALLOCTRACE_OBJECTS=1``.
+        frame). The file may be the end of a path (``'app.py:42'``, ``'pkg/app.py:42'``),
+        as with ``alloctrace why --line``; an end that matches several captured files raises
+        :exc:`ValueError` naming them. Returns an :class:`alloctrace.SiteRetention` (what
+        holds the site's objects, sample reference chains, retained size), or ``None`` when
+        none was captured for that site. Raises :exc:`ValueError` if the snapshot holds no
+        retention reports at all: take it with ``take_snapshot(retention=N)``, or dump at
+        exit with ``ALLOCTRACE_OBJECTS=1``.
         """
         filename, lineno = _site_of(key)
         reports = self._data.retention
@@ -680,10 +682,8 @@ class Snapshot:
                 "this snapshot holds no retention reports: take it with "
                 "alloctrace.take_snapshot(retention=N), or set ALLOCTRACE_OBJECTS=1 for dumps"
             )
-        for report in reports:
-            if report["lineno"] == lineno and report["filename"] == filename:
-                return SiteRetention(report)
-        return None
+        report = find_site_report(reports, filename, lineno)
+        return None if report is None else SiteRetention(report)
 
     def _filter_trace(self, include_filters, exclude_filters, trace):
         if include_filters and not any(f._match(trace) for f in include_filters):
@@ -896,6 +896,32 @@ def _is_reserved_attribute(name):
         or hasattr(Snapshot, name)
         or (name.startswith("__") and name.endswith("__"))
     )
+
+
+def find_site_report(reports, filename, lineno):
+    """The report among *reports* (dicts with ``filename`` and ``lineno``) for the site
+    *filename*:*lineno*, or ``None``: the one rule by which :meth:`Snapshot.referrer_paths`
+    and ``alloctrace why --line`` name a site.
+
+    *filename* is a full path or the end of one, cut at a ``/`` (``app.py``,
+    ``pkg/app.py``). A report whose file is exactly *filename* wins; otherwise the reports
+    whose file ends with it match, and more than one distinct file matching is a
+    :exc:`ValueError` naming them.
+    """
+    at_line = [r for r in reports if r["lineno"] == lineno]
+    for report in at_line:
+        if report["filename"] == filename:
+            return report
+    tail = "/" + filename.lstrip("/")
+    matches = [r for r in at_line if r["filename"].endswith(tail)]
+    files = sorted({r["filename"] for r in matches})
+    if len(files) > 1:
+        raise ValueError(
+            f"{filename}:{lineno} is ambiguous: it matches "
+            + ", ".join(f"{f}:{lineno}" for f in files)
+            + "; give more of the path"
+        )
+    return matches[0] if matches else None
 
 
 class SiteRetention:

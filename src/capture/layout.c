@@ -74,6 +74,29 @@ int main(void) {
     OFF("HEAPTYPE_QUALNAME", PyHeapTypeObject, ht_qualname);
     OFF("HEAPTYPE_CACHED_KEYS", PyHeapTypeObject, ht_cached_keys);
     OFF("TSTATE_THREAD_ID", PyThreadState, thread_id);
+    /* Fields whose objects no tp_traverse visits (strings and bytes are not containers for
+     * the collector): a heap type's name, a code object's constants, names and tables. */
+    OFF("HEAPTYPE_NAME", PyHeapTypeObject, ht_name);
+    OFF("CODE_CONSTS", PyCodeObject, co_consts);
+    OFF("CODE_NAMES", PyCodeObject, co_names);
+    OFF("CODE_NAME", PyCodeObject, co_name);
+#if PY_VERSION_HEX >= 0x030B0000
+    OFF("CODE_QUALNAME", PyCodeObject, co_qualname);
+    OFF("CODE_LOCALSPLUSNAMES", PyCodeObject, co_localsplusnames);
+    OFF("CODE_LOCALSPLUSKINDS", PyCodeObject, co_localspluskinds);
+    OFF("CODE_EXCEPTIONTABLE", PyCodeObject, co_exceptiontable);
+    OFF("CODE_LINETABLE", PyCodeObject, co_linetable);
+#else
+    OFF("CODE_CODE", PyCodeObject, co_code);
+    OFF("CODE_VARNAMES", PyCodeObject, co_varnames);
+    OFF("CODE_FREEVARS", PyCodeObject, co_freevars);
+    OFF("CODE_CELLVARS", PyCodeObject, co_cellvars);
+#if PY_VERSION_HEX >= 0x030A0000
+    OFF("CODE_LINETABLE", PyCodeObject, co_linetable);
+#else
+    OFF("CODE_LINETABLE", PyCodeObject, co_lnotab);
+#endif
+#endif
 #if PY_VERSION_HEX >= 0x030B0000
     OFF("IFRAME_LOCALS", _PyInterpreterFrame, f_locals);
     OFF("IFRAME_FRAME_OBJ", _PyInterpreterFrame, frame_obj);

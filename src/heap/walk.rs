@@ -127,6 +127,8 @@ struct Walker {
     /// The distinct type objects met, in order: a node's provisional type is an index here.
     types: Vec<*mut ffi::PyTypeObject>,
     type_index: HashMap<usize, u32, BuildAddressHasher>,
+    /// Per type in `types`: whether it is a deque (whose blocks the walk attributes to it).
+    deque_types: Vec<bool>,
     /// The objects behind the nodes, by node id (the graph keeps addresses as `usize`).
     objects: Vec<*mut ffi::PyObject>,
     /// Filled by `visit` during one `tp_traverse` call.
@@ -146,6 +148,7 @@ impl Walker {
         let next = self.types.len() as u32;
         let provisional = *self.type_index.entry(tp as usize).or_insert_with(|| {
             self.types.push(tp);
+            self.deque_types.push(is_deque(tp));
             next
         });
         let block = Current::object_block(obj);
@@ -159,7 +162,8 @@ impl Walker {
             self.builder.set_block(node, block);
         }
         self.objects.push(obj);
-        for (addr, label, estimate) in owned_buffers(obj, tp) {
+        let deque = self.deque_types[provisional as usize];
+        for (addr, label, estimate) in owned_buffers(obj, tp).chain(deque_blocks(obj, deque)) {
             let size = (self.traced_size)(addr)
                 .map(|s| s as u64)
                 .unwrap_or(estimate);
@@ -209,14 +213,16 @@ impl Walker {
             let obj = self.objects[next];
             let from = next as NodeId;
             next += 1;
-            if !is_gc(obj) {
+            self.referents.clear();
+            if is_gc(obj) {
+                if let Some(traverse) = (*(*obj).ob_type).tp_traverse {
+                    traverse(obj, visit, (&mut self.referents as *mut Vec<_>).cast());
+                }
+            }
+            untraversed_referents(obj, &mut self.referents);
+            if self.referents.is_empty() {
                 continue;
             }
-            let Some(traverse) = (*(*obj).ob_type).tp_traverse else {
-                continue;
-            };
-            self.referents.clear();
-            traverse(obj, visit, (&mut self.referents as *mut Vec<_>).cast());
             let referents = std::mem::take(&mut self.referents);
             for &referent in &referents {
                 let to = self.reach(referent);
@@ -317,6 +323,72 @@ unsafe fn stack_objects(tstate: *mut ffi::PyThreadState, out: &mut StackObjects)
         frame = field(frame, layout::IFRAME_PREVIOUS);
     }
 }
+
+/// Adds to `out` what `obj` refers to that its `tp_traverse` does not visit: the collector
+/// only needs the references that can form cycles, so traverse functions skip strings, bytes
+/// and other atomic objects where the container's layout makes that cheap. Without these the
+/// objects are never reached and their blocks are reported as `raw`:
+/// - a dict's keys when its keys table holds only `str` keys (every version's `dict_traverse`
+///   then visits the values alone): module and class namespaces, instance dicts, and any
+///   `{f"key-{i}": ...}`;
+/// - a code object's constants, names and tables (code is not a container for the
+///   collector at all), which is where the literals and identifiers of every module and
+///   function compiled while tracing live;
+/// - a heap type's `__name__` (`type_traverse` leaves it out).
+///
+/// # Safety
+/// `obj` is a live object and the GIL is held. `PyDict_Next` reads the entries in place: it
+/// allocates nothing and runs no code.
+unsafe fn untraversed_referents(obj: *mut ffi::PyObject, out: &mut Vec<*mut ffi::PyObject>) {
+    let tp = (*obj).ob_type;
+    let flags = (*tp).tp_flags;
+    if flags & ffi::Py_TPFLAGS_DICT_SUBCLASS != 0 {
+        // Keys already visited (a dict with non-str keys) are not added twice.
+        let visited: std::collections::HashSet<usize> = out.iter().map(|&o| o as usize).collect();
+        let (mut pos, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+        while ffi::PyDict_Next(obj, &mut pos, &mut key, &mut value) != 0 {
+            if !key.is_null() && !visited.contains(&(key as usize)) {
+                out.push(key);
+            }
+        }
+    } else if tp == std::ptr::addr_of_mut!(ffi::PyCode_Type) {
+        for offset in CODE_FIELDS {
+            let field_obj: *mut ffi::PyObject = field(obj, offset);
+            if !field_obj.is_null() {
+                out.push(field_obj);
+            }
+        }
+    } else if flags & ffi::Py_TPFLAGS_TYPE_SUBCLASS != 0 && flags & ffi::Py_TPFLAGS_HEAPTYPE != 0 {
+        let name: *mut ffi::PyObject = field(obj, layout::HEAPTYPE_NAME);
+        if !name.is_null() {
+            out.push(name);
+        }
+    }
+}
+
+/// The object fields of a code object, per version (see `layout.c`).
+#[cfg(Py_3_11)]
+const CODE_FIELDS: [usize; 8] = [
+    layout::CODE_CONSTS,
+    layout::CODE_NAMES,
+    layout::CODE_NAME,
+    layout::CODE_QUALNAME,
+    layout::CODE_LOCALSPLUSNAMES,
+    layout::CODE_LOCALSPLUSKINDS,
+    layout::CODE_EXCEPTIONTABLE,
+    layout::CODE_LINETABLE,
+];
+#[cfg(not(Py_3_11))]
+const CODE_FIELDS: [usize; 8] = [
+    layout::CODE_CONSTS,
+    layout::CODE_NAMES,
+    layout::CODE_NAME,
+    layout::CODE_CODE,
+    layout::CODE_VARNAMES,
+    layout::CODE_FREEVARS,
+    layout::CODE_CELLVARS,
+    layout::CODE_LINETABLE,
+];
 
 /// The collector's test for "has GC links and may be traversed": static types have the GC
 /// flag but their `tp_is_gc` says no, and their `tp_traverse` must not be called.
@@ -432,6 +504,59 @@ unsafe fn owned_buffers(
         .into_iter()
         .flatten()
         .filter(|&(addr, _, _)| addr != 0)
+}
+
+/// The blocks of a `collections.deque` (or subclass): a doubly linked list of fixed-size
+/// blocks of 64 item slots, each its own allocation, from `leftblock` to `rightblock`. The
+/// deque's struct is private to `_collectionsmodule.c`, but its head and block layout have
+/// been the same from 3.9 to 3.13: after the `PyVarObject` header come `leftblock` and
+/// `rightblock`; a block is `leftlink`, 64 item pointers, `rightlink`. The walk stops after
+/// as many blocks as the item count can fill (plus the two partly used ends), so a deque
+/// being changed by no one (the GIL is held) is read in bounded time whatever its state.
+/// Spare blocks a deque keeps for reuse (3.12+) are not found: they stay `raw`. Only the
+/// static deque type (up to 3.11) is recognised: from 3.12 `_collections` makes its types
+/// from specs (heap types), which [`is_deque`] does not trust by name, so their blocks are
+/// still `raw` there.
+///
+/// # Safety
+/// `obj` is a live object, a deque if `deque`, and the GIL is held.
+unsafe fn deque_blocks(
+    obj: *mut ffi::PyObject,
+    deque: bool,
+) -> impl Iterator<Item = (usize, &'static str, u64)> {
+    const BLOCKLEN: usize = 64;
+    let word = std::mem::size_of::<usize>();
+    let block_size = ((BLOCKLEN + 2) * word) as u64;
+    let mut blocks = Vec::new();
+    if deque {
+        let head = std::mem::size_of::<ffi::PyVarObject>();
+        let items = (*(obj as *mut ffi::PyVarObject)).ob_size.max(0) as usize;
+        let left: *const u8 = field(obj, head);
+        let right: *const u8 = field(obj, head + word);
+        let mut block = left;
+        let most = items / BLOCKLEN + 2;
+        while !block.is_null() && blocks.len() < most {
+            blocks.push((block as usize, "blocks", block_size));
+            if block == right {
+                break;
+            }
+            block = *(block.add((BLOCKLEN + 1) * word) as *const *const u8);
+        }
+    }
+    blocks.into_iter()
+}
+
+/// Whether `tp` is `collections.deque` or a subclass: the static type is found by name along
+/// the base chain (`_collections` does not export it).
+unsafe fn is_deque(tp: *mut ffi::PyTypeObject) -> bool {
+    let mut t = tp;
+    while !t.is_null() {
+        if (*t).tp_flags & ffi::Py_TPFLAGS_HEAPTYPE == 0 {
+            return CStr::from_ptr((*t).tp_name).to_bytes() == b"collections.deque";
+        }
+        t = (*t).tp_base;
+    }
+    false
 }
 
 /// `Py_TPFLAGS_MANAGED_DICT` (3.11+): the instance keeps its dict (or its attribute values)

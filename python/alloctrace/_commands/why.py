@@ -41,14 +41,6 @@ def register(commands) -> None:
     why.set_defaults(handler=execute)
 
 
-def _site_matches(report, filename: str, lineno: int) -> bool:
-    """Whether a report's site is FILE:LINE, FILE a full path or a trailing part of one."""
-    if report["lineno"] != lineno:
-        return False
-    name = report["filename"]
-    return name == filename or name.endswith("/" + filename.lstrip("/"))
-
-
 def execute(args: argparse.Namespace) -> int:
     snapshot = common.load(args.file, args.allow_pickle)
     reports = snapshot._data.retention
@@ -58,7 +50,7 @@ def execute(args: argparse.Namespace) -> int:
             "'alloctrace run --objects PROGRAM', ALLOCTRACE_OBJECTS=1 next to ALLOCTRACE_DUMP, "
             "or take_snapshot(retention=N) before dump() in code"
         )
-    from alloctrace._snapshot import SiteRetention
+    from alloctrace._snapshot import SiteRetention, find_site_report
 
     if args.line is None:
         chosen = list(reports)
@@ -68,7 +60,11 @@ def execute(args: argparse.Namespace) -> int:
             raise common.CommandError(
                 f"--line expects FILE:LINE (like app.py:42), not {args.line!r}", common.USAGE_ERROR
             )
-        chosen = [r for r in reports if _site_matches(r, filename, int(line))]
+        try:
+            found = find_site_report(reports, filename, int(line))
+        except ValueError as error:
+            raise common.CommandError(f"{args.file}: {error}", common.USAGE_ERROR) from None
+        chosen = [] if found is None else [found]
         if not chosen:
             captured = ", ".join(f"{r['filename']}:{r['lineno']}" for r in reports) or "none"
             raise common.CommandError(

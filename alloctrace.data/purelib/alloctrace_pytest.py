@@ -1,0 +1,101 @@
+"""alloctrace's pytest plugin, as pytest loads it (the ``pytest11`` entry point): options and
+markers only.
+
+It lives outside the ``alloctrace`` package and imports nothing but pytest, so that a test run
+that asks for none of it imports nothing of alloctrace, starts no tracing and runs as if the
+plugin were not installed. The plugin proper, :mod:`alloctrace._pytest_plugin`, is loaded
+when an ``--alloctrace*`` option asks for it, or when a collected test carries a
+``limit_memory`` or ``limit_leaks`` marker. See docs/pytest.md.
+"""
+
+import pytest
+
+PLUGIN_NAME = "alloctrace-session"
+
+MARKERS = (
+    "limit_memory(limit): fail the test if the memory it allocates, at its peak during the "
+    "test body, exceeds limit (a size: '24 MB', '512 KiB', 1000000). Traced by alloctrace.",
+    "limit_leaks(limit, *, warmup=1, runs=3, filter=None): run the test body warmup + runs "
+    "times and fail if memory allocated in the counted runs and still alive at the end "
+    "exceeds limit per run at any allocation site. Traced by alloctrace.",
+)
+
+OPTIONS = (
+    "alloctrace",
+    "alloctrace_limit",
+    "alloctrace_top",
+    "alloctrace_baseline",
+    "alloctrace_save_baseline",
+)
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("alloctrace", "memory limits and leak checks (alloctrace)")
+    group.addoption(
+        "--alloctrace",
+        action="store_true",
+        default=False,
+        help="measure the peak memory of every test body (tests without a marker included)",
+    )
+    group.addoption(
+        "--alloctrace-limit",
+        metavar="SIZE",
+        help="a limit_memory(SIZE) for every test that has no limit_memory marker",
+    )
+    group.addoption(
+        "--alloctrace-top",
+        metavar="N",
+        help="end the session with a table of the N tests with the highest peaks",
+    )
+    group.addoption(
+        "--alloctrace-baseline",
+        metavar="FILE",
+        help="fail tests whose peak grew past the tolerance over the peak recorded in FILE",
+    )
+    group.addoption(
+        "--alloctrace-save-baseline",
+        metavar="FILE",
+        help="record every test's peak in FILE (for --alloctrace-baseline)",
+    )
+    group.addoption(
+        "--alloctrace-tolerance",
+        metavar="PCT[+SIZE]",
+        help="growth over the baseline allowed before a test fails (default: 10%%+64KiB)",
+    )
+
+
+def pytest_configure(config):
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    if any(config.getoption(name) for name in OPTIONS) or config.getoption("alloctrace_tolerance"):
+        _activate(config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    plugin = config.pluginmanager.get_plugin(PLUGIN_NAME)
+    if plugin is None:
+        marked = any(
+            item.get_closest_marker("limit_memory") or item.get_closest_marker("limit_leaks")
+            for item in items
+        )
+        if not marked:
+            return
+        plugin = _activate(config)
+    plugin.collected(items)
+
+
+def _activate(config):
+    import pluggy
+
+    version = tuple(int(p) for p in pluggy.__version__.split(".")[:2] if p.isdigit())
+    if version < (1, 2):
+        raise pytest.UsageError(
+            f"alloctrace's pytest plugin needs pluggy 1.2 or newer (pytest 8 has it); "
+            f"this is pluggy {pluggy.__version__}"
+        )
+    from alloctrace._pytest_plugin import SessionPlugin
+
+    plugin = SessionPlugin(config)
+    config.pluginmanager.register(plugin, PLUGIN_NAME)
+    return plugin
