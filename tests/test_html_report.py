@@ -2,6 +2,7 @@
 big snapshot, and the page itself in a real headless Chromium (tests/browser.py)."""
 
 import json
+import os
 import re
 import textwrap
 
@@ -461,4 +462,55 @@ def test_kinds_and_retention_sections(page):
     assert (
         browser.eval("document.getElementById('retention').textContent")
         == data["snapshots"][4]["retention"]
+    )
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def alloctrace_cli(*args, cwd=None):
+    return run_python(["-m", "alloctrace", *args], cwd=cwd)
+
+
+def test_report_command_writes_the_page(series, tmp_path):
+    _, _, paths = series
+    output = tmp_path / "report.html"
+    result = alloctrace_cli("report", *reversed(paths), "-o", str(output), "--title", "My run")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == result.stderr == ""
+    page = output.read_text()
+    assert "<title>My run</title>" in page
+    start = page.index('type="application/json">') + len('type="application/json">')
+    data = json.loads(page[start : page.index("</script>", start)])
+    assert [s["path"] for s in data["snapshots"]] == in_time_order(paths)[0]
+    assert [name for name in os.listdir(tmp_path)] == ["report.html"]
+
+
+def test_report_command_bad_input(series, tmp_path):
+    _, _, paths = series
+    output = tmp_path / "report.html"
+    output.write_text("the previous report")
+    corrupt = tmp_path / "corrupt.snap"
+    corrupt.write_bytes(b"\0" * 64)
+    sampled = raw_snapshot_file(
+        tmp_path / "sampled.snap", [(0, 10, (("a.py", 1),))], sample_interval=1024
+    )
+    cases = [
+        ((), 2, "alloctrace: error: no snapshot files given (see 'alloctrace report --help')"),
+        ((paths[0], str(corrupt)), 1, f"alloctrace: error: {corrupt}"),
+        ((str(tmp_path / "none.snap"),), 1, f"alloctrace: error: cannot read {tmp_path}/none.snap"),
+        ((paths[0], sampled), 1, f"alloctrace: error: {sampled}: sampled at 1 KiB, but "),
+    ]
+    for files, status, start in cases:
+        result = alloctrace_cli("report", *files, "-o", str(output))
+        assert result.returncode == status, result.stderr
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(start), (files, result.stderr)
+        # A failed report leaves the previous one alone, and no temporary file.
+        assert output.read_text() == "the previous report"
+        assert sorted(os.listdir(tmp_path)) == ["corrupt.snap", "report.html", "sampled.snap"]
+    result = alloctrace_cli("report", paths[0], "-o", str(tmp_path / "no" / "dir.html"))
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"alloctrace: error: cannot write {tmp_path}/no/dir.html: No such file or directory\n"
     )

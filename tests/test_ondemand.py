@@ -200,3 +200,21 @@ def test_bad_signal_settings_stop_before_the_program(tmp_path, env, needle):
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("alloctrace: ") and needle in lines[0], lines
     assert os.listdir(tmp_path) == []
+
+
+def test_snapshot_command(tmp_path):
+    proc, script = start(tmp_path, ALLOCTRACE_SIGNAL="SIGUSR2", ALLOCTRACE_DUMP="app-{n}.snap")
+    try:
+        result = run_python(["-m", "alloctrace", "snapshot", str(proc.pid)])
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == str(tmp_path / "app-1.snap") + "\n"
+        assert line_size(result.stdout.strip(), script) >= 100_000
+        tell(proc, "own")
+        result = run_python(["-m", "alloctrace", "snapshot", "--timeout", "0.5", str(proc.pid)])
+        assert result.returncode == 1
+        assert result.stderr.startswith(
+            f"alloctrace: error: process {proc.pid} wrote no snapshot matching "
+        )
+        assert len(result.stderr.splitlines()) == 1
+    finally:
+        finish(proc)
