@@ -77,6 +77,17 @@ if ! command -v go >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" =
     fi
 fi
 
+# tests/test_html_report.py opens the HTML report in headless Chromium. Install Debian's where
+# we can; if that fails, those tests skip and say why.
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    log "installing chromium (for the HTML report's browser tests)"
+    if ! (timeout 300 apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq chromium) \
+        >"$work/apt-chromium.log" 2>&1; then
+        echo "could not install chromium (see $work/apt-chromium.log); browser tests will skip"
+    fi
+fi
+
 failed=()
 for entry in "${pythons[@]}"; do
     minor=${entry%%=*}

@@ -39,6 +39,17 @@ The ``alloctrace`` command itself (its console script and ``python -m alloctrace
 traced, whatever is set: the variables it inherits are meant for the programs the user traces,
 and ``alloctrace run`` passes its child the settings of its own options.
 
+``ALLOCTRACE_SIGNAL=SIGNAME``
+    With ``ALLOCTRACE_DUMP``, write a numbered snapshot (as ``ALLOCTRACE_INTERVAL`` does)
+    whenever the process receives that signal, e.g. ``SIGUSR2`` (``alloctrace snapshot PID``
+    sends it and waits for the file). The snapshot is taken by a Python-level signal handler,
+    which Python runs in the main thread between two bytecodes, never in the C signal handler.
+    Signals Python, alloctrace or the system reserve (``SIGINT``, ``SIGTERM``, ``SIGKILL``,
+    faults, job control...) are refused. alloctrace steps aside for a program's own use of the
+    signal: if it is already ignored or handled when the process starts (an inherited
+    ``SIG_IGN``), no handler is installed and a line on stderr says so; a handler the program
+    installs later replaces alloctrace's.
+
 A configuration error stops the interpreter with one line on stderr: running the program
 untraced when the user asked for tracing would waste the run. A failure to *write* a snapshot is
 reported as one line on stderr and never changes the program's behaviour or exit status.
@@ -61,6 +72,7 @@ ENV_SAMPLE_INTERVAL = "ALLOCTRACE_SAMPLE_INTERVAL"
 ENV_SAMPLE_SEED = "ALLOCTRACE_SAMPLE_SEED"
 ENV_OBJECTS = "ALLOCTRACE_OBJECTS"
 ENV_RETENTION = "ALLOCTRACE_RETENTION"
+ENV_SIGNAL = "ALLOCTRACE_SIGNAL"
 #: Sites that get a retention report in each dump written with ``ALLOCTRACE_OBJECTS=1``, unless
 #: ``ALLOCTRACE_RETENTION`` says otherwise.
 RETENTION_SITES = 5
@@ -178,6 +190,48 @@ def parse_retention(value: str, source: str = ENV_RETENTION) -> int:
             f"{shown} is invalid: expected a number of sites from 0 to {MAX_RETENTION_SITES}"
         )
     return sites
+
+
+#: Signals ALLOCTRACE_SIGNAL refuses: uncatchable, used by Python or by alloctrace's exit dump,
+#: faults, and job control.
+RESERVED_SIGNALS = (
+    "SIGKILL", "SIGSTOP", "SIGINT", "SIGTERM", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL",
+    "SIGABRT", "SIGTRAP", "SIGSYS", "SIGCHLD", "SIGPIPE", "SIGTSTP", "SIGTTIN", "SIGTTOU",
+    "SIGCONT",
+)  # fmt: skip
+
+
+def parse_signal(value: str) -> int:
+    """Parse ``ALLOCTRACE_SIGNAL``: a signal name such as ``SIGUSR2`` (or ``USR2``, any case)."""
+    import signal
+
+    name = value.strip().upper()
+    if name and not name.startswith("SIG"):
+        name = "SIG" + name
+    if name in RESERVED_SIGNALS:
+        raise ConfigError(
+            f"{ENV_SIGNAL}={value!r} is invalid: {name} is reserved (by the system, Python or "
+            "alloctrace); use SIGUSR1 or SIGUSR2"
+        )
+    number = getattr(signal.Signals, name, None) if name.isidentifier() else None
+    if number is None:
+        raise ConfigError(
+            f"{ENV_SIGNAL}={value!r} is invalid: not a signal name (e.g. SIGUSR2, SIGUSR1)"
+        )
+    return int(number)
+
+
+def read_signal(environ, ignore_environment: bool, dump: str | None) -> int | None:
+    """The ``ALLOCTRACE_SIGNAL`` setting: a signal number, or ``None`` when unset."""
+    value = "" if ignore_environment else environ.get(ENV_SIGNAL, "")
+    if not value:
+        return None
+    signum = parse_signal(value)
+    if dump is None:
+        raise ConfigError(
+            f"{ENV_SIGNAL} is set but {ENV_DUMP} is not: snapshots on demand need a path"
+        )
+    return signum
 
 
 def parse_nframe(value: str, source: str) -> int:
@@ -475,6 +529,32 @@ class Dumper:
         if pending:
             self._die_of(pending[0])
 
+
+    def install_signal(self, signum: int) -> None:
+        """Write a numbered snapshot on *signum*, unless the process already ignores or
+        handles it (then say so and leave it alone)."""
+        signal = self._signal
+        name = signal.Signals(signum).name
+        current = signal.getsignal(signum)
+        if current != signal.SIG_DFL:
+            what = "ignored" if current == signal.SIG_IGN else "handled"
+            _warn(f"{ENV_SIGNAL}={name}: the signal is already {what} here; no snapshots on it")
+            return
+        signal.signal(signum, self._on_request)
+
+    def _on_request(self, signum, frame) -> None:
+        # A Python-level handler: the main thread, between two bytecodes, so taking and
+        # writing a snapshot here is as safe as anywhere in the program.
+        self.dump_numbered()
+
+    def dump_numbered(self) -> None:
+        """Write the next numbered snapshot now (as the interval thread does)."""
+        with self._lock:
+            if self._done:
+                return
+            self._count += 1
+            self._write(expand_path(self.template, pid=os.getpid(), n=self._count))
+
     def _start_thread(self) -> None:
         if self.interval is None:
             return
@@ -485,11 +565,9 @@ class Dumper:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            with self._lock:
-                if self._done:
-                    return
-                self._count += 1
-                self._write(expand_path(self.template, pid=os.getpid(), n=self._count))
+            self.dump_numbered()
+            if self._done:
+                return
 
     def dump_at_exit(self) -> None:
         """Write the final snapshot, once, whichever exit path gets here first.
@@ -605,6 +683,9 @@ def install() -> None:
         return
     try:
         config = read_config(os.environ, sys._xoptions, bool(sys.flags.ignore_environment))
+        on_signal = read_signal(
+            os.environ, bool(sys.flags.ignore_environment), os.environ.get(ENV_DUMP) or None
+        )
     except ConfigError as exc:
         _warn(str(exc))
         # site.py swallows exceptions from .pth lines and would run the program untraced.
@@ -642,3 +723,8 @@ def install() -> None:
             dumper.install()
         finally:
             alloctrace.enable()
+
+
+        dumper.install()
+        if on_signal is not None:
+            dumper.install_signal(on_signal)

@@ -4,7 +4,9 @@ behind this dispatch.
 ``run`` traces a program from its first line and summarises the snapshot it leaves at exit;
 ``stats``/``top`` and ``diff`` read snapshot files written by :meth:`Snapshot.dump`, by
 ``ALLOCTRACE_DUMP`` or by ``run``; ``export`` and ``flamegraph`` turn them into pprof
-profiles, folded stacks and SVG flamegraphs; ``why`` shows retention reports. Text goes to
+profiles, folded stacks and SVG flamegraphs; ``why`` shows retention reports; ``report`` writes
+one HTML page of a series of snapshots; ``snapshot`` asks a running process for one
+(``ALLOCTRACE_SIGNAL``); ``top --interval`` follows a running process's dumps live. Text goes to
 people, ``--json`` to programs (rendering lives in ``_report``). Every failure is one line on
 stderr and a non-zero status, never a traceback: this is a tool people point at files they are
 unsure about.
@@ -21,11 +23,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import diff, export, flamegraph, run, stats, why
+from . import diff, export, flamegraph, report, run, snapshot, stats, why
 from ._common import FAILURE, PROG, USAGE_ERROR, CommandError, Parser
 
 #: In the order ``--help`` lists them.
-COMMANDS = (run, stats, diff, export, flamegraph, why)
+COMMANDS = (run, stats, diff, export, flamegraph, why, report, snapshot)
 
 #: Subcommands handed the rest of the command line as it is, before argparse sees it.
 OWN_COMMAND_LINE = {"run": run.main}
@@ -38,7 +40,7 @@ def build_parser() -> Parser:
         epilog="Start-up variables (for the programs you trace; the alloctrace command "
         "itself is never traced): ALLOCTRACE=NFRAME, ALLOCTRACE_DUMP=PATH, "
         "ALLOCTRACE_INTERVAL=SECONDS, ALLOCTRACE_SAMPLE_INTERVAL=BYTES, "
-        "ALLOCTRACE_SAMPLE_SEED=N, ALLOCTRACE_OBJECTS=1, ALLOCTRACE_RETENTION=N "
+        "ALLOCTRACE_SAMPLE_SEED=N, ALLOCTRACE_OBJECTS=1, ALLOCTRACE_RETENTION=N, ALLOCTRACE_SIGNAL=SIGNAME "
         "(see docs/startup.md).",
     )
     parser.add_argument(
@@ -66,7 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command is None:
             raise CommandError(
-                "a command is required: run, stats, top, diff, export, flamegraph or why",
+                "a command is required: run, stats, top, diff, export, flamegraph, why, report "
+                "or snapshot",
                 USAGE_ERROR,
             )
         return args.handler(args)

@@ -1,6 +1,7 @@
 """``alloctrace stats`` and ``alloctrace top``: the top allocation sites of one snapshot.
 
-``top`` is ``stats`` with the defaults (lines, no filters, text). :func:`render_stats` is also
+``top`` is ``stats`` with the defaults (lines, no filters, text); ``top --interval`` is the
+live view (:mod:`.live`). :func:`render_stats` is also
 what ``run`` prints after the program ends.
 """
 
@@ -11,6 +12,7 @@ import sys
 
 from .. import _report
 from . import _common as common
+from . import live
 
 
 def register(commands) -> None:
@@ -31,12 +33,21 @@ def register(commands) -> None:
 
     top = commands.add_parser(
         "top",
-        help="the top 10 lines of a snapshot (stats with defaults)",
-        description="The top lines of a snapshot file: 'stats' with its defaults.",
+        help="the top 10 lines of a snapshot (stats with defaults); with --interval, of the "
+        "newest dump of a running process, redrawn live",
+        description="The top lines of a snapshot file: 'stats' with its defaults. With "
+        "--interval, the top lines of the newest dump matching a pattern, redrawn live.",
     )
-    top.add_argument("file", help="snapshot file")
+    top.add_argument(
+        "file", help="snapshot file; with --interval, a pattern such as 'app-*.snap' (quoted)"
+    )
+    live.add_options(top)
     common.add_report_options(top, full=False)
-    top.set_defaults(handler=execute)
+    top.set_defaults(handler=execute_top)
+
+
+def execute_top(args: argparse.Namespace) -> int:
+    return live.execute(args) if args.interval is not None else execute(args)
 
 
 def _statistics(snapshot, args: argparse.Namespace, path: str):

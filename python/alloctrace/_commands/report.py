@@ -1,0 +1,45 @@
+"""``alloctrace report``: one self-contained HTML page of one or more snapshots of a process
+(the page itself is made by :mod:`alloctrace._html_report`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from . import _common as common
+
+
+def register(commands) -> None:
+    report = commands.add_parser(
+        "report", help="write a self-contained HTML report of one or more snapshots"
+    )
+    report.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="snapshot files of one process, e.g. an ALLOCTRACE_INTERVAL series (any order)",
+    )
+    report.add_argument("-o", "--output", required=True, metavar="OUT", help="HTML file to write")
+    report.add_argument("--title", help="title of the page (default: from the program's name)")
+    common.add_pickle_option(report)
+    report.set_defaults(handler=execute)
+
+
+def execute(args: argparse.Namespace) -> int:
+    from .. import _html_report
+
+    if not args.files:
+        raise common.CommandError(
+            "no snapshot files given (see 'alloctrace report --help')", common.USAGE_ERROR
+        )
+    try:
+        with common.Progress(f"writing {args.output}"):
+            _html_report.write_report(
+                args.files, args.output, title=args.title, allow_pickle=args.allow_pickle
+            )
+    except _html_report.ReportError as exc:
+        raise common.CommandError(str(exc)) from None
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise common.CommandError(f"cannot write {args.output}: {reason}") from None
+    return 0

@@ -1,0 +1,153 @@
+"""The live view: ``alloctrace top --interval SECONDS FILE_PATTERN``.
+
+A process started with ``ALLOCTRACE_DUMP`` and ``ALLOCTRACE_INTERVAL`` keeps writing numbered
+snapshots; this view looks every SECONDS for the newest file matching the pattern (by
+modification time), and when a new one has arrived redraws the screen with its top lines and
+their growth since the dump before it, until interrupted (Ctrl-C). Dumps are renamed into
+place whole (their temporary names start with a dot, which a ``*`` does not match), so a file
+that matches is complete; one that still cannot be read is reported on the status line and
+tried again at the next look.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import time
+from typing import Any, Callable
+
+from . import _report
+
+#: Clear the screen and put the cursor at the top left.
+CLEAR = "\x1b[H\x1b[2J"
+
+
+def _series(pattern: str) -> list[str]:
+    """Matching files, oldest first."""
+    found = []
+    for path in glob.glob(pattern):
+        try:
+            found.append((os.stat(path).st_mtime_ns, path))
+        except OSError:
+            pass
+    found.sort()
+    return [path for _, path in found]
+
+
+def render(
+    newest: tuple[str, Any],
+    previous: tuple[str, Any] | None,
+    limit: int | None,
+    width: int | None,
+    source: bool = True,
+    full_paths: bool = False,
+) -> list[str]:
+    """The screen: the newest dump's top lines by size, with their growth since *previous*;
+    *limit* ``None`` shows every line."""
+    path, snapshot = newest
+    if previous is None:
+        stats = snapshot.statistics("lineno")
+        shown = stats if limit is None else stats[:limit]
+        names = [frame.filename for stat in shown for frame in stat.traceback]
+        renderer = _report.Renderer(
+            width, _report.PathShortener(names, enabled=not full_paths), source=source
+        )
+        return renderer.stats(
+            stats,
+            key_type="lineno",
+            cumulative=False,
+            limit=limit,
+            total_size=sum(stat.size for stat in stats),
+            total_count=sum(stat.count for stat in stats),
+            title=f"Top {_lines(len(shown))} of {path} (the first dump: no growth yet)",
+        )
+    old_path, old = previous
+    diffs = snapshot.compare_to(old, "lineno")
+    # Top lines by size (what holds the memory now), each with what it gained.
+    diffs.sort(key=lambda d: (-d.size, -d.size_diff))
+    diffs = [d for d in diffs if d.size or d.size_diff]
+    shown = diffs if limit is None else diffs[:limit]
+    names = [frame.filename for d in shown for frame in d.traceback]
+    renderer = _report.Renderer(
+        width, _report.PathShortener(names, enabled=not full_paths), source=source
+    )
+    size = sum(d.size for d in diffs)
+    count = sum(d.count for d in diffs)
+    total = {
+        "size": size,
+        "size_diff": sum(d.size_diff for d in diffs),
+        "count": count,
+        "count_diff": sum(d.count_diff for d in diffs),
+    }
+    return renderer.diff(
+        diffs,
+        key_type="lineno",
+        cumulative=False,
+        limit=limit,
+        total=total,
+        title=f"Top {_lines(len(shown))} of {path}, growth since {old_path}",
+    )
+
+
+def _lines(count: int) -> str:
+    return f"{count} line" if count == 1 else f"{count} lines"
+
+
+def run(
+    pattern: str,
+    interval: float,
+    stream,
+    *,
+    limit: int | None = 10,
+    source: bool = True,
+    full_paths: bool = False,
+    load: Callable[[str], Any],
+    width: Callable[[], int | None] | None = None,
+) -> None:
+    """Redraw on *stream* whenever a newer dump matches *pattern*; returns only by an exception
+    (KeyboardInterrupt from Ctrl-C). *load* reads a snapshot file or raises ``ValueError`` or
+    ``OSError`` with a message naming it."""
+    if width is None:
+
+        def width() -> int | None:
+            return shutil.get_terminal_size().columns
+
+    shown: tuple[str, int] | None = None
+    cache: dict[str, tuple[int, Any]] = {}
+    while True:
+        series = _series(pattern)
+        if not series:
+            _draw(stream, [f"alloctrace top: waiting for a file matching {pattern}…"])
+        else:
+            newest = series[-1]
+            try:
+                stamp = os.stat(newest).st_mtime_ns
+                if shown != (newest, stamp):
+                    loaded = []
+                    for path in series[-2:]:
+                        mtime = os.stat(path).st_mtime_ns
+                        if path not in cache or cache[path][0] != mtime:
+                            cache[path] = (mtime, load(path))
+                        loaded.append((path, cache[path][1]))
+                    for stale in set(cache) - set(series[-2:]):
+                        del cache[stale]
+                    previous = loaded[0] if len(loaded) == 2 else None
+                    lines = render(loaded[-1], previous, limit, width(), source, full_paths)
+                    clock = time.strftime("%H:%M:%S")
+                    lines.append("")
+                    lines.append(
+                        f"{len(series)} dumps match {pattern}; redrawn at {clock}, "
+                        f"looking every {interval:g} s; Ctrl-C to quit"
+                    )
+                    _draw(stream, lines)
+                    shown = (newest, stamp)
+            except (OSError, ValueError) as exc:
+                stream.write(f"\ralloctrace top: {exc}\x1b[K")
+                stream.flush()
+        time.sleep(interval)
+
+
+def _draw(stream, lines: list[str]) -> None:
+    stream.write(CLEAR + "\n".join(lines) + "\n")
+    stream.flush()

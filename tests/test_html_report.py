@@ -1,0 +1,516 @@
+"""The HTML report (alloctrace._html_report): its figures, its bad-input errors, its size on a
+big snapshot, and the page itself in a real headless Chromium (tests/browser.py)."""
+
+import json
+import os
+import re
+import textwrap
+
+import pytest
+
+import alloctrace
+from alloctrace import _html_report, _report
+from browser import Browser, blobs, chromium_or_skip, read_png
+from subproc import run_python
+
+# A program that writes a series of snapshots of itself: a line that grows for four steps and
+# then drops (so the peak is the fourth snapshot), a line that stays the same, and a line that
+# only appears later. Snapshots record object kinds and retention reports.
+SERIES = textwrap.dedent(
+    """\
+    import os, sys, time
+    import alloctrace
+
+    alloctrace.start(4)
+    out = sys.argv[1]
+    names = ["d", "b", "e", "a", "c"]  # file names deliberately not in time order
+    keep = []
+    steady = [bytearray(3000) for _ in range(30)]
+    late = []
+
+    def grow(n):
+        keep.append([bytearray(1000) for _ in range(n)])
+
+    def shrink():
+        del keep[:3]
+
+    def arrive():
+        late.append([bytearray(500) for _ in range(40)])
+
+    previous = None
+    for step in range(5):
+        if step < 4:
+            grow(100)
+        else:
+            shrink()
+        if step >= 2:
+            arrive()
+        snapshot = alloctrace.take_snapshot(objects=True, retention=2, baseline=previous)
+        snapshot.dump(os.path.join(out, f"snap-{names[step]}.bin"))
+        previous = snapshot
+        time.sleep(0.05)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory):
+    """Five snapshot files of one process, and the script that wrote them."""
+    directory = tmp_path_factory.mktemp("series")
+    script = directory / "series_app.py"
+    script.write_text(SERIES)
+    result = run_python([str(script), str(directory)], cwd=str(directory))
+    assert result.returncode == 0, result.stderr
+    paths = sorted(str(p) for p in directory.glob("snap-*.bin"))
+    assert len(paths) == 5
+    return directory, script, paths
+
+
+def line_of(script, text):
+    for number, line in enumerate(script.read_text().splitlines(), 1):
+        if text in line:
+            return number
+    raise AssertionError(text)
+
+
+def in_time_order(paths):
+    loaded = [(alloctrace.Snapshot.load(p), p) for p in paths]
+    loaded.sort(key=lambda item: item[0].metadata["timestamp"])
+    return [p for _, p in loaded], [s for s, _ in loaded]
+
+
+def test_series_in_time_order_whatever_the_argument_order(series):
+    _, _, paths = series
+    ordered, _ = in_time_order(paths)
+    for given in (paths, list(reversed(paths)), ordered):
+        got = [path for path, _ in _html_report.load_series(given)]
+        assert got == ordered
+    # The names were chosen so that sorting them does not give the time order.
+    assert ordered != sorted(paths)
+
+
+def test_figures_match_the_snapshots(series):
+    directory, script, paths = series
+    ordered, snapshots = in_time_order(paths)
+    data = _html_report.build_data(_html_report.load_series(paths))
+    assert [s["path"] for s in data["snapshots"]] == ordered
+    totals = [sum(stat.size for stat in s.statistics("filename")) for s in snapshots]
+    assert [s["size"] for s in data["snapshots"]] == totals
+    assert data["peak"] == totals.index(max(totals)) == 3
+    assert data["pid"] == snapshots[0].metadata["pid"]
+
+    grow_line = line_of(script, "keep.append(")
+
+    def site_id(lineno):
+        (found,) = [
+            i
+            for i, s in enumerate(data["sites"])
+            if s[1] == lineno and "series_app" in data["files"][s[0]]
+        ]
+        return found
+
+    grow = site_id(grow_line)
+    assert data["sites"][grow][2] == "grow"
+    assert data["sites"][grow][3] == "keep.append([bytearray(1000) for _ in range(n)])"
+    # The chart's series: the growing line, with its size in every snapshot.
+    (series_row,) = [s for s in data["series"] if s["site"] == grow]
+    for snapshot, size in zip(snapshots, series_row["sizes"]):
+        stats = {
+            (st.traceback[0].filename, st.traceback[0].lineno): st.size
+            for st in snapshot.statistics("lineno")
+        }
+        assert size == stats[(str(script), grow_line)]
+    # Rows: [site, size, count, growth since previous (size, count), since first (size, count)].
+    for i in (2, 4):
+        rows = {row[0]: row for row in data["snapshots"][i]["lines"]}
+        for base_offset, base in ((3, snapshots[i - 1]), (5, snapshots[0])):
+            diffs = {
+                (d.traceback[0].filename, d.traceback[0].lineno): d
+                for d in snapshots[i].compare_to(base, "lineno")
+            }
+            d = diffs[(str(script), grow_line)]
+            assert rows[grow][1:3] == [d.size, d.count]
+            assert rows[grow][base_offset : base_offset + 2] == [d.size_diff, d.count_diff]
+    first_rows = data["snapshots"][0]["lines"]
+    assert all(row[3:] == [None, None, None, None] for row in first_rows)
+    # Object kinds and retention reports were recorded, so they are carried.
+    kinds = dict((k[0], k[1]) for k in data["snapshots"][4]["kinds"])
+    assert kinds == {st.kind: st.size for st in snapshots[4].statistics("type")[: len(kinds)]}
+    assert f"{script}:{line_of(script, 'late.append(')}: " in data["snapshots"][4]["retention"]
+
+
+def test_flamegraph_tree_is_the_folded_stacks(series):
+    _, _, paths = series
+    data = _html_report.build_data(_html_report.load_series(paths))
+    snap = data["snapshots"][1]
+    flat = snap["flame"]
+    names, values, depths = flat[0::3], flat[1::3], flat[2::3]
+    assert depths[0] == 0 and values[0] == snap["size"]
+    # Each node's children add up to at most its own bytes.
+    for i, depth in enumerate(depths):
+        children = []
+        for j in range(i + 1, len(depths)):
+            if depths[j] <= depth:
+                break
+            if depths[j] == depth + 1:
+                children.append(values[j])
+        assert sum(children) <= values[i]
+    assert any(data["names"][n].startswith("grow (") for n in names)
+
+
+def test_flamegraph_keeps_the_largest_frames():
+    stacks = [(["main", f"f{i}"], 1000 - i) for i in range(100)]
+    labels = []
+
+    def label(name):
+        labels.append(name)
+        return len(labels) - 1
+
+    flat = _html_report._flame(stacks, 10, label)
+    kept = [labels[n] for n in flat[0::3]]
+    # Root, main, and the 8 largest children, largest first.
+    assert kept == ["all", "main"] + [f"f{i}" for i in range(8)]
+    assert flat[1] == sum(size for _, size in stacks)
+
+
+def raw_snapshot_file(path, traces, limit=3, sample_interval=None):
+    alloctrace.Snapshot(traces, limit, sample_interval=sample_interval).dump(str(path))
+    return str(path)
+
+
+def test_bad_input_names_the_file(tmp_path, series):
+    _, _, paths = series
+    with pytest.raises(_html_report.ReportError, match="no snapshot files given"):
+        _html_report.load_series([])
+    corrupt = tmp_path / "corrupt.snap"
+    corrupt.write_bytes(b"not a snapshot at all")
+    with pytest.raises(_html_report.ReportError, match=re.escape(str(corrupt))):
+        _html_report.load_series([paths[0], str(corrupt)])
+    missing = str(tmp_path / "missing.snap")
+    with pytest.raises(_html_report.ReportError, match=f"cannot read {re.escape(missing)}"):
+        _html_report.load_series([missing])
+    # Another process: a snapshot written by a second run of the same program.
+    other = tmp_path / "other"
+    other.mkdir()
+    script = tmp_path / "one.py"
+    script.write_text(
+        "import alloctrace, sys\nalloctrace.start()\nx = [bytes(100) for _ in range(10)]\n"
+        "alloctrace.take_snapshot().dump(sys.argv[1])\n"
+    )
+    assert run_python([str(script), str(other / "x.snap")]).returncode == 0
+    with pytest.raises(_html_report.ReportError) as info:
+        _html_report.load_series([paths[0], str(other / "x.snap")])
+    message = str(info.value)
+    assert message.startswith(str(other / "x.snap") + ": written by process ")
+    assert "\n" not in message
+    # Exact and sampled.
+    exact = raw_snapshot_file(tmp_path / "exact.snap", [(0, 10, (("a.py", 1),))])
+    sampled = raw_snapshot_file(
+        tmp_path / "sampled.snap", [(0, 10, (("a.py", 1),))], sample_interval=4096
+    )
+    with pytest.raises(_html_report.ReportError) as info:
+        _html_report.load_series([exact, sampled])
+    assert str(info.value) == (
+        f"{sampled}: sampled at 4 KiB, but {exact} is exact: a report cannot mix exact and "
+        "sampled figures"
+    )
+
+
+def test_a_million_traces_make_a_small_page(tmp_path):
+    # 1M traces over 50,000 distinct three-frame stacks in 1,000 files.
+    frames = [
+        (
+            (f"/srv/app/pkg{i % 1000}/module.py", i % 300 + 1),
+            (f"/srv/app/callers/c{i % 97}.py", i % 50 + 10),
+            ("/srv/app/main.py", i % 7 + 1),
+        )
+        for i in range(50_000)
+    ]
+    traces = [(0, 64 + i % 1000, frames[i % 50_000]) for i in range(1_000_000)]
+    path = raw_snapshot_file(tmp_path / "big.snap", traces)
+    del traces
+    output = tmp_path / "big.html"
+    data = _html_report.write_report([path], str(output))
+    size = output.stat().st_size
+    assert size < 5 * 1024 * 1024, size
+    # (i mod 1000, i mod 300) takes lcm(1000, 300) = 3000 values: that many distinct lines.
+    assert data["snapshots"][0]["lines_total"] == 3000
+    assert len(data["snapshots"][0]["flame"]) // 3 <= _html_report.FLAME_MAX + 1
+
+
+def test_embedded_data_cannot_end_the_script(tmp_path):
+    name = "</script><script>alert(1)</script>.py"
+    path = raw_snapshot_file(tmp_path / "odd.snap", [(0, 100, ((name, 1),))])
+    output = tmp_path / "odd.html"
+    _html_report.write_report([path], str(output))
+    page = output.read_text()
+    assert "</script><script>alert(1)" not in page
+    start = page.index('type="application/json">') + len('type="application/json">')
+    data = json.loads(page[start : page.index("</script>", start)])
+    assert data["files"] == [name]
+
+
+# --------------------------------------------------------------------------- in a browser
+
+
+def texts(browser, selector):
+    return browser.eval(
+        f"[].map.call(document.querySelectorAll({json.dumps(selector)}), e => e.textContent)"
+    )
+
+
+def choose(browser, selector, value, event):
+    """Set a form control's value as a user would, and send the event the page listens to."""
+    browser.eval(
+        f"(e => {{ e.value = {json.dumps(value)}; "
+        f"e.dispatchEvent(new Event({json.dumps(event)})); }})"
+        f"(document.querySelector({json.dumps(selector)}))"
+    )
+
+
+@pytest.fixture(scope="module")
+def page(series, tmp_path_factory):
+    executable = chromium_or_skip()
+    _, _, paths = series
+    output = tmp_path_factory.mktemp("page") / "report.html"
+    data = _html_report.write_report(list(reversed(paths)), str(output))
+    with Browser(executable) as browser:
+        browser.open(str(output))
+        yield browser, data
+
+
+def test_page_loads_without_errors(page):
+    browser, data = page
+    assert browser.eval("document.documentElement.getAttribute('data-ready')") == "1"
+    assert browser.eval("document.documentElement.getAttribute('data-errors')") is None
+    assert browser.errors() == []
+    # Nothing was fetched: every resource is inline.
+    page_url = browser.eval("location.href")
+    requested = [
+        e["params"]["request"]["url"]
+        for e in browser.events
+        if e["method"] == "Network.requestWillBeSent"
+    ]
+    assert requested and set(requested) == {page_url}
+    assert (
+        browser.eval("document.querySelectorAll('script[src], link[href], img[src]').length") == 0
+    )
+
+
+def test_chart_shows_every_snapshot_and_the_peak(page):
+    browser, data = page
+    snapshots = data["snapshots"]
+    assert browser.eval("document.querySelectorAll('circle.pt').length") == len(snapshots)
+    peak = data["peak"]
+    label = browser.eval("document.getElementById('peak-label').textContent")
+    assert label.startswith(f"peak {_report.format_size(snapshots[peak]['size'])} (#{peak + 1} at ")
+    # Points go left to right in time order, and the peak point is the highest.
+    xs = browser.eval(
+        "[].map.call(document.querySelectorAll('circle.pt'), c => +c.getAttribute('cx'))"
+    )
+    ys = browser.eval(
+        "[].map.call(document.querySelectorAll('circle.pt'), c => +c.getAttribute('cy'))"
+    )
+    assert xs == sorted(xs)
+    assert ys.index(min(ys)) == peak
+    # Hovering over a point shows its figures.
+    x, y = browser.center("circle.pt[data-i='1']")
+    browser.hover(x, y)
+    tip = browser.eval("(t => t.hidden ? null : t.textContent)(document.getElementById('tooltip'))")
+    assert tip is not None
+    assert (
+        f"traced {_report.format_size(snapshots[1]['size'])} in {snapshots[1]['count']:,} blocks"
+        in tip
+    )
+
+
+def test_screenshot_agrees_with_the_data(page):
+    browser, data = page
+    browser.scroll_to("#chart")
+    width, height, rows = read_png(browser.screenshot("#chart svg"))
+    points = sorted(blobs(rows, (0x1F, 0x4E, 0x9E)))
+    # One round blob per snapshot (the selected one has a ring of another colour around it).
+    assert len(points) == len(data["snapshots"]), points
+    assert all(n > 20 for _, _, n in points)
+    (marker,) = blobs(rows, (0xE6, 0x00, 0x7E))
+    highest = min(range(len(points)), key=lambda i: points[i][1])
+    assert highest == data["peak"]
+    assert abs(marker[0] - points[highest][0]) < 2
+    assert marker[1] < points[highest][1]
+
+
+def test_selecting_sorting_and_filtering_the_lines(page, series):
+    browser, data = page
+    _, script, _ = series
+    grow_line = line_of(script, "keep.append(")
+    # The last snapshot is selected at first.
+    assert browser.eval("document.documentElement.getAttribute('data-selected')") == "4"
+    browser.scroll_to("#chart")
+    x, y = browser.center("circle.pt[data-i='2']")
+    browser.click(x, y)
+    assert browser.eval("document.documentElement.getAttribute('data-selected')") == "2"
+    snap = data["snapshots"][2]
+    title = browser.eval("document.getElementById('selected-title').textContent")
+    assert title.startswith("Top lines of snapshot #3 at ")
+    assert f": {_report.format_size(snap['size'])} in {snap['count']:,} blocks" in title
+
+    def column(name):
+        return texts(browser, f"#lines tbody td.{name}")
+
+    def where():
+        return browser.eval(
+            "[].map.call(document.querySelectorAll('#lines tbody tr'), r => r.dataset.site)"
+        )
+
+    def site_text(row):
+        site = data["sites"][row[0]]
+        return f"{data['files'][site[0]]}:{site[1]}"
+
+    by_size = sorted(snap["lines"], key=lambda r: -r[1])
+    assert column("size")[0] == _report.format_size(by_size[0][1])
+    assert where()[0] == site_text(by_size[0])
+    assert where()[0].endswith(f"series_app.py:{grow_line}")
+    # Sort by count.
+    browser.click(*browser.center("#lines th[data-sort='count']"))
+    counts = [int(c.replace(",", "")) for c in column("count")]
+    assert counts == sorted(counts, reverse=True)
+    assert counts[0] == max(r[2] for r in snap["lines"])
+    # Sort by growth, twice: ascending.
+    browser.click(*browser.center("#lines th[data-sort='growth']"))
+    browser.click(*browser.center("#lines th[data-sort='growth']"))
+    assert (
+        browser.eval(
+            "document.querySelector(\"#lines th[data-sort='growth']\").getAttribute('aria-sort')"
+        )
+        == "ascending"
+    )
+    growth = sorted(snap["lines"], key=lambda r: r[3])
+    assert column("growth")[0] == (
+        f"+{_report.format_size(growth[0][3])}"
+        if growth[0][3] > 0
+        else _report.format_size(growth[0][3])
+    )
+    # Filter by function name.
+    browser.type_into("#search", "arrive")
+    shown = where()
+    assert shown and all(
+        s.endswith(f"series_app.py:{line_of(script, 'late.append(')}") for s in shown
+    )
+    choose(browser, "#search", "", "input")
+    assert len(where()) == len(snap["lines"])
+
+
+def test_diff_against_previous_and_first(page):
+    browser, data = page
+    browser.scroll_to("#chart")
+    browser.click(*browser.center("circle.pt[data-i='4']"))
+    snaps = data["snapshots"]
+    summary = browser.eval("document.getElementById('diff-summary').textContent")
+    change = snaps[4]["size"] - snaps[3]["size"]
+    assert summary.startswith(f"Total: {_report.format_size(change, signed=True)} (")
+    choose(browser, "#baseline", "first", "change")
+    summary = browser.eval("document.getElementById('diff-summary').textContent")
+    change = snaps[4]["size"] - snaps[0]["size"]
+    assert summary.startswith(f"Total: {_report.format_size(change, signed=True)} (")
+    assert "first snapshot" in browser.eval("document.getElementById('diff-title').textContent")
+    first = browser.eval("document.querySelector('#diff tbody td.growth').textContent")
+    largest = max(snaps[4]["lines"], key=lambda r: abs(r[5]))
+    assert first == _report.format_size(largest[5], signed=True)
+    choose(browser, "#baseline", "previous", "change")
+    # The first snapshot has nothing to compare with.
+    browser.scroll_to("#chart")
+    browser.click(*browser.center("circle.pt[data-i='0']"))
+    assert "first snapshot" in browser.eval("document.getElementById('diff-summary').textContent")
+
+
+def test_flamegraph_zoom_and_search(page):
+    browser, data = page
+    browser.scroll_to("#chart")
+    browser.click(*browser.center("circle.pt[data-i='3']"))
+    browser.scroll_to("#flame")
+    root = browser.eval("document.querySelector('#flame .frame').textContent")
+    assert root == "all"
+    title = browser.eval("document.getElementById('flame-title').textContent")
+    assert title.endswith(": " + _report.format_size(data["snapshots"][3]["size"]))
+    browser.type_into("#flame-search", "grow (")
+    status = browser.eval("document.getElementById('flame-status').textContent")
+    assert re.search(r"\d+ frames match", status), status
+    assert browser.eval("document.querySelectorAll('#flame .frame.match').length") >= 1
+    # Zoom into the matching frame: it becomes full width.
+    browser.click(*browser.center("#flame .frame.match"))
+    status = browser.eval("document.getElementById('flame-status').textContent")
+    assert status.startswith("zoomed into grow (")
+    widths = browser.eval(
+        "[document.querySelector('#flame').clientWidth, [].filter.call("
+        "document.querySelectorAll('#flame .frame'), f => f.textContent.startsWith('grow ('))"
+        "[0].offsetWidth]"
+    )
+    assert abs(widths[0] - widths[1]) <= 2
+    browser.click(*browser.center("#flame-reset"))
+    assert not browser.eval("document.getElementById('flame-status').textContent").startswith(
+        "zoomed"
+    )
+
+
+def test_kinds_and_retention_sections(page):
+    browser, data = page
+    browser.scroll_to("#chart")
+    browser.click(*browser.center("circle.pt[data-i='4']"))
+    assert browser.eval("document.getElementById('kinds-section').hidden") is False
+    first_kind = browser.eval("document.querySelector('#kinds tbody td').textContent")
+    assert first_kind == data["snapshots"][4]["kinds"][0][0]
+    assert (
+        browser.eval("document.getElementById('retention').textContent")
+        == data["snapshots"][4]["retention"]
+    )
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def alloctrace_cli(*args, cwd=None):
+    return run_python(["-m", "alloctrace", *args], cwd=cwd)
+
+
+def test_report_command_writes_the_page(series, tmp_path):
+    _, _, paths = series
+    output = tmp_path / "report.html"
+    result = alloctrace_cli("report", *reversed(paths), "-o", str(output), "--title", "My run")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == result.stderr == ""
+    page = output.read_text()
+    assert "<title>My run</title>" in page
+    start = page.index('type="application/json">') + len('type="application/json">')
+    data = json.loads(page[start : page.index("</script>", start)])
+    assert [s["path"] for s in data["snapshots"]] == in_time_order(paths)[0]
+    assert [name for name in os.listdir(tmp_path)] == ["report.html"]
+
+
+def test_report_command_bad_input(series, tmp_path):
+    _, _, paths = series
+    output = tmp_path / "report.html"
+    output.write_text("the previous report")
+    corrupt = tmp_path / "corrupt.snap"
+    corrupt.write_bytes(b"\0" * 64)
+    sampled = raw_snapshot_file(
+        tmp_path / "sampled.snap", [(0, 10, (("a.py", 1),))], sample_interval=1024
+    )
+    cases = [
+        ((), 2, "alloctrace: error: no snapshot files given (see 'alloctrace report --help')"),
+        ((paths[0], str(corrupt)), 1, f"alloctrace: error: {corrupt}"),
+        ((str(tmp_path / "none.snap"),), 1, f"alloctrace: error: cannot read {tmp_path}/none.snap"),
+        ((paths[0], sampled), 1, f"alloctrace: error: {sampled}: sampled at 1 KiB, but "),
+    ]
+    for files, status, start in cases:
+        result = alloctrace_cli("report", *files, "-o", str(output))
+        assert result.returncode == status, result.stderr
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(start), (files, result.stderr)
+        # A failed report leaves the previous one alone, and no temporary file.
+        assert output.read_text() == "the previous report"
+        assert sorted(os.listdir(tmp_path)) == ["corrupt.snap", "report.html", "sampled.snap"]
+    result = alloctrace_cli("report", paths[0], "-o", str(tmp_path / "no" / "dir.html"))
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"alloctrace: error: cannot write {tmp_path}/no/dir.html: No such file or directory\n"
+    )

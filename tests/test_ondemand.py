@@ -1,0 +1,220 @@
+"""Snapshots on demand: ``ALLOCTRACE_SIGNAL`` in a real process, and ``alloctrace snapshot PID``
+(alloctrace._ondemand) asking for them."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import alloctrace
+from alloctrace import _ondemand
+from subproc import TIMEOUT, clean_env, run_python
+
+# Allocates on a known line, says "ready", then waits for lines on stdin: "more" allocates
+# again, "own" installs the program's own handler for SIGUSR2, anything else ends.
+SERVICE = textwrap.dedent(
+    """\
+    import signal, sys
+    held = []
+
+    def allocate():
+        held.append([bytearray(2000) for _ in range(50)])  # the allocation line
+
+    allocate()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "more":
+            allocate()
+        elif line.strip() == "own":
+            signal.signal(signal.SIGUSR2, lambda *a: print("own handler", flush=True))
+        else:
+            break
+        print("ok", flush=True)
+    """
+)
+
+
+def start(tmp_path, preexec_fn=None, **env):
+    script = tmp_path / "service.py"
+    script.write_text(SERVICE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=clean_env(**env),
+        cwd=str(tmp_path),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec_fn,
+    )
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    return proc, script
+
+
+def finish(proc):
+    """Close the service's stdin (it ends) and return its stderr."""
+    proc.stdin.close()
+    proc.stdout.read()
+    err = proc.stderr.read()
+    proc.wait(timeout=TIMEOUT)
+    return err
+
+
+def tell(proc, line):
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "ok"
+
+
+def allocation_line(script):
+    lines = script.read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if "the allocation line" in line)
+
+
+def line_size(path, script):
+    snapshot = alloctrace.Snapshot.load(path)
+    line = allocation_line(script)
+    return sum(
+        stat.size
+        for stat in snapshot.statistics("lineno")
+        if stat.traceback[0].filename == str(script) and stat.traceback[0].lineno == line
+    )
+
+
+def test_snapshots_on_signal_from_a_running_process(tmp_path):
+    proc, script = start(
+        tmp_path, ALLOCTRACE_SIGNAL="SIGUSR2", ALLOCTRACE_DUMP="app-{pid}-{n}.snap"
+    )
+    try:
+        first = _ondemand.request_snapshot(proc.pid, timeout=TIMEOUT)
+        assert first == str(tmp_path / f"app-{proc.pid}-1.snap")
+        tell(proc, "more")
+        second = _ondemand.request_snapshot(proc.pid, timeout=TIMEOUT)
+        assert second == str(tmp_path / f"app-{proc.pid}-2.snap")
+        # Each is a snapshot of that moment: the line doubled in between.
+        assert line_size(first, script) >= 100_000
+        assert line_size(second, script) >= 2 * line_size(first, script) * 0.95
+        assert alloctrace.Snapshot.load(second).metadata["pid"] == proc.pid
+    finally:
+        err = finish(proc)
+    assert proc.returncode == 0, err
+    assert err == ""
+    # The exit snapshot continues the numbering.
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["service.py", f"app-{proc.pid}-1.snap", f"app-{proc.pid}-2.snap", f"app-{proc.pid}-3.snap"]
+    )
+
+
+def test_template_without_n_gets_numbered_files(tmp_path):
+    proc, _ = start(tmp_path, ALLOCTRACE_SIGNAL="usr1", ALLOCTRACE_DUMP="app.snap")
+    try:
+        path = _ondemand.request_snapshot(proc.pid, timeout=TIMEOUT)
+    finally:
+        finish(proc)
+    assert path == str(tmp_path / "app.snap.1")
+
+
+def test_signal_ignored_at_start_is_left_alone(tmp_path):
+    def ignore():
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+    proc, _ = start(
+        tmp_path, preexec_fn=ignore, ALLOCTRACE_SIGNAL="SIGUSR2", ALLOCTRACE_DUMP="app.snap"
+    )
+    try:
+        with pytest.raises(_ondemand.RequestError) as info:
+            _ondemand.request_snapshot(proc.pid, timeout=0.5)
+        assert "may handle the signal itself" in str(info.value)
+        tell(proc, "more")  # still alive: the signal stayed ignored
+    finally:
+        err = finish(proc)
+    assert err.splitlines()[0] == (
+        "alloctrace: ALLOCTRACE_SIGNAL=SIGUSR2: the signal is already ignored here; "
+        "no snapshots on it"
+    )
+    assert proc.returncode == 0
+
+
+def test_a_handler_the_program_installs_wins(tmp_path):
+    proc, _ = start(tmp_path, ALLOCTRACE_SIGNAL="SIGUSR2", ALLOCTRACE_DUMP="app.snap")
+    try:
+        tell(proc, "own")
+        with pytest.raises(_ondemand.RequestError, match="wrote no snapshot matching"):
+            _ondemand.request_snapshot(proc.pid, timeout=0.5)
+        assert proc.stdout.readline().strip() == "own handler"
+    finally:
+        finish(proc)
+    assert sorted(os.listdir(tmp_path)) == ["app.snap", "service.py"]
+
+
+def test_process_without_the_setting(tmp_path):
+    proc, _ = start(tmp_path, ALLOCTRACE_DUMP="app.snap")
+    try:
+        with pytest.raises(_ondemand.RequestError) as info:
+            _ondemand.request_snapshot(proc.pid, timeout=0.5)
+    finally:
+        finish(proc)
+    assert str(info.value) == (
+        f"process {proc.pid} was not started with ALLOCTRACE_SIGNAL: start it with "
+        "ALLOCTRACE_SIGNAL=SIGUSR2 ALLOCTRACE_DUMP=PATH to take snapshots on demand"
+    )
+
+
+def test_no_such_process():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    with pytest.raises(_ondemand.RequestError, match=f"^no process {proc.pid}$"):
+        _ondemand.request_snapshot(proc.pid, timeout=0.5)
+
+
+@pytest.mark.parametrize(
+    "env, needle",
+    [
+        (
+            {"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_SIGNAL": "SIGNOPE"},
+            "ALLOCTRACE_SIGNAL='SIGNOPE' is invalid: not a signal name",
+        ),
+        (
+            {"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_SIGNAL": "SIGTERM"},
+            "ALLOCTRACE_SIGNAL='SIGTERM' is invalid: SIGTERM is reserved",
+        ),
+        (
+            {"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_SIGNAL": "int"},
+            "ALLOCTRACE_SIGNAL='int' is invalid: SIGINT is reserved",
+        ),
+        (
+            {"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_SIGNAL": "SIGKILL"},
+            "SIGKILL is reserved",
+        ),
+        ({"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_SIGNAL": "12; rm"}, "not a signal name"),
+        ({"ALLOCTRACE_SIGNAL": "SIGUSR2"}, "ALLOCTRACE_SIGNAL is set but ALLOCTRACE_DUMP is not"),
+    ],
+)
+def test_bad_signal_settings_stop_before_the_program(tmp_path, env, needle):
+    result = run_python(["-c", "print('program ran')"], cwd=str(tmp_path), **env)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("alloctrace: ") and needle in lines[0], lines
+    assert os.listdir(tmp_path) == []
+
+
+def test_snapshot_command(tmp_path):
+    proc, script = start(tmp_path, ALLOCTRACE_SIGNAL="SIGUSR2", ALLOCTRACE_DUMP="app-{n}.snap")
+    try:
+        result = run_python(["-m", "alloctrace", "snapshot", str(proc.pid)])
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == str(tmp_path / "app-1.snap") + "\n"
+        assert line_size(result.stdout.strip(), script) >= 100_000
+        tell(proc, "own")
+        result = run_python(["-m", "alloctrace", "snapshot", "--timeout", "0.5", str(proc.pid)])
+        assert result.returncode == 1
+        assert result.stderr.startswith(
+            f"alloctrace: error: process {proc.pid} wrote no snapshot matching "
+        )
+        assert len(result.stderr.splitlines()) == 1
+    finally:
+        finish(proc)
