@@ -529,7 +529,6 @@ class Dumper:
         if pending:
             self._die_of(pending[0])
 
-
     def install_signal(self, signum: int) -> None:
         """Write a numbered snapshot on *signum*, unless the process already ignores or
         handles it (then say so and leave it alone)."""
@@ -723,7 +722,6 @@ def install() -> None:
             dumper.install()
         finally:
             alloctrace.enable()
-
 
         dumper.install()
         if on_signal is not None:
