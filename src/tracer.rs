@@ -189,8 +189,7 @@ unsafe fn current_traceback(
             let keep = match live.interner.verdict(id, filters.generation) {
                 Some(keep) => keep,
                 None => {
-                    let keep =
-                        judge(set, &live.scratch[..n], DEFAULT_DOMAIN).ok_or(OutOfMemory)?;
+                    let keep = judge(set, &live.scratch[..n], DEFAULT_DOMAIN).ok_or(OutOfMemory)?;
                     live.interner.set_verdict(id, filters.generation, keep);
                     keep
                 }
@@ -796,7 +795,11 @@ fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected
     let tracked = tracked::collect();
     let tracked_domains = tracked.iter().map(|&(domain, _, _)| domain).collect();
     live.try_reserve_exact(tracked.len())?;
-    live.extend(tracked.into_iter().map(|(_, address, trace)| (address, trace)));
+    live.extend(
+        tracked
+            .into_iter()
+            .map(|(_, address, trace)| (address, trace)),
+    );
     let mut out = Collected {
         traces: Vec::new(),
         tracked_domains,
