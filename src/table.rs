@@ -367,8 +367,10 @@ impl TraceTable {
         let (_, old) = unpack(entry.0, *entry.1.get());
         match traceback(old) {
             Some(id) if id == old.traceback => {}
-            Some(id) => match self.counters.counter(id) {
-                Some(counter) => {
+            Some(id) => {
+                // Without memory for the new traceback's counter, the block keeps its
+                // traceback.
+                if let Some(counter) = self.counters.counter(id) {
                     // Same address and size: only the traceback half of the value changes.
                     *entry.1.get_mut() = (*entry.1.get() & 0xffff_ffff) | u64::from(id) << 32;
                     self.account(old, None);
@@ -380,9 +382,7 @@ impl TraceTable {
                         Some(counter),
                     );
                 }
-                // No memory for the new traceback's counter: the block keeps its traceback.
-                None => {}
-            },
+            }
             None => {
                 // SAFETY: as above; the bucket is not used after its removal.
                 unsafe { shard.remove(bucket) };

@@ -79,6 +79,7 @@ pub fn walk(
         type_index: HashMap::default(),
         objects: Vec::new(),
         referents: Vec::new(),
+        deque_types: Vec::new(),
     };
     // SAFETY: the GIL is held and nothing below runs Python code, so the lists and the objects
     // on them stay as they are.
