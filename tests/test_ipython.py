@@ -31,6 +31,10 @@ def test_cell_magic_prints_and_returns_the_snapshot(shell, capsys):
     assert first.startswith("%%alloctrace: peak 7.") and "MiB" in first, out
     assert "2.9 MiB still alive at the end of the cell" in first or "3.0 MiB still" in first
     assert "top 3 lines still alive:" in out or "top 1 lines still alive:" in out
+    # At the peak, the freed 5 MB line comes first, with the kept list's line after it.
+    at_peak = out[out.index("lines at the peak:") : out.index("lines still alive:")]
+    assert ":2: size=4883 KiB, count=1" in at_peak.splitlines()[1], at_peak
+    assert snapshot.peak.statistics("lineno")[0].size >= 5_000_000
     top = snapshot.statistics("lineno")[0]
     assert top.traceback[-1].lineno == 1 and top.size >= 3000 * 1000
     # The cell ran in the user's namespace, and tracing is off again.

@@ -94,13 +94,16 @@ def test_limit_memory_outcomes(limits, run):
     result = run()
     result.assert_outcomes(passed=2, failed=2)
     out = result.stdout.str()
-    # The limit, the peak (3,000 blocks of ~1 KiB), the line still holding them.
+    # The limit, the peak (3,000 blocks of ~1 KiB), the line holding them at the peak.
+    big = f"test_limit_memory.py:{lineno(source(LIMITS), 'the big line')}: size="
     assert "limit_memory: the test was limited to 1.0 MiB but its body allocated 3." in out
-    assert "top lines still alive at the end of the test" in out and "not the peak" in out
-    assert f"test_limit_memory.py:{lineno(source(LIMITS), 'the big line')}: size=" in out
+    assert "top lines at the peak (" in out
+    over = out[out.index("limited to 1.0 MiB") : out.index("limited to 1.9 MiB")]
+    assert big in over and "count=3000" in over
+    # A body that freed everything still shows what it held at its peak.
     assert "limit_memory: the test was limited to 1.9 MiB" in out
     transient = out[out.index("limited to 1.9 MiB") :]
-    assert f"test_limit_memory.py:{lineno(source(LIMITS), 'the big line')}:" not in transient
+    assert big in transient and "count=3000" in transient
 
 
 def test_verbosity_sets_the_detail(limits, run):

@@ -2,18 +2,16 @@
 
 ``%%alloctrace`` at the top of a cell traces the cell alone: tracing starts before its first
 line and stops after its last, so what is reported is what the cell allocated. It prints the
-cell's peak (the highest traced memory while it ran) and the top lines of what it allocated
-that is still alive when it ends, and returns the :class:`~alloctrace.Snapshot` (so
-``_``/``Out[n]`` hold it for more analysis). Options::
+cell's peak (the highest traced memory while it ran) with the top lines of what was alive at
+that moment, then the top lines of what it allocated that is still alive when it ends, and
+returns the :class:`~alloctrace.Snapshot` of the end (so ``_``/``Out[n]`` hold it for more
+analysis; ``.peak`` holds the peak snapshot). Options::
 
     %%alloctrace [-n N] [--frames N] [--flamegraph] [--key lineno|filename|traceback]
 
 A cell that raises reports nothing: the exception propagates as without the magic.
 ``-n N``: how many lines to print (default 10). ``--frames N``: frames kept per traceback
 (default 16). ``--flamegraph``: also show the flamegraph of what is alive at the end, inline.
-
-The lines at the peak itself are not shown: only the peak's size is known, and the top lines
-are those still alive at the end of the cell.
 """
 
 from __future__ import annotations
@@ -82,20 +80,28 @@ def alloctrace_cell(shell, line: str, cell: str):
             print("%%alloctrace: the cell stopped tracing itself; nothing to report")
             return None
         snapshot = alloctrace.take_snapshot()
+        at_peak = alloctrace.take_snapshot(peak=True)
     finally:
         if _native.is_tracing():
             _native.stop()
-    snapshot = snapshot.filter_traces([Filter(False, os.path.join(_PACKAGE_DIR, "*"))])
+    ours = [Filter(False, os.path.join(_PACKAGE_DIR, "*"))]
+    snapshot = snapshot.filter_traces(ours)
+    at_peak = at_peak.filter_traces(ours)
     stats = snapshot.statistics(args.key)
     alive = sum(s.size for s in stats)
     print(
         f"%%alloctrace: peak {format_size(peak)}, "
         f"{format_size(alive)} still alive at the end of the cell"
     )
-    if stats and args.limit:
-        print(f"top {min(args.limit, len(stats))} lines still alive:")
-        for stat in stats[: args.limit]:
-            print(f"  {stat}")
+    for title, shown in (
+        ("at the peak", at_peak.statistics(args.key)),
+        ("still alive", stats),
+    ):
+        if shown and args.limit:
+            print(f"top {min(args.limit, len(shown))} lines {title}:")
+            for stat in shown[: args.limit]:
+                print(f"  {stat}")
+    snapshot = snapshot._with_peak(at_peak)
     if args.flamegraph:
         _show_flamegraph(snapshot)
     return snapshot

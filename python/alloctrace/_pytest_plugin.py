@@ -422,7 +422,7 @@ class SessionPlugin:
             return
         peak = _native.get_traced_memory()[1]
         over = spec.memory_limit is not None and peak > spec.memory_limit
-        snapshot = _alive_snapshot() if passed and over else None
+        snapshot = _peak_snapshot() if passed and over else None
         _native.stop()
         self.peaks[item.nodeid] = peak
         if not passed:
@@ -453,11 +453,11 @@ class SessionPlugin:
         count = 5 if self.verbosity == 0 else 20
         stats = snapshot.statistics("traceback" if self.verbosity >= 2 else "lineno")
         if not stats:
-            lines.append("nothing the test allocated is still alive at its end")
+            lines.append("no line of the test body held memory at its peak")
             return "\n".join(lines)
         lines.append(
-            "top lines still alive at the end of the test (what is held then, not the peak's "
-            f"content; {format_size(sum(s.size for s in stats))} in all):"
+            f"top lines at the peak ({format_size(sum(s.size for s in stats))} in all, "
+            "less what pytest and alloctrace held):"
         )
         for stat in stats[:count]:
             lines.append(f"  {stat}")
@@ -512,14 +512,26 @@ class SessionPlugin:
 
 
 def _alive_snapshot():
-    """What the test body allocated and still holds, less what pytest, pluggy and alloctrace
-    themselves allocated around it (by the most recent frame)."""
+    """What the test body allocated and still holds (see :func:`_without_harness`)."""
+    import alloctrace
+
+    return _without_harness(alloctrace.take_snapshot())
+
+
+def _peak_snapshot():
+    """What was alive, per traceback, when the test body's traced memory peaked (see
+    :func:`_without_harness`)."""
+    import alloctrace
+
+    return _without_harness(alloctrace.take_snapshot(peak=True))
+
+
+def _without_harness(snapshot):
+    """*snapshot* less what pytest, pluggy and alloctrace themselves allocated around the test
+    body (by the most recent frame)."""
     import _pytest
     import pluggy
 
-    import alloctrace
-
-    snapshot = alloctrace.take_snapshot()
     dirs = [_PACKAGE_DIR] + [
         os.path.dirname(os.path.abspath(m.__file__)) for m in (_pytest, pluggy)
     ]
