@@ -310,7 +310,7 @@ def build_data(series: Sequence[tuple[str, Any]], title: str | None = None) -> d
             document["kinds_total"] = len(kinds)
         reports = snapshot._data.retention
         if reports:
-            from ._retention import SiteRetention
+            from ._snapshot import SiteRetention
 
             text = "\n\n".join(str(SiteRetention(report)) for report in reports)
             document["retention"] = text.replace(os.getcwd().rstrip("/") + "/", "")

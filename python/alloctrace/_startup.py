@@ -720,9 +720,7 @@ def install() -> None:
         alloctrace.disable()
         try:
             dumper.install()
+            if on_signal is not None:
+                dumper.install_signal(on_signal)
         finally:
             alloctrace.enable()
-
-        dumper.install()
-        if on_signal is not None:
-            dumper.install_signal(on_signal)
