@@ -237,5 +237,7 @@ def test_peak_example(tmp_path):
     assert top.startswith("#1: ") and f"peak.py:{rows_line}: " in top, result.stderr
     assert "MiB" in top
     assert int(top.split(" in ")[1].split()[0].replace(",", "")) >= 100_000
+    # The peak's title sets the traced peak against the kernel's peak RSS, not the RSS at exit.
+    assert "at the peak; peak RSS " in peak.splitlines()[0], peak
     # (Below the title, which ends with the process's RSS.)
     assert "MiB" not in current.split("\n", 1)[1], current

@@ -78,6 +78,10 @@ def process_memory_note(traced: int, snapshot) -> str | None:
     pm = getattr(snapshot, "process_memory", None)
     if pm is None:
         return None
+    if getattr(snapshot, "is_peak", False):
+        # The RSS was read when the dump was written, not at the traced peak: the kernel's
+        # high-water mark is the figure to set against it.
+        return f"traced {format_size(traced)} at the peak; peak RSS {format_size(pm.peak_rss)}"
     return f"traced {format_size(traced)} of RSS {format_size(pm.rss)}"
 
 
