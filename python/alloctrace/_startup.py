@@ -576,9 +576,13 @@ class Dumper:
         signal): a signal never cuts the snapshot short nor leaves its temporary file. A
         handler the program installed for either signal is not touched.
         """
-        self._stop.set()
+        # Signals are held before anything takes a lock: a SIGTERM handled inside
+        # Event.set() (multiprocessing's finalizers run this at a worker's exit, just as
+        # Pool.terminate() sends SIGTERM) would otherwise re-enter it and wait forever on the
+        # Event's own lock.
         held = self._hold_signals()
         try:
+            self._stop.set()
             with self._lock:
                 if self._done:
                     return
