@@ -2855,14 +2855,7 @@ mod tests {
     /// Rewrites section 11's payload (header length included) and reseals the file.
     fn with_retention_payload(payload: &[u8]) -> Vec<u8> {
         let (s, attrs) = with_retention(vec![report(b"a.py", 1)]);
-        let data = encode(&s, &attrs);
-        let at = section_payload_offset(&data, TAG_RETENTION);
-        let old_len = u64::from_le_bytes(data[at - 8..at].try_into().unwrap()) as usize;
-        let mut out = data[..at - 8].to_vec();
-        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        out.extend_from_slice(payload);
-        out.extend_from_slice(&data[at + old_len..]);
-        reseal(out)
+        with_payload(&encode(&s, &attrs), TAG_RETENTION, payload)
     }
 
     #[test]
