@@ -472,12 +472,20 @@ class Dumper:
         self._held = None
         self._stop = threading.Event()
         self._thread = None
+        # The ALLOCTRACE_SIGNAL signal, once its handler is installed.
+        self._request_signum = None
+        # What _block_own_signals blocked in this thread for the fork under way.
+        self._fork_mask = threading.local()
 
     def install(self) -> None:
         self._atexit.register(self.dump_at_exit)
         self._install_sigterm()
         if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._after_fork_in_child)
+            os.register_at_fork(
+                before=self._block_own_signals,
+                after_in_parent=self._unblock_own_signals,
+                after_in_child=self._after_fork_in_child,
+            )
         self._start_thread()
 
     def _install_sigterm(self) -> None:
@@ -540,6 +548,7 @@ class Dumper:
             _warn(f"{ENV_SIGNAL}={name}: the signal is already {what} here; no snapshots on it")
             return
         signal.signal(signum, self._on_request)
+        self._request_signum = signum
 
     def _on_request(self, signum, frame) -> None:
         # A Python-level handler: the main thread, between two bytecodes, so taking and
@@ -614,12 +623,45 @@ class Dumper:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             _warn(f"cannot write snapshot to {path}: {reason or type(exc).__name__}")
 
+    def _block_own_signals(self) -> None:
+        """Block, in the forking thread, the signals whose handler is ours, until the fork
+        is over (:meth:`_unblock_own_signals`).
+
+        CPython clears the signals its C handler recorded when the child resets its signal
+        state after ``fork()``, so a signal reaching a child before that reset is lost. With
+        ``SIG_DFL`` the kernel would have killed the child; with our Python-level SIGTERM
+        handler in its place, a ``Pool.terminate()`` that signals a worker which has not run
+        yet left that worker waiting forever for a task. Blocked, the signal stays pending
+        in the kernel and is delivered once the child unblocks it, after the reset.
+        """
+        signal = self._signal
+        ours = {
+            signum
+            for signum in (signal.SIGTERM, self._request_signum)
+            if signum is not None
+            and signal.getsignal(signum) in (self._on_sigterm, self._on_request)
+        }
+        if ours:
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, ours)
+            # Per thread: two threads may fork at once. Only what was not blocked before.
+            self._fork_mask.unblock = ours - set(previous)
+
+    def _unblock_own_signals(self) -> None:
+        unblock = getattr(self._fork_mask, "unblock", None)
+        if unblock:
+            self._fork_mask.unblock = None
+            # A signal that came meanwhile is delivered now and its handler runs here.
+            self._signal.pthread_sigmask(self._signal.SIG_UNBLOCK, unblock)
+
     def _after_fork_in_child(self) -> None:
         self._previous = None
         self._lock = self._threading.RLock()
         self._stop = self._threading.Event()
         self._count = 0
         self._done = False
+        # Only now that the state above is the child's own: a SIGTERM sent to the child
+        # since the fork runs our handler here, which writes the child's snapshot and dies.
+        self._unblock_own_signals()
         self._start_thread()
         # multiprocessing's fork children leave through os._exit, skipping atexit; its own
         # exit hook still runs, so register there. Its registry is cleared in the child right
