@@ -20,6 +20,9 @@ pub enum Error {
     /// Memory for a result could not be had (`MemoryError`, as `tracemalloc` raises): paths
     /// whose memory grows with the data reserve it fallibly rather than abort the process.
     OutOfMemory,
+    /// A long operation gave up because a signal handler raised (Ctrl-C's
+    /// `KeyboardInterrupt`); the pyo3 layer re-raises the handler's own exception.
+    Interrupted,
     /// The operating system refused (`OSError`, with errno kept).
     Io {
         path: PathBuf,
@@ -37,6 +40,7 @@ impl fmt::Display for Error {
                 f.write_str(msg)
             }
             Error::OutOfMemory => f.write_str("out of memory"),
+            Error::Interrupted => f.write_str("interrupted by a signal"),
             Error::Format { path, reason } => {
                 write!(
                     f,

@@ -186,6 +186,54 @@ def test_large_sparse_file_costs_neither_time_nor_memory(tmp_path, snapshot_byte
     assert int(lines[2]) < 1_000_000, "peak RSS in KiB"
 
 
+READ_AND_INTERRUPT = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    from alloctrace import Snapshot
+
+    def status(field):  # KiB, of this process only (ru_maxrss would include the parent's)
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+
+    base = status("VmRSS")
+
+    def interrupt():  # Ctrl-C once the read has brought 100 MB in
+        while status("VmRSS") < base + 100_000:
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    try:
+        Snapshot.load(sys.argv[1])
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt")
+    print(status("VmHWM") - base)
+    """
+)
+
+
+def test_ctrl_c_stops_the_read_of_a_large_file(tmp_path):
+    """Ctrl-C during the read of a large regular file (here 2 GB, sparse, with a structure
+    that holds until its checksum) was noticed only once the whole file was in memory."""
+    path = tmp_path / "big.snap"
+    size = 2 << 30
+    with open(path, "wb") as f:
+        body = size - (12 + 2 * 12 + 4)
+        f.write(b"ALCTRSNP" + (2).to_bytes(4, "little"))
+        f.write((999).to_bytes(4, "little") + body.to_bytes(8, "little"))
+        f.seek(size - 16)
+        f.write((0).to_bytes(4, "little") + (4).to_bytes(8, "little") + bytes(4))
+    script = tmp_path / "interrupt.py"
+    script.write_text(READ_AND_INTERRUPT)
+    result = run([str(script), str(path)])
+    assert result.returncode == 0, result.stderr
+    interrupted, grown = result.stdout.split()
+    assert interrupted == "KeyboardInterrupt"
+    # The read stopped within a chunk or two of the signal, far from the file's 2 GB.
+    assert int(grown) < 500_000, "KiB of peak RSS over the start"
+
+
 # --- 4. attributes a file must not set ------------------------------------------------------
 
 

@@ -850,7 +850,9 @@ fn check_header(data: &[u8]) -> std::result::Result<u32, Reason> {
 /// ends the file, `Ok(false)` if `data` ends before that. Errors as soon as the structure is
 /// wrong, so a file being read can be refused before the rest of it is read.
 fn walk_sections(data: &[u8], total: usize, pos: &mut usize) -> std::result::Result<bool, Reason> {
-    while data.len() - *pos >= SECTION_HEADER_LEN {
+    // `pos` is past the bytes read so far while a section longer than the chunks read is
+    // still coming in.
+    while data.len().saturating_sub(*pos) >= SECTION_HEADER_LEN {
         let at = *pos;
         let tag = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
         let len = u64::from_le_bytes(data[at + 4..at + 12].try_into().unwrap());
@@ -1603,11 +1605,22 @@ fn decode_functions(
 
 /// Reads and decodes a snapshot file.
 pub fn load(path: &Path) -> Result<(Snapshot, Attributes)> {
+    load_interruptible(path, &mut || Ok(()))
+}
+
+/// [`load`], calling `check` between two chunks of the read (every [`READ_CHUNK`] bytes and
+/// after a read interrupted by a signal) and giving up with its error: the pyo3 layer
+/// passes a check of pending signals, so that Ctrl-C stops the read of a large file
+/// instead of waiting for its end.
+pub fn load_interruptible(
+    path: &Path,
+    check: &mut dyn FnMut() -> Result<()>,
+) -> Result<(Snapshot, Attributes)> {
     let format_err = |reason| Error::Format {
         path: path.to_path_buf(),
         reason,
     };
-    let data = read_snapshot_file(path)?.map_err(format_err)?;
+    let data = read_snapshot_file(path, check)?.map_err(format_err)?;
     decode(&data).map_err(format_err)
 }
 
@@ -1627,7 +1640,10 @@ const READ_RESERVE: usize = 64 << 20;
 /// end. The header is checked from the first 12 bytes and the section structure as each
 /// chunk arrives, so a file that is not a snapshot costs one small read however large it
 /// says it is; nothing past the size the file had when opened is read.
-fn read_snapshot_file(path: &Path) -> Result<std::result::Result<Vec<u8>, Reason>> {
+fn read_snapshot_file(
+    path: &Path,
+    check: &mut dyn FnMut() -> Result<()>,
+) -> Result<std::result::Result<Vec<u8>, Reason>> {
     use std::io::Read;
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let io_err = |action: &'static str| {
@@ -1667,12 +1683,15 @@ fn read_snapshot_file(path: &Path) -> Result<std::result::Result<Vec<u8>, Reason
     }
     let total = usize::try_from(meta.len()).unwrap_or(usize::MAX);
     let mut data: Vec<u8> = Vec::new();
-    let out_of_memory = || io_err("read")(std::io::Error::from(std::io::ErrorKind::OutOfMemory));
+    // MemoryError, as for every other result too large to hold, not an OSError: the read
+    // went fine, the file is simply larger than the memory left.
+    let out_of_memory = || Error::OutOfMemory;
     data.try_reserve_exact(total.min(READ_RESERVE))
         .map_err(|_| out_of_memory())?;
     let mut pos = HEADER_LEN;
     let mut header_checked = false;
     while data.len() < total {
+        check()?;
         // The header alone first, then chunks.
         let want = match header_checked {
             false => HEADER_LEN,
@@ -1690,7 +1709,7 @@ fn read_snapshot_file(path: &Path) -> Result<std::result::Result<Vec<u8>, Reason
             match file.read(&mut data[start + got..]) {
                 Ok(0) => break,
                 Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => check()?,
                 Err(e) => return Err(io_err("read")(e)),
             }
         }
@@ -2604,6 +2623,59 @@ mod tests {
             matches!(load(&dir), Err(Error::Io { .. })),
             "a directory is an OSError"
         );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A file whose structure holds up to its end marker, `len` bytes long and sparse: one
+    /// section of an unknown tag over nearly all of it (its checksum is wrong, which only the
+    /// decoding after the read can tell).
+    fn sparse_structured_file(path: &Path, len: u64) {
+        let f = fs::File::create(path).unwrap();
+        f.set_len(len).unwrap();
+        let mut head = MAGIC.to_vec();
+        head.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        head.extend_from_slice(&999u32.to_le_bytes());
+        let body = len - (HEADER_LEN + 2 * SECTION_HEADER_LEN + 4) as u64;
+        head.extend_from_slice(&body.to_le_bytes());
+        (&f).write_all(&head).unwrap();
+        let mut end = TAG_END.to_le_bytes().to_vec();
+        end.extend_from_slice(&4u64.to_le_bytes());
+        end.extend_from_slice(&[0; 4]);
+        std::os::unix::fs::FileExt::write_all_at(&f, &end, len - end.len() as u64).unwrap();
+    }
+
+    #[test]
+    fn a_check_between_chunks_stops_the_read() {
+        let dir = std::env::temp_dir().join(format!("alloctrace-chunks-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("big.snap");
+        sparse_structured_file(&path, 8 * READ_CHUNK as u64);
+        // Every chunk is read and checked: the file fails only once whole, on its checksum.
+        let mut calls = 0;
+        let result = load_interruptible(&path, &mut || {
+            calls += 1;
+            Ok(())
+        });
+        let Err(Error::Format { reason, .. }) = result else {
+            panic!("the bad checksum was not found");
+        };
+        assert!(reason.contains("checksum"), "{reason}");
+        assert!(
+            calls >= 9,
+            "checked {calls} times for a header and 8 chunks"
+        );
+        // A check that fails ends the read there, with its error.
+        let mut calls = 0;
+        let result = load_interruptible(&path, &mut || {
+            calls += 1;
+            if calls == 3 {
+                Err(Error::Interrupted)
+            } else {
+                Ok(())
+            }
+        });
+        assert!(matches!(result, Err(Error::Interrupted)));
+        assert_eq!(calls, 3);
         fs::remove_dir_all(&dir).unwrap();
     }
 

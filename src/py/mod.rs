@@ -1,7 +1,9 @@
 //! The pyo3 layer of `alloctrace._native`: argument conversion, exception mapping and class
 //! wrappers. Logic lives in the plain-Rust modules; what is here only translates.
 
-use pyo3::exceptions::{PyMemoryError, PyOSError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyKeyboardInterrupt, PyMemoryError, PyOSError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 
 use crate::error::Error;
@@ -29,6 +31,8 @@ impl From<Error> for PyErr {
             Error::WrongType(_) => PyTypeError::new_err(msg),
             Error::State(_) => PyRuntimeError::new_err(msg),
             Error::OutOfMemory => PyMemoryError::new_err(()),
+            // Only reached if a caller lost the handler's exception; Ctrl-C's is the likely one.
+            Error::Interrupted => PyKeyboardInterrupt::new_err(()),
             Error::Format { .. } => SnapshotFormatError::new_err(msg),
             Error::Io { path, source, .. } => match source.raw_os_error() {
                 Some(errno) => PyOSError::new_err((errno, msg, path.display().to_string())),

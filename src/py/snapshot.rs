@@ -22,6 +22,7 @@ use crate::analysis::format::{self, AttrValue, Attributes, MAX_ATTR_DEPTH};
 use crate::analysis::sampling::MAX_INTERVAL;
 use crate::analysis::snapshot::{FrameId, Snapshot, SnapshotBuilder, TracebackId};
 use crate::analysis::stats::{self, GroupKey, KeyType};
+use crate::error::Error;
 use crate::py::site_reports::{reports_from_py, reports_to_py};
 use crate::py::strings::{bytes_str, str_bytes};
 
@@ -783,7 +784,21 @@ impl PySnapshotData {
     /// Reads a snapshot file: `(SnapshotData, attributes dict)`.
     #[staticmethod]
     fn load<'py>(py: Python<'py>, path: PathBuf) -> PyResult<(Self, Bound<'py, PyDict>)> {
-        let (snapshot, attrs) = py.detach(|| format::load(&path))?;
+        // The read runs without the GIL; between chunks it takes the GIL back to run pending
+        // signal handlers, and stops with the exception one raises (Ctrl-C).
+        let mut raised: Option<PyErr> = None;
+        let loaded = py.detach(|| {
+            format::load_interruptible(&path, &mut || {
+                Python::attach(|py| py.check_signals()).map_err(|err| {
+                    raised = Some(err);
+                    Error::Interrupted
+                })
+            })
+        });
+        if let Some(err) = raised {
+            return Err(err);
+        }
+        let (snapshot, attrs) = loaded?;
         let d = PyDict::new(py);
         for (k, v) in &attrs {
             d.set_item(bytes_str(py, k)?, attr_to_py(py, v)?)?;
