@@ -9,6 +9,7 @@
 //! - [`intern`]: traceback interning and the lazy (code, offset) → line resolution.
 //! - [`tracked`]: blocks extensions report with `PyTraceMalloc_Track`, in their domains.
 //! - [`process_memory`]: the process's RSS as the kernel splits it, beside the traced total.
+//! - [`sigterm_retry`]: sends SIGTERM again until the exit-dump handler has run.
 //! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
 //! - [`heap`]: the live object graph behind object kinds and retention paths.
 //! - [`analysis`]: snapshots, grouping, diffing, filters and the file format (plain Rust).
@@ -25,6 +26,7 @@ pub mod peak;
 pub mod process_memory;
 pub mod py;
 pub mod sampler;
+pub mod sigterm_retry;
 pub mod table;
 pub mod tracer;
 pub mod tracked;

@@ -404,6 +404,100 @@ def test_sigterm_right_after_fork_writes_the_child_snapshot_and_kills_it(tmp_pat
         Snapshot.load(out / name)
 
 
+RECORDED_NOT_RUN = textwrap.dedent(
+    """
+    import signal, threading, time
+    lock = threading.Lock()
+    lock.acquire()
+
+    def send():
+        time.sleep(0.2)
+        # To this thread: CPython's C handler records the signal here, and the main thread,
+        # blocked below, is not interrupted to run the Python handler.
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        time.sleep(60)
+
+    threading.Thread(target=send, daemon=True).start()
+    lock.acquire()  # never released
+    print("not reached")
+    """
+)
+
+
+def test_sigterm_recorded_while_the_main_thread_blocks_still_ends_it(tmp_path):
+    """A SIGTERM that CPython recorded while the main thread was past its last check and
+    entering a blocking wait (a Pool worker's sem_wait as Pool.terminate() signals it: the
+    hung worker showed SIGTERM recorded, its handler never run) left the process waiting
+    forever. Here the signal goes to another thread, so the main thread's wait is never
+    interrupted by it: this hung on every run before the retry."""
+    script = tmp_path / "blocked.py"
+    script.write_text(RECORDED_NOT_RUN)
+    out = tmp_path / "exit.snap"
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=clean_env(ALLOCTRACE_DUMP=str(out)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("hung with SIGTERM recorded")
+    assert proc.returncode == -signal.SIGTERM, stderr
+    assert stdout == ""
+    Snapshot.load(out)
+
+
+NEVER_CHECKS = textwrap.dedent(
+    """
+    import ctypes, sys
+    libc = ctypes.CDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # a default pthread mutex, all zero
+    libc.pthread_mutex_lock(mutex)
+    print("blocking", flush=True)
+    # Locking it again waits forever in glibc, which resumes the wait after every signal
+    # without returning: the Python handler can never run.
+    libc.pthread_mutex_lock(mutex)
+    """
+)
+
+
+def test_sigterm_ends_a_main_thread_that_never_runs_the_handler(tmp_path):
+    """When the main thread cannot run the Python handler at all, SIGTERM's default action
+    ends the process after the retries (about 5 s), with status -15 and no snapshot, rather
+    than never."""
+    script = tmp_path / "stuck.py"
+    script.write_text(NEVER_CHECKS)
+    out = tmp_path / "exit.snap"
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=clean_env(ALLOCTRACE_DUMP=str(out)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "blocking\n"
+        # Signalled once it is in the second lock, not in the bytecode before it.
+        deadline = time.monotonic() + 20
+        while "futex" not in open(f"/proc/{proc.pid}/wchan").read():
+            assert time.monotonic() < deadline, "never blocked"
+            time.sleep(0.01)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("not ended by SIGTERM")
+    assert proc.returncode == -signal.SIGTERM, stderr
+    assert 3 < time.monotonic() - start < 30
+    assert not out.exists()
+
+
 SLOW_EXIT = textwrap.dedent(
     """
     import os, signal, sys, time

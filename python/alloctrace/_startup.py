@@ -494,8 +494,27 @@ class Dumper:
         # handler the program installs later simply replaces ours.
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._arm_sigterm_retry()
+
+    def _arm_sigterm_retry(self) -> None:
+        """Have SIGTERM sent again to the main thread until :meth:`_on_sigterm` starts.
+
+        CPython runs a Python handler only when the main thread next checks; one that had
+        just checked and then blocked (a Pool worker entering ``sem_wait`` as
+        ``Pool.terminate()`` signals it) would wait forever where SIGTERM's default action
+        would have killed it. Repeated, the signal interrupts the wait; after about 5 s
+        without the handler starting, SIGTERM's default action ends the process (no
+        snapshot). Needs the main thread, and our handler just installed.
+        """
+        if self._threading.current_thread() is self._threading.main_thread():
+            from alloctrace import _native
+
+            _native._sigterm_retry_arm()
 
     def _on_sigterm(self, signum, frame) -> None:
+        from alloctrace import _native
+
+        _native._sigterm_retry_acknowledge()
         if self._held is not None:
             # The exit snapshot is being written (this handler interrupted it): finish it.
             self._held.append(signum)
@@ -533,6 +552,8 @@ class Dumper:
         """Restore the handlers; if a held signal came, die of it now."""
         for signum, handler in held.items():
             self._signal.signal(signum, handler)
+            if handler == self._on_sigterm:
+                self._arm_sigterm_retry()
         pending, self._held = self._held, None
         if pending:
             self._die_of(pending[0])
@@ -659,6 +680,9 @@ class Dumper:
         self._stop = self._threading.Event()
         self._count = 0
         self._done = False
+        if self._signal.getsignal(self._signal.SIGTERM) == self._on_sigterm:
+            # The wrapper is inherited, the parent's timer is not.
+            self._arm_sigterm_retry()
         # Only now that the state above is the child's own: a SIGTERM sent to the child
         # since the fork runs our handler here, which writes the child's snapshot and dies.
         self._unblock_own_signals()

@@ -10,6 +10,7 @@ use crate::error::Error;
 
 pub mod heap_walk;
 pub mod retention;
+pub mod sigterm_retry;
 pub mod site_reports;
 pub mod snapshot;
 pub mod strings;
@@ -52,5 +53,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     snapshot::register(m)?;
     tracer::register(m)?;
     heap_walk::register(m)?;
+    sigterm_retry::register(m)?;
     Ok(())
 }
