@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use crate::error::Error;
 
 pub mod heap_walk;
+pub mod memory_limit;
 pub mod retention;
 pub mod site_reports;
 pub mod snapshot;
@@ -48,5 +49,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     snapshot::register(m)?;
     tracer::register(m)?;
     heap_walk::register(m)?;
+    memory_limit::register(m)?;
     Ok(())
 }
