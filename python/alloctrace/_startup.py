@@ -39,6 +39,14 @@ The ``alloctrace`` command itself (its console script and ``python -m alloctrace
 traced, whatever is set: the variables it inherits are meant for the programs the user traces,
 and ``alloctrace run`` passes its child the settings of its own options.
 
+``ALLOCTRACE_MEMORY_LIMIT=LIMIT``
+    With ``ALLOCTRACE_DUMP``, write a numbered snapshot (with its peak) once, when the traced
+    total or the process's resident memory first reaches a limit, or when a
+    :exc:`MemoryError` goes uncaught, and keep running: the evidence before the OOM killer
+    strikes. LIMIT is ``SIZE`` or ``traced:SIZE`` (traced memory), ``rss:SIZE`` (resident
+    memory) or ``cgroup:FRACTION`` (resident memory against a fraction of the cgroup's memory
+    limit), comma-separated; see :mod:`alloctrace._memory_limit`.
+
 ``ALLOCTRACE_SIGNAL=SIGNAME``
     With ``ALLOCTRACE_DUMP``, write a numbered snapshot (as ``ALLOCTRACE_INTERVAL`` does)
     whenever the process receives that signal, e.g. ``SIGUSR2`` (``alloctrace snapshot PID``
@@ -73,6 +81,7 @@ ENV_SAMPLE_SEED = "ALLOCTRACE_SAMPLE_SEED"
 ENV_OBJECTS = "ALLOCTRACE_OBJECTS"
 ENV_RETENTION = "ALLOCTRACE_RETENTION"
 ENV_SIGNAL = "ALLOCTRACE_SIGNAL"
+ENV_MEMORY_LIMIT = "ALLOCTRACE_MEMORY_LIMIT"
 #: Sites that get a retention report in each dump written with ``ALLOCTRACE_OBJECTS=1``, unless
 #: ``ALLOCTRACE_RETENTION`` says otherwise.
 RETENTION_SITES = 5
@@ -232,6 +241,22 @@ def read_signal(environ, ignore_environment: bool, dump: str | None) -> int | No
             f"{ENV_SIGNAL} is set but {ENV_DUMP} is not: snapshots on demand need a path"
         )
     return signum
+
+
+def read_memory_limit(environ, ignore_environment: bool, dump: str | None):
+    """The ``ALLOCTRACE_MEMORY_LIMIT`` setting (a :class:`alloctrace._memory_limit.MemoryLimit`),
+    or ``None`` when unset."""
+    value = "" if ignore_environment else environ.get(ENV_MEMORY_LIMIT, "")
+    if not value:
+        return None
+    from alloctrace._memory_limit import parse_memory_limit
+
+    limit = parse_memory_limit(value)
+    if dump is None:
+        raise ConfigError(
+            f"{ENV_MEMORY_LIMIT} is set but {ENV_DUMP} is not: the snapshot needs a path"
+        )
+    return limit
 
 
 def parse_nframe(value: str, source: str) -> int:
@@ -546,13 +571,15 @@ class Dumper:
         # writing a snapshot here is as safe as anywhere in the program.
         self.dump_numbered()
 
-    def dump_numbered(self) -> None:
-        """Write the next numbered snapshot now (as the interval thread does)."""
+    def dump_numbered(self) -> str | None:
+        """Write the next numbered snapshot now (as the interval thread does); return its path,
+        or ``None`` if none was written."""
         with self._lock:
             if self._done:
-                return
+                return None
             self._count += 1
-            self._write(expand_path(self.template, pid=os.getpid(), n=self._count))
+            path = expand_path(self.template, pid=os.getpid(), n=self._count)
+            return path if self._write(path) else None
 
     def _start_thread(self) -> None:
         if self.interval is None:
@@ -592,27 +619,30 @@ class Dumper:
         finally:
             self._release_signals(held)
 
-    def _write(self, path: str) -> None:
+    def _write(self, path: str) -> bool:
+        """Write a snapshot to *path*; whether it was written."""
         try:
             import alloctrace
 
             if not alloctrace.is_tracing():
                 _warn(f"no snapshot written to {path}: tracing was stopped by the program")
-                return
+                return False
             # The peak is taken first: the snapshot's own work must not move it.
             peak = alloctrace.take_snapshot(peak=True)
             if not self.objects:
                 alloctrace.take_snapshot()._with_peak(peak).dump(path)
-                return
+                return True
             snapshot = alloctrace.take_snapshot(
                 objects=True, retention=self.retention, baseline=self._previous
             )
             snapshot._with_peak(peak).dump(path)
             self._previous = snapshot
+            return True
         except BaseException as exc:
             # Never let a failed dump change how the program ends.
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             _warn(f"cannot write snapshot to {path}: {reason or type(exc).__name__}")
+            return False
 
     def _after_fork_in_child(self) -> None:
         self._previous = None
@@ -689,6 +719,9 @@ def install() -> None:
         on_signal = read_signal(
             os.environ, bool(sys.flags.ignore_environment), os.environ.get(ENV_DUMP) or None
         )
+        memory_limit = read_memory_limit(
+            os.environ, bool(sys.flags.ignore_environment), os.environ.get(ENV_DUMP) or None
+        )
     except ConfigError as exc:
         _warn(str(exc))
         # site.py swallows exceptions from .pth lines and would run the program untraced.
@@ -726,5 +759,9 @@ def install() -> None:
             dumper.install()
             if on_signal is not None:
                 dumper.install_signal(on_signal)
+            if memory_limit is not None:
+                from alloctrace._memory_limit import LimitDump
+
+                LimitDump(dumper, memory_limit).install()
         finally:
             alloctrace.enable()
