@@ -277,3 +277,26 @@ def test_configuration_errors_stop_before_the_program(tmp_path, env, expected):
     assert result.stdout == ""
     assert result.stderr.startswith(expected) and result.stderr.count("\n") == 1
     assert os.listdir(tmp_path) == []
+
+
+def test_run_memory_limit_option(tmp_path):
+    script = tmp_path / "grow.py"
+    script.write_text(GROWER)
+    result = run(
+        ["-m", "alloctrace", "run", "-q", "--memory-limit", "traced:16MiB", "-o", "r.snap"]
+        + [str(script), str(tmp_path / "r.snap.1")],
+        cwd=tmp_path,
+        # An inherited setting is not passed on: the option's is.
+        ALLOCTRACE_MEMORY_LIMIT="1GiB",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "(ALLOCTRACE_MEMORY_LIMIT=traced:16MiB): snapshot written to" in result.stderr
+    assert alloctrace.Snapshot.load(str(tmp_path / "r.snap.1")).peak is not None
+    assert (tmp_path / "r.snap").exists()
+
+
+def test_run_memory_limit_option_refuses_bad_values(tmp_path):
+    result = run(["-m", "alloctrace", "run", "--memory-limit", "rss:", "-c", "pass"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("alloctrace: error: --memory-limit 'rss:' is invalid")
+    assert len(result.stderr.splitlines()) == 1 and os.listdir(tmp_path) == []
