@@ -300,3 +300,57 @@ def test_run_memory_limit_option_refuses_bad_values(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("alloctrace: error: --memory-limit 'rss:' is invalid")
     assert len(result.stderr.splitlines()) == 1 and os.listdir(tmp_path) == []
+
+
+def wait_for(path, seconds=30):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.path.exists(path)
+
+
+def test_start_with_a_memory_limit_in_code(tmp_path, capfd):
+    alloctrace.stop()
+    target = tmp_path / "limit-{pid}.snap"
+    alloctrace.start(memory_limit=8 * MiB, memory_limit_dump=target)
+    try:
+        blocks = [bytearray(MiB) for _ in range(12)]
+        del blocks
+        written = tmp_path / f"limit-{os.getpid()}.snap"
+        assert wait_for(written)
+        peak = alloctrace.Snapshot.load(str(written)).peak
+        assert sum(s.size for s in peak.statistics("filename")) >= 12 * MiB
+    finally:
+        alloctrace.stop()
+    err = capfd.readouterr().err
+    assert f"(memory_limit='{8 * MiB}'): snapshot written to {written}" in err
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"memory_limit": 1.5, "memory_limit_dump": "x"}, TypeError, "must be an int"),
+        ({"memory_limit": True, "memory_limit_dump": "x"}, TypeError, "must be an int"),
+        ({"memory_limit": 0, "memory_limit_dump": "x"}, ValueError, "bytes > 0, not 0"),
+        ({"memory_limit": "rss:x", "memory_limit_dump": "x"}, ValueError, "memory_limit 'rss:x'"),
+        ({"memory_limit": "1GiB"}, TypeError, "memory_limit needs memory_limit_dump"),
+        ({"memory_limit_dump": "x"}, TypeError, "must be an int"),
+        ({"memory_limit": 1, "memory_limit_dump": "{x}"}, ValueError, "unknown placeholder"),
+    ],
+)
+def test_start_refuses_bad_memory_limits(kwargs, error, message):
+    alloctrace.stop()
+    with pytest.raises(error, match=message):
+        alloctrace.start(**kwargs)
+    assert not alloctrace.is_tracing()
+
+
+def test_memory_limit_cannot_be_set_while_tracing(tmp_path):
+    alloctrace.start()
+    try:
+        with pytest.raises(RuntimeError, match="call stop"):
+            alloctrace.start(memory_limit=MiB, memory_limit_dump=str(tmp_path / "x"))
+    finally:
+        alloctrace.stop()

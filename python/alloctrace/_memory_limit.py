@@ -215,7 +215,8 @@ def resolve(limit: MemoryLimit, root: str = "/") -> tuple[int | None, int | None
 
 class Watcher:
     """A daemon thread that calls *on_crossing(kind, bytes)* once, when the traced total
-    reaches *traced* or the peak RSS reaches *rss* (bytes; ``None``: not watched).
+    reaches *traced* or the peak RSS reaches *rss* (bytes; ``None``: not watched). It ends
+    when stopped or when tracing stops.
 
     It sleeps with :func:`time.sleep` and checks with a call that allocates nothing, so that
     it leaves no trace of its own in the program's snapshots.
@@ -245,7 +246,7 @@ class Watcher:
 
         from alloctrace import _native
 
-        while not self._stopped:
+        while not self._stopped and _native.is_tracing():
             time.sleep(POLL)
             try:
                 crossing = _native._memory_limit_check(self.rss)
@@ -258,69 +259,63 @@ class Watcher:
                 self.on_crossing(*crossing)
 
 
+#: The limit in force (one per process): the exception hooks and the fork handler, installed
+#: once, act on it.
+_active: LimitDump | None = None
+_hooks_installed = False
+
+
 class LimitDump:
     """The one snapshot a process writes for its memory limit (or an uncaught
-    :exc:`MemoryError`), through *dumper* (an :class:`alloctrace._startup.Dumper`)."""
+    :exc:`MemoryError`): *write()* writes it and returns its path (``None`` if it failed, having
+    said why). *setting* names the limit in the line on stderr."""
 
-    def __init__(self, dumper, limit: MemoryLimit):
+    def __init__(self, write, limit: MemoryLimit, setting: str):
         import threading
 
-        self.dumper = dumper
+        self.write = write
         self.limit = limit
+        self.setting = setting
         self.watcher = None
         self._lock = threading.Lock()
         self._done = False
 
     def install(self) -> None:
-        """Start the watcher, chain the exception hooks, and re-arm in forked children."""
-        import sys
-        import threading
-
+        """Make this the limit in force: start its watcher (stopping the previous one) and
+        install the exception hooks and fork handler if they are not yet."""
+        global _active
         from alloctrace._startup import _warn
 
         traced, rss, note = resolve(self.limit)
         if note is not None:
             _warn(note)
+        if _active is not None and _active.watcher is not None:
+            _active.watcher.stop()
         if traced is not None or rss is not None:
             self.watcher = Watcher(traced, rss, self._on_crossing)
+        _active = self
+        if self.watcher is not None:
             self.watcher.start()
-        previous_excepthook = sys.excepthook
-        previous_thread_hook = threading.excepthook
-
-        def excepthook(exc_type, exc, tb):
-            if isinstance(exc, MemoryError):
-                self.dump("an uncaught MemoryError")
-            previous_excepthook(exc_type, exc, tb)
-
-        def thread_excepthook(args):
-            if isinstance(args.exc_value, MemoryError):
-                self.dump(f"an uncaught MemoryError in thread {args.thread.name!r}")
-            previous_thread_hook(args)
-
-        sys.excepthook = excepthook
-        threading.excepthook = thread_excepthook
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._after_fork_in_child)
+        _install_hooks()
 
     def _on_crossing(self, kind: str, size: int) -> None:
         from alloctrace import _format_size
 
         what = "traced memory" if kind == "traced" else "resident memory (peak RSS)"
-        self.dump(
-            f"{what} reached {_format_size(size, False)} ({ENV_MEMORY_LIMIT}={self.limit.text})"
-        )
+        self.dump(f"{what} reached {_format_size(size, False)} ({self.setting})")
 
     def dump(self, reason: str) -> None:
-        """Write the snapshot for *reason*, unless one was written already."""
+        """Write the snapshot for *reason*, unless one was written already or tracing is off."""
+        from alloctrace import _native
         from alloctrace._startup import _warn
 
         with self._lock:
-            if self._done:
+            if self._done or not _native.is_tracing():
                 return
             self._done = True
         if self.watcher is not None:
             self.watcher.stop()
-        path = self.dumper.dump_numbered()
+        path = self.write()
         if path is not None:
             _warn(f"{reason}: snapshot written to {path}")
 
@@ -332,3 +327,75 @@ class LimitDump:
         self._done = False
         if self.watcher is not None:
             self.watcher.start()
+
+
+def _install_hooks() -> None:
+    """Chain ``sys.excepthook`` and ``threading.excepthook`` (an uncaught MemoryError writes
+    the snapshot), and re-arm in forked children; once per process."""
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    import sys
+    import threading
+
+    previous_excepthook = sys.excepthook
+    previous_thread_hook = threading.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        if isinstance(exc, MemoryError) and _active is not None:
+            _active.dump("an uncaught MemoryError")
+        previous_excepthook(exc_type, exc, tb)
+
+    def thread_excepthook(args):
+        if isinstance(args.exc_value, MemoryError) and _active is not None:
+            _active.dump(f"an uncaught MemoryError in thread {args.thread.name!r}")
+        previous_thread_hook(args)
+
+    def after_fork_in_child():
+        if _active is not None:
+            _active._after_fork_in_child()
+
+    sys.excepthook = excepthook
+    threading.excepthook = thread_excepthook
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=after_fork_in_child)
+
+
+def start_in_code(memory_limit, dump) -> LimitDump:
+    """Check ``start(memory_limit=..., memory_limit_dump=...)``: a :class:`LimitDump` to
+    :meth:`~LimitDump.install` once tracing runs, writing to *dump* (``{pid}`` and ``{time}``
+    replaced). Raise :exc:`TypeError` or :exc:`ValueError` naming the bad argument."""
+    from alloctrace._startup import ConfigError, Dumper, check_path_template, expand_path
+
+    if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, str)):
+        raise TypeError(
+            f"memory_limit must be an int (bytes of traced memory) or a str, not "
+            f"{type(memory_limit).__name__}"
+        )
+    if not isinstance(dump, (str, os.PathLike)):
+        raise TypeError(
+            "memory_limit needs memory_limit_dump, the path of the snapshot (a str or "
+            f"os.PathLike, not {type(dump).__name__})"
+        )
+    dump = os.fspath(dump)
+    if isinstance(memory_limit, int):
+        if memory_limit <= 0:
+            raise ValueError(f"memory_limit must be a number of bytes > 0, not {memory_limit}")
+        limit = MemoryLimit(traced=memory_limit, text=str(memory_limit))
+    else:
+        try:
+            limit = parse_memory_limit(memory_limit, "memory_limit")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    try:
+        check_path_template(dump, "memory_limit_dump")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    dumper = Dumper(dump, None)
+
+    def write() -> str | None:
+        path = expand_path(dumper.template, pid=os.getpid())
+        return path if dumper._write(path) else None
+
+    return LimitDump(write, limit, f"memory_limit={limit.text!r}")

@@ -762,6 +762,7 @@ def install() -> None:
             if memory_limit is not None:
                 from alloctrace._memory_limit import LimitDump
 
-                LimitDump(dumper, memory_limit).install()
+                setting = f"{ENV_MEMORY_LIMIT}={memory_limit.text}"
+                LimitDump(dumper.dump_numbered, memory_limit, setting).install()
         finally:
             alloctrace.enable()
