@@ -202,6 +202,11 @@ def test_cli_shows_the_peak(tmp_path):
     rows = json.loads(stats.stdout)
     top = rows["stats"][0]
     assert top["traceback"][-1]["lineno"] == 2 and top["size"] >= 100 * 10000, top
+    # --json says which figures are of a peak.
+    assert rows["snapshot"]["is_peak"] is True
+    assert json.loads(cli("stats", "--json", str(dump)).stdout)["snapshot"]["is_peak"] is False
+    diffed = json.loads(cli("diff", "--peak", "--json", str(dump)).stdout)
+    assert (diffed["old"]["is_peak"], diffed["new"]["is_peak"]) == (True, False)
     diff = cli("diff", "--peak", str(dump))
     assert diff.returncode == 0, diff.stderr
     assert "(peak)" in diff.stdout and "peaky.py:2" in diff.stdout
