@@ -289,3 +289,57 @@ def test_pickles_made_before_still_load():
     old = pickle.loads(pickle.dumps(_OldPickle(raw, 1, {"note": "old"})))
     assert type(old) is alloctrace.Snapshot and old.note == "old"
     assert sorted(t.size for t in old.traces) == [10, 20] and not old.is_peak
+
+
+# Three phases, each allocating then freeing one line's memory; a numbered snapshot (asked by
+# signal, written by the same code as the interval ones) ends each of the first two.
+PHASES = """\
+import os, signal, sys, time
+import alloctrace
+
+def numbered(n):
+    os.kill(os.getpid(), signal.SIGUSR2)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(f"{sys.argv[1]}.{n}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+first = [bytearray(3000) for _ in range(1000)]
+del first
+numbered(1)
+print(alloctrace.get_traced_memory()[1] < 2_000_000)
+second = [bytearray(1000) for _ in range(1000)]
+del second
+numbered(2)
+third = [bytearray(2000) for _ in range(1000)]
+del third
+"""
+PHASE_LINES = {"first": 10, "second": 14, "third": 17}
+
+
+def test_numbered_dumps_carry_the_peak_of_their_interval_and_the_exit_dump_the_runs(tmp_path):
+    script = tmp_path / "phases.py"
+    script.write_text(PHASES)
+    dump = tmp_path / "p.snap"
+    result = run(
+        [str(script), str(dump)],
+        cwd=tmp_path,
+        ALLOCTRACE_DUMP=str(dump),
+        ALLOCTRACE_SIGNAL="SIGUSR2",
+    )
+    assert result.returncode == 0, result.stderr
+    # The program's own peak started afresh after the first numbered snapshot.
+    assert result.stdout == "True\n"
+
+    def phases_at_peak(path):
+        peak = alloctrace.Snapshot.load(str(path)).peak
+        lines = {
+            s.traceback[0].lineno: s.size
+            for s in peak.statistics("lineno")
+            if s.traceback[0].filename == str(script)
+        }
+        return {name for name, line in PHASE_LINES.items() if lines.get(line, 0) >= 900_000}
+
+    assert phases_at_peak(f"{dump}.1") == {"first"}
+    assert phases_at_peak(f"{dump}.2") == {"second"}
+    # The exit snapshot: the whole run's peak, the first phase's (3 MB), not the last's.
+    assert phases_at_peak(dump) == {"first"}

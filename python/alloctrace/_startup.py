@@ -16,7 +16,11 @@ set; otherwise this module is never imported and costs nothing.
     ``{pid}``, ``{time}`` and ``{n}`` in PATH are replaced (see :func:`expand_path`).
 ``ALLOCTRACE_INTERVAL=SECONDS``
     With ``ALLOCTRACE_DUMP``, also write numbered snapshots every SECONDS (at least
-    :data:`MIN_INTERVAL`, 0.1) from a daemon thread.
+    :data:`MIN_INTERVAL`, 0.1) from a daemon thread. Each numbered snapshot (these, and those
+    of ``ALLOCTRACE_SIGNAL`` and ``ALLOCTRACE_MEMORY_LIMIT``) carries the peak of its
+    interval, since the previous one, and the peak starts afresh after it (the program's own
+    ``get_traced_memory()[1]`` and ``take_snapshot(peak=True)`` too); the exit snapshot
+    carries the peak of the whole run.
 ``ALLOCTRACE_SAMPLE_INTERVAL=BYTES``
     Trace in sampled mode, one sample per BYTES allocated on average (see
     :func:`parse_size` for the accepted forms, e.g. ``524288``, ``512KiB``, ``512k``, ``2MiB``;
@@ -489,6 +493,8 @@ class Dumper:
         self.retention = retention
         # The last snapshot written with objects: the next one reports what grew since.
         self._previous = None
+        # (total, peak snapshot) of the highest interval peak that numbered snapshots reset.
+        self._run_peak = None
         # Re-entrant: the SIGTERM handler may interrupt the main thread inside dump_at_exit.
         self._lock = threading.RLock()
         self._count = 0
@@ -579,7 +585,7 @@ class Dumper:
                 return None
             self._count += 1
             path = expand_path(self.template, pid=os.getpid(), n=self._count)
-            return path if self._write(path) else None
+            return path if self._write(path, numbered=True) else None
 
     def _start_thread(self) -> None:
         if self.interval is None:
@@ -619,16 +625,30 @@ class Dumper:
         finally:
             self._release_signals(held)
 
-    def _write(self, path: str) -> bool:
-        """Write a snapshot to *path*; whether it was written."""
+    def _write(self, path: str, numbered: bool = False) -> bool:
+        """Write a snapshot to *path*; whether it was written.
+
+        A *numbered* snapshot carries the peak of its interval, since the previous numbered
+        one (or the start), and the peak starts afresh after it, so that a series shows how
+        the peak moved; the exit snapshot carries the peak of the whole run, the highest of
+        those intervals' and the last one's.
+        """
         try:
             import alloctrace
 
             if not alloctrace.is_tracing():
                 _warn(f"no snapshot written to {path}: tracing was stopped by the program")
                 return False
-            # The peak is taken first: the snapshot's own work must not move it.
+            # The peak is taken first, and reset at once after it: the snapshot's own work
+            # must not move it, nor fall between two intervals.
+            peak_total = alloctrace.get_traced_memory()[1]
             peak = alloctrace.take_snapshot(peak=True)
+            if numbered:
+                alloctrace.reset_peak()
+                if self._run_peak is None or peak_total > self._run_peak[0]:
+                    self._run_peak = (peak_total, peak)
+            elif self._run_peak is not None and self._run_peak[0] > peak_total:
+                peak = self._run_peak[1]
             if not self.objects:
                 alloctrace.take_snapshot()._with_peak(peak).dump(path)
                 return True
