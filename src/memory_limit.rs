@@ -100,12 +100,5 @@ mod tests {
         // This process's peak RSS is above one byte and far below 2^60.
         assert!(matches!(check(Some(1)).unwrap(), Some(Crossing::Rss(n)) if n > 1));
         assert_eq!(check(Some(1 << 60)).unwrap(), None);
-        let start = Instant::now();
-        assert_eq!(
-            wait(Some(1 << 60), Duration::from_millis(30)).unwrap(),
-            None
-        );
-        assert!(start.elapsed() >= Duration::from_millis(30));
-        assert!(wait(Some(1), Duration::from_secs(60)).unwrap().is_some());
     }
 }

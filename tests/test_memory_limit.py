@@ -354,3 +354,32 @@ def test_memory_limit_cannot_be_set_while_tracing(tmp_path):
             alloctrace.start(memory_limit=MiB, memory_limit_dump=str(tmp_path / "x"))
     finally:
         alloctrace.stop()
+
+
+def test_a_crossing_just_before_exit_still_writes_its_snapshot(tmp_path):
+    dump = tmp_path / "app.snap"
+    result = run(
+        ["-c", "data = bytearray(20 << 20)"],
+        cwd=tmp_path,
+        ALLOCTRACE_DUMP=str(dump),
+        ALLOCTRACE_MEMORY_LIMIT="16MiB",
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"snapshot written to {dump}.1" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["app.snap", "app.snap.1"]
+
+
+def test_the_shipped_example(tmp_path):
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "memory_limit.py")
+    result = run(
+        ["-m", "alloctrace", "run", "-q", "--memory-limit", "32MiB", "-o", "ex.snap", example],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "served 165750000 bytes, 1200 reports cached\n"
+    assert f"(ALLOCTRACE_MEMORY_LIMIT=32MiB): snapshot written to {tmp_path}/ex.snap.1" in (
+        result.stderr
+    )
+    stats = run(["-m", "alloctrace", "stats", "--peak", "--limit", "1", "ex.snap.1"], cwd=tmp_path)
+    assert stats.returncode == 0, stats.stderr
+    assert "memory_limit.py:16: " in stats.stdout

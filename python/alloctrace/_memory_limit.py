@@ -319,6 +319,22 @@ class LimitDump:
         if path is not None:
             _warn(f"{reason}: snapshot written to {path}")
 
+    def _check_at_exit(self) -> None:
+        """A crossing the watcher has not seen yet (the process ends within a poll of it)
+        still writes this snapshot, before the exit snapshot."""
+        from alloctrace import _native
+
+        watcher = self.watcher
+        if watcher is None or watcher._stopped or not _native.is_tracing():
+            return
+        try:
+            crossing = _native._memory_limit_check(watcher.rss)
+        except OSError:
+            return
+        if crossing is not None:
+            watcher.stop()
+            self._on_crossing(*crossing)
+
     def _after_fork_in_child(self) -> None:
         import threading
 
@@ -331,11 +347,14 @@ class LimitDump:
 
 def _install_hooks() -> None:
     """Chain ``sys.excepthook`` and ``threading.excepthook`` (an uncaught MemoryError writes
-    the snapshot), and re-arm in forked children; once per process."""
+    the snapshot), check once more at exit, and re-arm in forked children; once per process.
+    Registered after the start-up exit snapshot's own ``atexit`` handler, the exit check runs
+    before it."""
     global _hooks_installed
     if _hooks_installed:
         return
     _hooks_installed = True
+    import atexit
     import sys
     import threading
 
@@ -352,12 +371,17 @@ def _install_hooks() -> None:
             _active.dump(f"an uncaught MemoryError in thread {args.thread.name!r}")
         previous_thread_hook(args)
 
+    def at_exit():
+        if _active is not None:
+            _active._check_at_exit()
+
     def after_fork_in_child():
         if _active is not None:
             _active._after_fork_in_child()
 
     sys.excepthook = excepthook
     threading.excepthook = thread_excepthook
+    atexit.register(at_exit)
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=after_fork_in_child)
 
