@@ -383,3 +383,19 @@ def test_the_shipped_example(tmp_path):
     stats = run(["-m", "alloctrace", "stats", "--peak", "--limit", "1", "ex.snap.1"], cwd=tmp_path)
     assert stats.returncode == 0, stats.stderr
     assert "memory_limit.py:16: " in stats.stdout
+
+
+def test_start_without_a_limit_ends_the_previous_one(tmp_path):
+    import time
+
+    target = tmp_path / "old.snap"
+    alloctrace.stop()
+    alloctrace.start(memory_limit=4 * MiB, memory_limit_dump=str(target))
+    alloctrace.stop()
+    alloctrace.start()  # at once: the old watcher may not have seen the stop
+    try:
+        data = bytearray(8 * MiB)
+        time.sleep(0.2)
+    finally:
+        alloctrace.stop()
+    assert len(data) == 8 * MiB and not target.exists()

@@ -149,15 +149,18 @@ def start(
     ``'rss:2GiB'`` (the process's peak RSS), ``'cgroup:0.9'`` (the peak RSS
     against that fraction of the cgroup's memory limit), comma-separated. A
     watcher thread writes the snapshot, up to 10 ms after the crossing (plus
-    its wait for the GIL); it ends with :func:`stop`. It cannot be given while
-    tracing (:exc:`RuntimeError`: call :func:`stop` first); a later call with
-    a limit replaces this one.
+    its wait for the GIL); it ends with :func:`stop` (and a later
+    :func:`start` without a limit). It cannot be given while tracing
+    (:exc:`RuntimeError`: call :func:`stop` first).
     """
     limit = None
     if memory_limit is not None or memory_limit_dump is not None:
         limit = _memory_limit.start_in_code(memory_limit, memory_limit_dump)
         if is_tracing():
             raise RuntimeError("memory_limit cannot be set while tracing: call stop() first")
+    elif not is_tracing():
+        # A limit set with an earlier start() ends, even if its watcher has not seen the stop.
+        _memory_limit.deactivate()
     _native.start(nframe, sample_interval=sample_interval, sample_seed=sample_seed)
     if limit is not None:
         limit.install()

@@ -345,6 +345,18 @@ class LimitDump:
             self.watcher.start()
 
 
+def deactivate() -> None:
+    """No limit in force any more: ``start()`` without one, after ``stop()``, ends the previous
+    one even if its watcher has not seen tracing stop yet."""
+    global _active
+    from alloctrace import _native
+
+    if _active is not None and _active.watcher is not None:
+        _active.watcher.stop()
+    _active = None
+    _native._memory_limit_arm(None)
+
+
 def _install_hooks() -> None:
     """Chain ``sys.excepthook`` and ``threading.excepthook`` (an uncaught MemoryError writes
     the snapshot), check once more at exit, and re-arm in forked children; once per process.
