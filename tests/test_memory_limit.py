@@ -193,8 +193,8 @@ def test_traced_limit_writes_one_snapshot_with_its_peak_and_the_program_runs_on(
         for s in peak.statistics("lineno")
         if s.traceback[0].filename == str(script)
     }
-    # The 24 MiB of the first climb (line 2) or the second (line 4) were alive at the peak.
-    assert max(at_line.values()) >= 24 * MiB
+    # Written during a climb (line 2 or 4) or after it: at least the limit was alive then.
+    assert max(at_line.values()) >= 16 * MiB
 
 
 def test_resident_limit(tmp_path):
@@ -321,7 +321,8 @@ def test_start_with_a_memory_limit_in_code(tmp_path, capfd):
         written = tmp_path / f"limit-{os.getpid()}.snap"
         assert wait_for(written)
         peak = alloctrace.Snapshot.load(str(written)).peak
-        assert sum(s.size for s in peak.statistics("filename")) >= 12 * MiB
+        # Written during the climb or after it: at least the limit was alive at the peak.
+        assert sum(s.size for s in peak.statistics("filename")) >= 8 * MiB
     finally:
         alloctrace.stop()
     err = capfd.readouterr().err
