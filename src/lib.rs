@@ -8,6 +8,7 @@
 //! - [`table`]: the live-trace table, keyed by block address, and the memory counters.
 //! - [`intern`]: traceback interning and the lazy (code, offset) → line resolution.
 //! - [`tracked`]: blocks extensions report with `PyTraceMalloc_Track`, in their domains.
+//! - [`memory_limit`]: noticing that traced memory or RSS crossed `ALLOCTRACE_MEMORY_LIMIT`.
 //! - [`process_memory`]: the process's RSS as the kernel splits it, beside the traced total.
 //! - [`sigterm_retry`]: sends SIGTERM again until the exit-dump handler has run.
 //! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
@@ -22,6 +23,7 @@ pub mod freelist;
 pub mod heap;
 pub mod hooks;
 pub mod intern;
+pub mod memory_limit;
 pub mod peak;
 pub mod process_memory;
 pub mod py;

@@ -259,6 +259,7 @@ impl TraceTable {
             let now = self.current.fetch_add(bytes, Relaxed).wrapping_add(bytes);
             if now > self.peak.load(Relaxed) && self.peak.fetch_max(now, Relaxed) < now {
                 self.counters.new_peak();
+                crate::memory_limit::note_peak(now);
             }
         } else {
             self.counters.leave(trace.traceback, bytes as u64, blocks);

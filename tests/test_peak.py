@@ -151,8 +151,6 @@ def test_bad_requests():
         peak = alloctrace.take_snapshot(peak=True)
     finally:
         alloctrace.stop()
-    with pytest.raises(TypeError, match="pickled"):
-        pickle.dumps(peak)
 
     class Mine(alloctrace.Filter):
         def _match(self, trace):
@@ -204,6 +202,11 @@ def test_cli_shows_the_peak(tmp_path):
     rows = json.loads(stats.stdout)
     top = rows["stats"][0]
     assert top["traceback"][-1]["lineno"] == 2 and top["size"] >= 100 * 10000, top
+    # --json says which figures are of a peak.
+    assert rows["snapshot"]["is_peak"] is True
+    assert json.loads(cli("stats", "--json", str(dump)).stdout)["snapshot"]["is_peak"] is False
+    diffed = json.loads(cli("diff", "--peak", "--json", str(dump)).stdout)
+    assert (diffed["old"]["is_peak"], diffed["new"]["is_peak"]) == (True, False)
     diff = cli("diff", "--peak", str(dump))
     assert diff.returncode == 0, diff.stderr
     assert "(peak)" in diff.stdout and "peaky.py:2" in diff.stdout
@@ -241,3 +244,102 @@ def test_peak_example(tmp_path):
     assert "at the peak; peak RSS " in peak.splitlines()[0], peak
     # (Below the title, which ends with the process's RSS.)
     assert "MiB" not in current.split("\n", 1)[1], current
+
+
+class _OldPickle:
+    """Pickles as snapshots did before they were pickled as their file's bytes."""
+
+    def __init__(self, raw, limit, state):
+        self.args = (raw, limit, state)
+
+    def __reduce__(self):
+        raw, limit, state = self.args
+        return (alloctrace.Snapshot, (raw, limit), state)
+
+
+def test_pickling_carries_the_peak_and_all_that_load_does():
+    alloctrace.start(2)
+    try:
+        alive, after = _allocate_and_free()
+        peak = alloctrace.take_snapshot(peak=True)
+        now = alloctrace.take_snapshot(objects=True)
+    finally:
+        alloctrace.stop()
+    peak.note = {"a set", "is not plain"}  # pickles, though dump() would refuse it
+    back = pickle.loads(pickle.dumps(peak, pickle.HIGHEST_PROTOCOL))
+    assert back.is_peak and back.note == peak.note
+    # Sizes and block counts per line: a peak's traces stand for many blocks each.
+    assert _by_line(back) == _by_line(peak)
+    assert back.statistics("traceback") == peak.statistics("traceback")
+
+    # A snapshot with its peak attached, as dumps carry it: the peak, the process memory,
+    # the metadata and the object kinds come through too.
+    carried = now._with_peak(peak)
+    back = pickle.loads(pickle.dumps(carried))
+    assert back.peak is not None and _by_line(back.peak) == _by_line(peak)
+    assert back.process_memory == carried.process_memory is not None
+    assert back.metadata == carried.metadata and back.metadata["pid"] is not None
+    assert back.has_objects
+    assert back.statistics("lineno+type") == carried.statistics("lineno+type")
+    assert len(alive.traces) > 0 and len(after) == 10
+
+
+def test_pickles_made_before_still_load():
+    raw = [(0, 10, (("a.py", 1),), 1), (0, 20, (("b.py", 2),), 1)]
+    old = pickle.loads(pickle.dumps(_OldPickle(raw, 1, {"note": "old"})))
+    assert type(old) is alloctrace.Snapshot and old.note == "old"
+    assert sorted(t.size for t in old.traces) == [10, 20] and not old.is_peak
+
+
+# Three phases, each allocating then freeing one line's memory; a numbered snapshot (asked by
+# signal, written by the same code as the interval ones) ends each of the first two.
+PHASES = """\
+import os, signal, sys, time
+import alloctrace
+
+def numbered(n):
+    os.kill(os.getpid(), signal.SIGUSR2)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(f"{sys.argv[1]}.{n}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+first = [bytearray(3000) for _ in range(1000)]
+del first
+numbered(1)
+print(alloctrace.get_traced_memory()[1] < 2_000_000)
+second = [bytearray(1000) for _ in range(1000)]
+del second
+numbered(2)
+third = [bytearray(2000) for _ in range(1000)]
+del third
+"""
+PHASE_LINES = {"first": 10, "second": 14, "third": 17}
+
+
+def test_numbered_dumps_carry_the_peak_of_their_interval_and_the_exit_dump_the_runs(tmp_path):
+    script = tmp_path / "phases.py"
+    script.write_text(PHASES)
+    dump = tmp_path / "p.snap"
+    result = run(
+        [str(script), str(dump)],
+        cwd=tmp_path,
+        ALLOCTRACE_DUMP=str(dump),
+        ALLOCTRACE_SIGNAL="SIGUSR2",
+    )
+    assert result.returncode == 0, result.stderr
+    # The program's own peak started afresh after the first numbered snapshot.
+    assert result.stdout == "True\n"
+
+    def phases_at_peak(path):
+        peak = alloctrace.Snapshot.load(str(path)).peak
+        lines = {
+            s.traceback[0].lineno: s.size
+            for s in peak.statistics("lineno")
+            if s.traceback[0].filename == str(script)
+        }
+        return {name for name, line in PHASE_LINES.items() if lines.get(line, 0) >= 900_000}
+
+    assert phases_at_peak(f"{dump}.1") == {"first"}
+    assert phases_at_peak(f"{dump}.2") == {"second"}
+    # The exit snapshot: the whole run's peak, the first phase's (3 MB), not the last's.
+    assert phases_at_peak(dump) == {"first"}

@@ -20,8 +20,9 @@ load) runs in Rust.
 from __future__ import annotations
 
 import linecache  # noqa: F401  (tracemalloc exposes it; tests patch linecache.getline through it)
+import os as _os
 
-from alloctrace import _native, _retention
+from alloctrace import _memory_limit, _native, _retention
 from alloctrace._native import (
     SnapshotFormatError,
     clear_traces,
@@ -113,6 +114,8 @@ def start(
     *,
     sample_interval: int | None = None,
     sample_seed: int | None = None,
+    memory_limit: int | str | None = None,
+    memory_limit_dump: str | _os.PathLike | None = None,
 ) -> None:
     """Start tracing Python memory allocations.
 
@@ -135,8 +138,32 @@ def start(
 
     While tracing, asking for a different *sample_interval* or for a
     *sample_seed* raises :exc:`RuntimeError`: call :func:`stop` first.
+
+    With *memory_limit*, a snapshot with its peak (see :func:`take_snapshot`)
+    is written to *memory_limit_dump* (a path; ``{pid}`` and ``{time}`` are
+    replaced) once, when the limit is first reached or a :exc:`MemoryError`
+    goes uncaught, and the program runs on; a line on stderr gives the path.
+    *memory_limit* is an int (bytes of traced memory, as
+    :func:`get_traced_memory` counts them) or a str in the forms of
+    ``ALLOCTRACE_MEMORY_LIMIT``: ``'512MiB'`` or ``'traced:512MiB'``,
+    ``'rss:2GiB'`` (the process's peak RSS), ``'cgroup:0.9'`` (the peak RSS
+    against that fraction of the cgroup's memory limit), comma-separated. A
+    watcher thread writes the snapshot, up to 10 ms after the crossing (plus
+    its wait for the GIL); it ends with :func:`stop` (and a later
+    :func:`start` without a limit). It cannot be given while tracing
+    (:exc:`RuntimeError`: call :func:`stop` first).
     """
+    limit = None
+    if memory_limit is not None or memory_limit_dump is not None:
+        limit = _memory_limit.start_in_code(memory_limit, memory_limit_dump)
+        if is_tracing():
+            raise RuntimeError("memory_limit cannot be set while tracing: call stop() first")
+    elif not is_tracing():
+        # A limit set with an earlier start() ends, even if its watcher has not seen the stop.
+        _memory_limit.deactivate()
     _native.start(nframe, sample_interval=sample_interval, sample_seed=sample_seed)
+    if limit is not None:
+        limit.install()
 
 
 def get_sample_interval() -> int | None:

@@ -331,6 +331,9 @@ def snapshot_json(path: str, snapshot) -> dict[str, Any]:
         # Bytes between samples on average; null for an exact snapshot. When set, every size
         # and count in the document is an estimate.
         "sample_interval": getattr(snapshot, "sample_interval", None),
+        # True when the figures are of the moment traced memory peaked (a peak snapshot,
+        # e.g. with --peak): per traceback, the total of the blocks alive then.
+        "is_peak": bool(getattr(snapshot, "is_peak", False)),
     }
 
 

@@ -594,27 +594,14 @@ class Snapshot:
         self.__dict__.update(attributes)
 
     def __reduce__(self):
-        # The state is the attributes dict, or (attributes, retention reports) when the
-        # snapshot holds reports, so no attribute name is reserved for them.
-        if self._data.is_peak:
-            raise TypeError(
-                "a peak snapshot cannot be pickled (its traces are per-traceback totals); "
-                "use Snapshot.dump() and Snapshot.load()"
-            )
-        state = self._attributes()
-        reports = self._data.retention
-        if reports is not None:
-            state = (state, reports)
-        interval = self.sample_interval
-        if interval is not None:
-            return (
-                _sampled_snapshot,
-                (self.traces._traces, self.traceback_limit, interval),
-                state,
-            )
-        return (Snapshot, (self.traces._traces, self.traceback_limit), state)
+        # The snapshot travels as the bytes of its file, so a pickle carries all that load()
+        # would (a peak and its block counts, process memory, metadata, object kinds,
+        # retention reports); the user attributes travel as the state, any picklable value.
+        return (_unpickle, (type(self), self._data.dumps()), self._attributes())
 
     def __setstate__(self, state):
+        # (attributes, retention reports): the state of pickles made before snapshots were
+        # pickled as their file's bytes.
         if isinstance(state, tuple):
             state, reports = state
             self._data = self._data.with_retention(reports)
@@ -777,8 +764,14 @@ class Snapshot:
         self._data.to_flamegraph(_path(filename), base, title)
 
 
+def _unpickle(cls, data):
+    """Unpickle a :class:`Snapshot` (or subclass *cls*) from its file's bytes."""
+    return cls._from_data(SnapshotData.loads(data, "the pickle"))
+
+
 def _sampled_snapshot(traces, traceback_limit, sample_interval):
-    """Unpickle a sampled :class:`Snapshot` (``__reduce__`` cannot pass keywords)."""
+    """Unpickle a sampled :class:`Snapshot` from a pickle made before snapshots were pickled
+    as their file's bytes (``__reduce__`` could not pass keywords)."""
     return Snapshot(traces, traceback_limit, sample_interval=sample_interval)
 
 

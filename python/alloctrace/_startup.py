@@ -16,7 +16,11 @@ set; otherwise this module is never imported and costs nothing.
     ``{pid}``, ``{time}`` and ``{n}`` in PATH are replaced (see :func:`expand_path`).
 ``ALLOCTRACE_INTERVAL=SECONDS``
     With ``ALLOCTRACE_DUMP``, also write numbered snapshots every SECONDS (at least
-    :data:`MIN_INTERVAL`, 0.1) from a daemon thread.
+    :data:`MIN_INTERVAL`, 0.1) from a daemon thread. Each numbered snapshot (these, and those
+    of ``ALLOCTRACE_SIGNAL`` and ``ALLOCTRACE_MEMORY_LIMIT``) carries the peak of its
+    interval, since the previous one, and the peak starts afresh after it (the program's own
+    ``get_traced_memory()[1]`` and ``take_snapshot(peak=True)`` too); the exit snapshot
+    carries the peak of the whole run.
 ``ALLOCTRACE_SAMPLE_INTERVAL=BYTES``
     Trace in sampled mode, one sample per BYTES allocated on average (see
     :func:`parse_size` for the accepted forms, e.g. ``524288``, ``512KiB``, ``512k``, ``2MiB``;
@@ -38,6 +42,14 @@ set; otherwise this module is never imported and costs nothing.
 The ``alloctrace`` command itself (its console script and ``python -m alloctrace``) is never
 traced, whatever is set: the variables it inherits are meant for the programs the user traces,
 and ``alloctrace run`` passes its child the settings of its own options.
+
+``ALLOCTRACE_MEMORY_LIMIT=LIMIT``
+    With ``ALLOCTRACE_DUMP``, write a numbered snapshot (with its peak) once, when the traced
+    total or the process's resident memory first reaches a limit, or when a
+    :exc:`MemoryError` goes uncaught, and keep running: the evidence before the OOM killer
+    strikes. LIMIT is ``SIZE`` or ``traced:SIZE`` (traced memory), ``rss:SIZE`` (resident
+    memory) or ``cgroup:FRACTION`` (resident memory against a fraction of the cgroup's memory
+    limit), comma-separated; see :mod:`alloctrace._memory_limit`.
 
 ``ALLOCTRACE_SIGNAL=SIGNAME``
     With ``ALLOCTRACE_DUMP``, write a numbered snapshot (as ``ALLOCTRACE_INTERVAL`` does)
@@ -73,6 +85,7 @@ ENV_SAMPLE_SEED = "ALLOCTRACE_SAMPLE_SEED"
 ENV_OBJECTS = "ALLOCTRACE_OBJECTS"
 ENV_RETENTION = "ALLOCTRACE_RETENTION"
 ENV_SIGNAL = "ALLOCTRACE_SIGNAL"
+ENV_MEMORY_LIMIT = "ALLOCTRACE_MEMORY_LIMIT"
 #: Sites that get a retention report in each dump written with ``ALLOCTRACE_OBJECTS=1``, unless
 #: ``ALLOCTRACE_RETENTION`` says otherwise.
 RETENTION_SITES = 5
@@ -232,6 +245,22 @@ def read_signal(environ, ignore_environment: bool, dump: str | None) -> int | No
             f"{ENV_SIGNAL} is set but {ENV_DUMP} is not: snapshots on demand need a path"
         )
     return signum
+
+
+def read_memory_limit(environ, ignore_environment: bool, dump: str | None):
+    """The ``ALLOCTRACE_MEMORY_LIMIT`` setting (a :class:`alloctrace._memory_limit.MemoryLimit`),
+    or ``None`` when unset."""
+    value = "" if ignore_environment else environ.get(ENV_MEMORY_LIMIT, "")
+    if not value:
+        return None
+    from alloctrace._memory_limit import parse_memory_limit
+
+    limit = parse_memory_limit(value)
+    if dump is None:
+        raise ConfigError(
+            f"{ENV_MEMORY_LIMIT} is set but {ENV_DUMP} is not: the snapshot needs a path"
+        )
+    return limit
 
 
 def parse_nframe(value: str, source: str) -> int:
@@ -464,6 +493,8 @@ class Dumper:
         self.retention = retention
         # The last snapshot written with objects: the next one reports what grew since.
         self._previous = None
+        # (total, peak snapshot) of the highest interval peak that numbered snapshots reset.
+        self._run_peak = None
         # Re-entrant: the SIGTERM handler may interrupt the main thread inside dump_at_exit.
         self._lock = threading.RLock()
         self._count = 0
@@ -576,13 +607,15 @@ class Dumper:
         # writing a snapshot here is as safe as anywhere in the program.
         self.dump_numbered()
 
-    def dump_numbered(self) -> None:
-        """Write the next numbered snapshot now (as the interval thread does)."""
+    def dump_numbered(self) -> str | None:
+        """Write the next numbered snapshot now (as the interval thread does); return its path,
+        or ``None`` if none was written."""
         with self._lock:
             if self._done:
-                return
+                return None
             self._count += 1
-            self._write(expand_path(self.template, pid=os.getpid(), n=self._count))
+            path = expand_path(self.template, pid=os.getpid(), n=self._count)
+            return path if self._write(path, numbered=True) else None
 
     def _start_thread(self) -> None:
         if self.interval is None:
@@ -622,27 +655,44 @@ class Dumper:
         finally:
             self._release_signals(held)
 
-    def _write(self, path: str) -> None:
+    def _write(self, path: str, numbered: bool = False) -> bool:
+        """Write a snapshot to *path*; whether it was written.
+
+        A *numbered* snapshot carries the peak of its interval, since the previous numbered
+        one (or the start), and the peak starts afresh after it, so that a series shows how
+        the peak moved; the exit snapshot carries the peak of the whole run, the highest of
+        those intervals' and the last one's.
+        """
         try:
             import alloctrace
 
             if not alloctrace.is_tracing():
                 _warn(f"no snapshot written to {path}: tracing was stopped by the program")
-                return
-            # The peak is taken first: the snapshot's own work must not move it.
+                return False
+            # The peak is taken first, and reset at once after it: the snapshot's own work
+            # must not move it, nor fall between two intervals.
+            peak_total = alloctrace.get_traced_memory()[1]
             peak = alloctrace.take_snapshot(peak=True)
+            if numbered:
+                alloctrace.reset_peak()
+                if self._run_peak is None or peak_total > self._run_peak[0]:
+                    self._run_peak = (peak_total, peak)
+            elif self._run_peak is not None and self._run_peak[0] > peak_total:
+                peak = self._run_peak[1]
             if not self.objects:
                 alloctrace.take_snapshot()._with_peak(peak).dump(path)
-                return
+                return True
             snapshot = alloctrace.take_snapshot(
                 objects=True, retention=self.retention, baseline=self._previous
             )
             snapshot._with_peak(peak).dump(path)
             self._previous = snapshot
+            return True
         except BaseException as exc:
             # Never let a failed dump change how the program ends.
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             _warn(f"cannot write snapshot to {path}: {reason or type(exc).__name__}")
+            return False
 
     def _block_own_signals(self) -> None:
         """Block, in the forking thread, the signals whose handler is ours, until the fork
@@ -755,6 +805,9 @@ def install() -> None:
         on_signal = read_signal(
             os.environ, bool(sys.flags.ignore_environment), os.environ.get(ENV_DUMP) or None
         )
+        memory_limit = read_memory_limit(
+            os.environ, bool(sys.flags.ignore_environment), os.environ.get(ENV_DUMP) or None
+        )
     except ConfigError as exc:
         _warn(str(exc))
         # site.py swallows exceptions from .pth lines and would run the program untraced.
@@ -792,5 +845,10 @@ def install() -> None:
             dumper.install()
             if on_signal is not None:
                 dumper.install_signal(on_signal)
+            if memory_limit is not None:
+                from alloctrace._memory_limit import LimitDump
+
+                setting = f"{ENV_MEMORY_LIMIT}={memory_limit.text}"
+                LimitDump(dumper.dump_numbered, memory_limit, setting).install()
         finally:
             alloctrace.enable()

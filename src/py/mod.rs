@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use crate::error::Error;
 
 pub mod heap_walk;
+pub mod memory_limit;
 pub mod retention;
 pub mod sigterm_retry;
 pub mod site_reports;
@@ -54,5 +55,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tracer::register(m)?;
     heap_walk::register(m)?;
     sigterm_retry::register(m)?;
+    memory_limit::register(m)?;
     Ok(())
 }

@@ -326,6 +326,21 @@ pub(crate) fn spec_from_tuple(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<Filt
     }
 }
 
+/// User attributes for a file: names must be str, values plain (see `attr_from_py`).
+fn attributes_from_py(attributes: &Bound<'_, PyDict>) -> PyResult<Attributes> {
+    let mut attrs: Attributes = Vec::with_capacity(attributes.len());
+    for (k, v) in attributes.iter() {
+        let name = k
+            .cast::<PyString>()
+            .map_err(|_| PyTypeError::new_err("snapshot attribute names must be str"))?;
+        let label = name.to_string_lossy().into_owned();
+        let name = str_bytes(name)?;
+        let value = attr_from_py(&v, &label, 0)?;
+        attrs.push((name, value));
+    }
+    Ok(attrs)
+}
+
 fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<AttrValue> {
     if depth > MAX_ATTR_DEPTH {
         return Err(PyTypeError::new_err(format!(
@@ -734,19 +749,30 @@ impl PySnapshotData {
 
     /// Writes the snapshot and `attributes` (a dict of plain values) to `path` atomically.
     fn dump(&self, py: Python<'_>, path: PathBuf, attributes: &Bound<'_, PyDict>) -> PyResult<()> {
-        let mut attrs: Attributes = Vec::with_capacity(attributes.len());
-        for (k, v) in attributes.iter() {
-            let name = k
-                .cast::<PyString>()
-                .map_err(|_| PyTypeError::new_err("snapshot attribute names must be str"))?;
-            let label = name.to_string_lossy().into_owned();
-            let name = str_bytes(name)?;
-            let value = attr_from_py(&v, &label, 0)?;
-            attrs.push((name, value));
-        }
+        let attrs = attributes_from_py(attributes)?;
         let snap: &Snapshot = &self.inner;
         py.detach(|| format::dump(&path, snap, &attrs))?;
         Ok(())
+    }
+
+    /// The bytes `dump` would write, without attributes: pickling carries everything a file
+    /// does (peak, process memory, metadata, object kinds, retention) by carrying the file.
+    fn dumps<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let snap: &Snapshot = &self.inner;
+        let data = py.detach(|| format::encode(snap, &Vec::new()));
+        PyBytes::new(py, &data)
+    }
+
+    /// Decodes the bytes of `dumps` (a whole snapshot file's); errors name `source`.
+    #[staticmethod]
+    fn loads(py: Python<'_>, data: &[u8], source: PathBuf) -> PyResult<Self> {
+        let (snapshot, _) =
+            py.detach(|| format::decode(data))
+                .map_err(|reason| crate::error::Error::Format {
+                    path: source,
+                    reason,
+                })?;
+        Ok(Self::new(snapshot))
     }
 
     /// Writes a gzipped pprof heap profile to `path` atomically.

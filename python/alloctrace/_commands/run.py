@@ -42,6 +42,7 @@ _RUN_VALUE_OPTIONS = {
     "--sample-interval",
     "--sample-seed",
     "--retention",
+    "--memory-limit",
 }
 _RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help", "--objects"}
 
@@ -90,7 +91,8 @@ def _run_parser() -> common.Parser:
         "exit. The program's exit status, standard streams, sys.argv and __main__ are as "
         "without alloctrace.",
         usage=f"{PROG} run [-n NFRAME] [-o FILE] [--interval SECONDS] "
-        "[--sample-interval BYTES [--sample-seed N]] [--objects [--retention N]] [-q] "
+        "[--sample-interval BYTES [--sample-seed N]] [--objects [--retention N]] "
+        "[--memory-limit LIMIT] [-q] "
         "(script.py | -m module | -c command) [args ...]",
     )
     parser.add_argument(
@@ -136,6 +138,14 @@ def _run_parser() -> common.Parser:
         help=f"with --objects, retention reports for the top N sites (default: "
         f"{_startup.RETENTION_SITES}; 0: none); see ALLOCTRACE_RETENTION",
     )
+    parser.add_argument(
+        "--memory-limit",
+        metavar="LIMIT",
+        help="also write a numbered snapshot, once, when traced memory (SIZE or traced:SIZE), "
+        "resident memory (rss:SIZE) or a fraction of the cgroup's memory limit "
+        "(cgroup:FRACTION) is first reached, or a MemoryError goes uncaught; the program "
+        "runs on (see ALLOCTRACE_MEMORY_LIMIT)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary after the run")
     return parser
 
@@ -173,6 +183,10 @@ def main(argv: Sequence[str]) -> int:
             _startup.parse_sample_seed(args.sample_seed, "--sample-seed")
             if not _startup.parse_sample_interval(args.sample_interval or "0"):
                 raise _startup.ConfigError("--sample-seed needs --sample-interval")
+        if args.memory_limit is not None:
+            from .._memory_limit import parse_memory_limit
+
+            parse_memory_limit(args.memory_limit, "--memory-limit")
         if args.retention is not None:
             _startup.parse_retention(args.retention, "--retention")
             if not args.objects:
@@ -199,6 +213,7 @@ def main(argv: Sequence[str]) -> int:
         (args.sample_seed, _startup.ENV_SAMPLE_SEED),
         ("1" if args.objects else None, _startup.ENV_OBJECTS),
         (args.retention, _startup.ENV_RETENTION),
+        (args.memory_limit, _startup.ENV_MEMORY_LIMIT),
     ):
         if option is not None:
             env[name] = option
