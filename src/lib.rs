@@ -8,6 +8,7 @@
 //! - [`table`]: the live-trace table, keyed by block address, and the memory counters.
 //! - [`intern`]: traceback interning and the lazy (code, offset) → line resolution.
 //! - [`tracked`]: blocks extensions report with `PyTraceMalloc_Track`, in their domains.
+//! - [`native`]: extensions' own `malloc`/`mmap` calls, in the native domain (opt-in).
 //! - [`process_memory`]: the process's RSS as the kernel splits it, beside the traced total.
 //! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
 //! - [`heap`]: the live object graph behind object kinds and retention paths.
@@ -21,6 +22,7 @@ pub mod freelist;
 pub mod heap;
 pub mod hooks;
 pub mod intern;
+pub mod native;
 pub mod peak;
 pub mod process_memory;
 pub mod py;

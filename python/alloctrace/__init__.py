@@ -30,8 +30,10 @@ from alloctrace._native import (
     get_traceback_limit,
     get_traced_memory,
     get_tracemalloc_memory,
+    NATIVE_DOMAIN,
     is_enabled,
     is_tracing,
+    is_tracing_native,
     reset_peak,
     set_traceback_limit,
     stop,
@@ -62,6 +64,7 @@ from alloctrace._snapshot import (
 )
 
 __all__ = [
+    "NATIVE_DOMAIN",
     "BaseFilter",
     "DomainFilter",
     "Edge",
@@ -91,6 +94,7 @@ __all__ = [
     "get_tracemalloc_memory",
     "is_enabled",
     "is_tracing",
+    "is_tracing_native",
     "referrer_paths",
     "reset_peak",
     "retained_size",
@@ -113,6 +117,7 @@ def start(
     *,
     sample_interval: int | None = None,
     sample_seed: int | None = None,
+    native: bool | None = None,
 ) -> None:
     """Start tracing Python memory allocations.
 
@@ -135,8 +140,18 @@ def start(
 
     While tracing, asking for a different *sample_interval* or for a
     *sample_seed* raises :exc:`RuntimeError`: call :func:`stop` first.
+
+    With *native* true, the ``malloc`` family and anonymous ``mmap`` calls
+    that extension modules (and the shared libraries they load) make
+    themselves are traced too, in their own domain, :data:`NATIVE_DOMAIN`
+    (``DomainFilter(True, "native")`` selects them). The interpreter's own
+    allocations are not counted twice. ``None`` means off, or whatever is
+    running when already tracing; asking for the other mode while tracing
+    raises :exc:`RuntimeError`. See docs/native.md for what cannot be seen.
     """
-    _native.start(nframe, sample_interval=sample_interval, sample_seed=sample_seed)
+    _native.start(
+        nframe, sample_interval=sample_interval, sample_seed=sample_seed, native=native
+    )
 
 
 def get_sample_interval() -> int | None:
