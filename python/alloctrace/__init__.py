@@ -23,6 +23,7 @@ import linecache  # noqa: F401  (tracemalloc exposes it; tests patch linecache.g
 
 from alloctrace import _native, _retention
 from alloctrace._native import (
+    NATIVE_DOMAIN,
     SnapshotFormatError,
     clear_traces,
     disable,
@@ -30,7 +31,6 @@ from alloctrace._native import (
     get_traceback_limit,
     get_traced_memory,
     get_tracemalloc_memory,
-    NATIVE_DOMAIN,
     is_enabled,
     is_tracing,
     is_tracing_native,
@@ -149,9 +149,7 @@ def start(
     running when already tracing; asking for the other mode while tracing
     raises :exc:`RuntimeError`. See docs/native.md for what cannot be seen.
     """
-    _native.start(
-        nframe, sample_interval=sample_interval, sample_seed=sample_seed, native=native
-    )
+    _native.start(nframe, sample_interval=sample_interval, sample_seed=sample_seed, native=native)
 
 
 def get_sample_interval() -> int | None:

@@ -43,7 +43,7 @@ _RUN_VALUE_OPTIONS = {
     "--sample-seed",
     "--retention",
 }
-_RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help", "--objects"}
+_RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help", "--objects", "--native"}
 
 
 def _split_run_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -90,7 +90,8 @@ def _run_parser() -> common.Parser:
         "exit. The program's exit status, standard streams, sys.argv and __main__ are as "
         "without alloctrace.",
         usage=f"{PROG} run [-n NFRAME] [-o FILE] [--interval SECONDS] "
-        "[--sample-interval BYTES [--sample-seed N]] [--objects [--retention N]] [-q] "
+        "[--sample-interval BYTES [--sample-seed N]] [--objects [--retention N]] [--native] "
+        "[-q] "
         "(script.py | -m module | -c command) [args ...]",
     )
     parser.add_argument(
@@ -135,6 +136,12 @@ def _run_parser() -> common.Parser:
         metavar="N",
         help=f"with --objects, retention reports for the top N sites (default: "
         f"{_startup.RETENTION_SITES}; 0: none); see ALLOCTRACE_RETENTION",
+    )
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="also trace the malloc and mmap calls extension modules make themselves, in the "
+        "'native' domain (see ALLOCTRACE_NATIVE)",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary after the run")
     return parser
@@ -199,6 +206,7 @@ def main(argv: Sequence[str]) -> int:
         (args.sample_seed, _startup.ENV_SAMPLE_SEED),
         ("1" if args.objects else None, _startup.ENV_OBJECTS),
         (args.retention, _startup.ENV_RETENTION),
+        ("1" if args.native else None, _startup.ENV_NATIVE),
     ):
         if option is not None:
             env[name] = option
