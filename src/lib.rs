@@ -9,6 +9,7 @@
 //! - [`intern`]: traceback interning and the lazy (code, offset) → line resolution.
 //! - [`tracked`]: blocks extensions report with `PyTraceMalloc_Track`, in their domains.
 //! - [`memory_limit`]: noticing that traced memory or RSS crossed `ALLOCTRACE_MEMORY_LIMIT`.
+//! - [`native`]: extensions' own `malloc`/`mmap` calls, in the native domain (opt-in).
 //! - [`process_memory`]: the process's RSS as the kernel splits it, beside the traced total.
 //! - [`sigterm_retry`]: sends SIGTERM again until the exit-dump handler has run.
 //! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
@@ -24,6 +25,7 @@ pub mod heap;
 pub mod hooks;
 pub mod intern;
 pub mod memory_limit;
+pub mod native;
 pub mod peak;
 pub mod process_memory;
 pub mod py;

@@ -102,6 +102,8 @@ static FILTERS: GilCell<TraceFilters> = GilCell::new(TraceFilters {
 });
 /// The filters' verdict on the `<unknown>` traceback, for threads without the GIL.
 static KEEP_UNKNOWN: AtomicBool = AtomicBool::new(true);
+/// The same verdict in the native domain (a `DomainFilter` may tell them apart).
+static KEEP_UNKNOWN_NATIVE: AtomicBool = AtomicBool::new(true);
 
 /// The traceback limit: kept after `stop()` so `get_traceback_limit()` answers as tracemalloc.
 static LIMIT: GilCell<usize> = GilCell::new(1);
@@ -158,7 +160,11 @@ unsafe fn current_traceback(
     gil_held: bool,
     domain: u32,
 ) -> std::result::Result<Option<TracebackId>, OutOfMemory> {
-    let unknown = || Ok(KEEP_UNKNOWN.load(Relaxed).then_some(UNKNOWN_TRACEBACK));
+    let keep_unknown = match domain {
+        crate::native::DOMAIN => &KEEP_UNKNOWN_NATIVE,
+        _ => &KEEP_UNKNOWN,
+    };
+    let unknown = || Ok(keep_unknown.load(Relaxed).then_some(UNKNOWN_TRACEBACK));
     let tstate = Current::gil_thread_state(gil_held);
     if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
         return unknown();
@@ -222,6 +228,10 @@ unsafe fn judge(set: &FilterSet, frames: &[RawFrame], domain: u32) -> Option<boo
 pub fn set_trace_filters(specs: &[FilterSpec]) -> Result<()> {
     let set = FilterSet::new(specs)?;
     KEEP_UNKNOWN.store(set.keep(DEFAULT_DOMAIN, &[(b"<unknown>", 0)]), Relaxed);
+    KEEP_UNKNOWN_NATIVE.store(
+        set.keep(crate::native::DOMAIN, &[(b"<unknown>", 0)]),
+        Relaxed,
+    );
     // SAFETY: called with the GIL held, from Python; no hook borrow is live on this thread.
     let filters = unsafe { FILTERS.get() };
     filters.set = (!set.is_empty()).then_some(set);
@@ -372,6 +382,117 @@ pub unsafe fn on_realloc_end(
     }
 }
 
+/// The table key of a block in the native domain (see [`crate::native`]): its address with
+/// the low bit set. Blocks are at least 2-byte aligned, so a key never equals another block's
+/// address, and both domains share the table, its locks and its totals.
+#[inline(always)]
+pub(crate) fn native_key(address: usize) -> usize {
+    address | 1
+}
+
+/// A block was allocated by an extension's own `malloc` (or `mmap`) call.
+///
+/// # Safety
+/// Called from a native hook with the block just returned by the real allocator.
+#[inline(always)]
+pub(crate) unsafe fn on_native_alloc(address: usize, size: usize, scope: &sampler::Scope) {
+    if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) || !scope.keep(size) {
+        return;
+    }
+    let Some(_guard) = ReentrancyGuard::enter() else {
+        return;
+    };
+    record_native(native_key(address), size);
+}
+
+/// # Safety
+/// Inside a [`ReentrancyGuard`].
+#[inline(always)]
+unsafe fn record_native(key: usize, size: usize) {
+    match current_traceback(false, crate::native::DOMAIN) {
+        Ok(Some(traceback)) => record(key, Trace { size, traceback }),
+        Ok(None) => {}
+        Err(OutOfMemory) => {
+            DROPPED.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// A block is about to be freed (or unmapped) by an extension: its native trace is taken out,
+/// or, if it has none, its domain-0 trace (a `PyMem_RawMalloc` block given back with `free`
+/// is freed all the same). Returns the trace removed.
+#[inline(always)]
+pub(crate) fn on_native_free(address: usize) -> Option<Trace> {
+    if address == 0 || !TRACING.load(Relaxed) {
+        return None;
+    }
+    let table = table();
+    let _guard = ReentrancyGuard::enter()?;
+    let key = native_key(address);
+    if table.may_contain(key) {
+        if let Some(trace) = table.remove(key) {
+            return Some(trace);
+        }
+    }
+    if table.may_contain(address) {
+        table.remove(address);
+    }
+    None
+}
+
+/// A native reallocation (`realloc`, `mremap`) finished; `old` is what [`on_native_free`]
+/// took out. A failed one puts the old trace back; a successful one records the new block
+/// with the current traceback (as tracemalloc does for `PyMem_Realloc`), or keeps the old
+/// traceback while recording is disabled. With `untracked_too` false, a block that had no
+/// trace stays untraced (a file mapping moved by `mremap`).
+///
+/// # Safety
+/// Called from a native hook.
+#[inline(always)]
+pub(crate) unsafe fn on_native_realloc_end(
+    old_address: usize,
+    new: Option<usize>,
+    size: usize,
+    old: Option<Trace>,
+    untracked_too: bool,
+    scope: &sampler::Scope,
+) {
+    if !TRACING.load(Relaxed) {
+        return;
+    }
+    let Some(_guard) = ReentrancyGuard::enter() else {
+        return;
+    };
+    match new {
+        None => {
+            if let Some(old) = old {
+                record(native_key(old_address), old);
+            }
+        }
+        Some(_) if old.is_none() && !untracked_too => {}
+        Some(new) if RECORDING.load(Relaxed) => {
+            if scope.keep(size) {
+                record_native(native_key(new), size);
+            }
+        }
+        Some(new) => {
+            if let Some(old) = old {
+                record(native_key(new), Trace { size, ..old });
+            }
+        }
+    }
+}
+
+/// Puts back the trace of what is left of a mapping partly unmapped from its start.
+pub(crate) fn on_native_unmap_rest(address: usize, trace: Trace) {
+    if !TRACING.load(Relaxed) {
+        return;
+    }
+    if let Some(_guard) = ReentrancyGuard::enter() {
+        record(native_key(address), trace);
+    }
+}
+
 /// The traceback to record for a block an extension reports with `PyTraceMalloc_Track`
 /// (see [`crate::tracked`]): `Ok(None)` when it is not to be recorded (recording disabled,
 /// not sampled, rejected by the trace-time filters), `Err` when out of memory.
@@ -471,10 +592,21 @@ pub fn sample_interval() -> Option<u64> {
 /// Starts tracing with tracebacks of at most `nframe` frames, exactly or sampled. A no-op
 /// while tracing, as in tracemalloc (the limit then stays what it was), except that asking
 /// for another sampling mode or a seed then is an error rather than silently ignored.
-pub fn start(py: Python<'_>, nframe: i64, sampling: Sampling) -> Result<()> {
+///
+/// With `native` (`None` meaning off, or whatever is running), extensions' own `malloc`/`mmap`
+/// calls are recorded too, in the native domain (see [`crate::native`]).
+pub fn start(py: Python<'_>, nframe: i64, sampling: Sampling, native: Option<bool>) -> Result<()> {
     let nframe = check_nframe(nframe)?;
     let interval = sampling.interval.map(check_interval).transpose()?;
     if is_tracing() {
+        let running = crate::native::enabled();
+        if native.is_some_and(|n| n != running) {
+            let mode = if running { "with" } else { "without" };
+            return Err(Error::State(format!(
+                "alloctrace is already tracing {mode} native allocations: call stop() before \
+                 start() to change native"
+            )));
+        }
         let running = sampler::interval().unwrap_or(0);
         if interval.is_some_and(|i| i != running) || sampling.seed.is_some() {
             let mode = match running {
@@ -519,6 +651,7 @@ pub fn start(py: Python<'_>, nframe: i64, sampling: Sampling) -> Result<()> {
         hooks::install();
         crate::freelist::install();
     }
+    crate::native::set_enabled(native.unwrap_or(false));
     tracked::enable();
     Ok(())
 }
@@ -536,6 +669,7 @@ pub fn stop(py: Python<'_>) {
         hooks::uninstall();
     }
     tracked::disable();
+    crate::native::set_enabled(false);
     tracked::clear_with(table(), TraceTable::clear);
     // SAFETY: the GIL is held; hooks on this thread are off (TRACING is false) and no borrow
     // of the cells is live here.
@@ -792,7 +926,8 @@ impl Collected {
 fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected> {
     let mut live = table().collect().ok_or(Error::OutOfMemory)?;
     // Tracked-domain traces go last: `Collected::domain` finds their domains by position.
-    let tracked = tracked::collect();
+    let mut tracked = tracked::collect();
+    crate::native::split(&mut live, &mut tracked)?;
     let tracked_domains = tracked.iter().map(|&(domain, _, _)| domain).collect();
     live.try_reserve_exact(tracked.len())?;
     live.extend(

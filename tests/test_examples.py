@@ -172,3 +172,14 @@ def test_pytest_memory(tmp_path):
     leak = line_of("pytest_memory.py", 'session = {"user"')
     assert f"pytest_memory.py:{leak}: " in out and " KiB per run (" in out, out
     assert "kinds: str " in out and "held by: pytest_memory.SESSIONS" in out
+
+
+def test_native_example(tmp_path):
+    result = run([str(EXAMPLES / "native.py")], tmp_path)
+    off, on = result.stdout.split("native=True:\n")
+    line = line_of("native.py", "return [hashlib")
+    assert f"native.py:{line}: " in off and f"native.py:{line}: " in on
+    assert off.rstrip().endswith("of which in the native domain: 0 KiB")
+    # 2000 OpenSSL hash contexts: a few hundred bytes each (on every OpenSSL seen, > 100 KiB).
+    native_kib = int(on.rsplit(": ", 1)[1].split()[0])
+    assert native_kib > 100

@@ -24,6 +24,7 @@ import os as _os
 
 from alloctrace import _memory_limit, _native, _retention
 from alloctrace._native import (
+    NATIVE_DOMAIN,
     SnapshotFormatError,
     clear_traces,
     disable,
@@ -33,6 +34,7 @@ from alloctrace._native import (
     get_tracemalloc_memory,
     is_enabled,
     is_tracing,
+    is_tracing_native,
     reset_peak,
     set_traceback_limit,
     stop,
@@ -63,6 +65,7 @@ from alloctrace._snapshot import (
 )
 
 __all__ = [
+    "NATIVE_DOMAIN",
     "BaseFilter",
     "DomainFilter",
     "Edge",
@@ -92,6 +95,7 @@ __all__ = [
     "get_tracemalloc_memory",
     "is_enabled",
     "is_tracing",
+    "is_tracing_native",
     "referrer_paths",
     "reset_peak",
     "retained_size",
@@ -114,6 +118,7 @@ def start(
     *,
     sample_interval: int | None = None,
     sample_seed: int | None = None,
+    native: bool | None = None,
     memory_limit: int | str | None = None,
     memory_limit_dump: str | _os.PathLike | None = None,
 ) -> None:
@@ -139,6 +144,14 @@ def start(
     While tracing, asking for a different *sample_interval* or for a
     *sample_seed* raises :exc:`RuntimeError`: call :func:`stop` first.
 
+    With *native* true, the ``malloc`` family and anonymous ``mmap`` calls
+    that extension modules (and the shared libraries they load) make
+    themselves are traced too, in their own domain, :data:`NATIVE_DOMAIN`
+    (``DomainFilter(True, "native")`` selects them). The interpreter's own
+    allocations are not counted twice. ``None`` means off, or whatever is
+    running when already tracing; asking for the other mode while tracing
+    raises :exc:`RuntimeError`. See docs/native.md for what cannot be seen.
+
     With *memory_limit*, a snapshot with its peak (see :func:`take_snapshot`)
     is written to *memory_limit_dump* (a path; ``{pid}`` and ``{time}`` are
     replaced) once, when the limit is first reached or a :exc:`MemoryError`
@@ -161,7 +174,7 @@ def start(
     elif not is_tracing():
         # A limit set with an earlier start() ends, even if its watcher has not seen the stop.
         _memory_limit.deactivate()
-    _native.start(nframe, sample_interval=sample_interval, sample_seed=sample_seed)
+    _native.start(nframe, sample_interval=sample_interval, sample_seed=sample_seed, native=native)
     if limit is not None:
         limit.install()
 

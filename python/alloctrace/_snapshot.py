@@ -20,7 +20,13 @@ from collections.abc import Iterable, Sequence
 from functools import total_ordering
 
 from alloctrace import _process
-from alloctrace._native import SnapshotData, SnapshotFormatError, fnmatch_filename
+from alloctrace._native import (
+    NATIVE_DOMAIN,
+    NATIVE_DOMAIN_NAME,
+    SnapshotData,
+    SnapshotFormatError,
+    fnmatch_filename,
+)
 
 __all__ = [
     "BaseFilter",
@@ -320,12 +326,35 @@ class Filter(BaseFilter):
         return res or domain != self.domain
 
 
+#: Domains known by name: ``"native"`` is :data:`alloctrace.NATIVE_DOMAIN`, where
+#: ``start(native=True)`` records extensions' own ``malloc``/``mmap`` calls.
+DOMAIN_NAMES = {NATIVE_DOMAIN_NAME: NATIVE_DOMAIN}
+
+
+def domain_number(domain):
+    """The domain number *domain* stands for: an integer, or a name of :data:`DOMAIN_NAMES`."""
+    if isinstance(domain, str):
+        try:
+            return DOMAIN_NAMES[domain]
+        except KeyError:
+            known = ", ".join(repr(name) for name in DOMAIN_NAMES)
+            raise ValueError(
+                f"unknown domain name {domain!r}: give a domain number or one of {known}"
+            ) from None
+    return domain
+
+
 class DomainFilter(BaseFilter):
-    """Keep (*inclusive*) or drop the traces of one address space *domain*."""
+    """Keep (*inclusive*) or drop the traces of one address space *domain*.
+
+    *domain* is a number (0: Python's allocators; numpy's is
+    ``numpy.lib.tracemalloc_domain``) or the name ``"native"`` for
+    :data:`alloctrace.NATIVE_DOMAIN`; :attr:`domain` is always the number.
+    """
 
     def __init__(self, inclusive, domain):
         super().__init__(inclusive)
-        self._domain = domain
+        self._domain = domain_number(domain)
 
     @property
     def domain(self):

@@ -35,6 +35,10 @@ set; otherwise this module is never imported and costs nothing.
     reports for ``alloctrace why``: for the top sites by size in the first snapshot a process
     writes, then for the sites that grew most since its previous one (as
     ``take_snapshot(retention=N, baseline=previous)``). ``0`` or empty: off.
+``ALLOCTRACE_NATIVE=1``
+    Also trace the ``malloc`` family and anonymous ``mmap`` calls that extension modules make
+    themselves (as ``start(native=True)``), in the ``native`` domain. ``0`` or empty: off.
+    Implies ``ALLOCTRACE=1`` when tracing is not otherwise configured.
 ``ALLOCTRACE_RETENTION=N``
     With ``ALLOCTRACE_OBJECTS=1``, the number of sites that get a retention report in each
     dump (default :data:`RETENTION_SITES`; ``0``: object kinds only, no heap walk for reports).
@@ -83,6 +87,7 @@ ENV_INTERVAL = "ALLOCTRACE_INTERVAL"
 ENV_SAMPLE_INTERVAL = "ALLOCTRACE_SAMPLE_INTERVAL"
 ENV_SAMPLE_SEED = "ALLOCTRACE_SAMPLE_SEED"
 ENV_OBJECTS = "ALLOCTRACE_OBJECTS"
+ENV_NATIVE = "ALLOCTRACE_NATIVE"
 ENV_RETENTION = "ALLOCTRACE_RETENTION"
 ENV_SIGNAL = "ALLOCTRACE_SIGNAL"
 ENV_MEMORY_LIMIT = "ALLOCTRACE_MEMORY_LIMIT"
@@ -139,6 +144,7 @@ class Config:
         "sample_seed",
         "objects",
         "retention",
+        "native",
     )
 
     def __init__(
@@ -150,6 +156,7 @@ class Config:
         sample_seed: int | None = None,
         objects: bool = False,
         retention: int = RETENTION_SITES,
+        native: bool = False,
     ):
         self.nframe = nframe
         self.dump = dump
@@ -158,12 +165,13 @@ class Config:
         self.sample_seed = sample_seed
         self.objects = objects
         self.retention = retention
+        self.native = native
 
     def __repr__(self) -> str:
         return (
             f"Config(nframe={self.nframe!r}, dump={self.dump!r}, interval={self.interval!r}, "
             f"sample_interval={self.sample_interval!r}, sample_seed={self.sample_seed!r}, "
-            f"objects={self.objects!r}, retention={self.retention!r})"
+            f"objects={self.objects!r}, retention={self.retention!r}, native={self.native!r})"
         )
 
 
@@ -188,6 +196,14 @@ def parse_objects(value: str) -> bool:
     text = value.strip()
     if text not in ("0", "1"):
         raise ConfigError(f"{ENV_OBJECTS}={value!r} is invalid: expected 1 (on) or 0 (off)")
+    return text == "1"
+
+
+def parse_native(value: str, source: str = ENV_NATIVE) -> bool:
+    """Parse ``ALLOCTRACE_NATIVE``: ``1`` (trace native allocations too) or ``0`` (do not)."""
+    text = value.strip()
+    if text not in ("0", "1"):
+        raise ConfigError(f"{source}={value!r} is invalid: expected 1 (on) or 0 (off)")
     return text == "1"
 
 
@@ -448,12 +464,19 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
                 f"{ENV_RETENTION} is set but {ENV_OBJECTS}=1 is not: retention reports are "
                 "captured with object kinds"
             )
+    native = False
+    env_native = environ.get(ENV_NATIVE, "")
+    if env_native:
+        native = parse_native(env_native)
     if nframe is None:
-        nframe = 1 if dump is not None or sample_interval is not None else 0
+        configured = dump is not None or sample_interval is not None or native
+        nframe = 1 if configured else 0
     if nframe == 0:
         # Tracing explicitly off: there is nothing to dump either.
         return Config(0)
-    return Config(nframe, dump, interval, sample_interval or None, sample_seed, objects, retention)
+    return Config(
+        nframe, dump, interval, sample_interval or None, sample_seed, objects, retention, native
+    )
 
 
 def _warn(message: str) -> None:
@@ -831,6 +854,7 @@ def install() -> None:
             config.nframe,
             sample_interval=config.sample_interval,
             sample_seed=config.sample_seed,
+            native=config.native,
         )
     except Exception as exc:
         _warn(f"cannot start tracing: {exc}")

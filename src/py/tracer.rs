@@ -89,14 +89,15 @@ fn byte_count(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<u64
 
 #[pyfunction]
 #[pyo3(
-    signature = (nframe = FrameCount(1), *, sample_interval = None, sample_seed = None),
-    text_signature = "(nframe=1, *, sample_interval=None, sample_seed=None)"
+    signature = (nframe = FrameCount(1), *, sample_interval = None, sample_seed = None, native = None),
+    text_signature = "(nframe=1, *, sample_interval=None, sample_seed=None, native=None)"
 )]
 fn start(
     py: Python<'_>,
     nframe: FrameCount,
     sample_interval: Option<&Bound<'_, PyAny>>,
     sample_seed: Option<&Bound<'_, PyAny>>,
+    native: Option<bool>,
 ) -> PyResult<()> {
     let FrameCount(nframe) = nframe;
     let sampling = tracer::Sampling {
@@ -107,7 +108,7 @@ fn start(
     if !tracer::is_tracing() {
         refuse_if_tracemalloc_is_tracing(py)?;
     }
-    Ok(tracer::start(py, nframe, sampling)?)
+    Ok(tracer::start(py, nframe, sampling, native)?)
 }
 
 /// The sampling interval in bytes while tracing in sampled mode; None when tracing exactly
@@ -246,6 +247,18 @@ fn take_snapshot(py: Python<'_>, objects: bool, peak: bool) -> PyResult<PySnapsh
 
 /// How this interpreter lets alloctrace re-attribute objects reused from free lists
 /// (`"reftracer"`, `"patched"`), or `None` where it cannot (see docs/freelists.md).
+/// Whether the running session records native allocations (`start(native=True)`).
+#[pyfunction]
+fn is_tracing_native() -> bool {
+    tracer::is_tracing() && crate::native::enabled()
+}
+
+/// How many import-table slots point at the native hooks now (for tests: 0 after `stop()`).
+#[pyfunction]
+fn _native_redirected_slots() -> usize {
+    crate::native::redirected_slots()
+}
+
 #[pyfunction]
 fn _freelist_mechanism() -> Option<&'static str> {
     crate::freelist::mechanism()
@@ -253,6 +266,10 @@ fn _freelist_mechanism() -> Option<&'static str> {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_freelist_mechanism, m)?)?;
+    m.add_function(wrap_pyfunction!(is_tracing_native, m)?)?;
+    m.add_function(wrap_pyfunction!(_native_redirected_slots, m)?)?;
+    m.add("NATIVE_DOMAIN", crate::native::DOMAIN)?;
+    m.add("NATIVE_DOMAIN_NAME", crate::native::NAME)?;
     m.add_function(wrap_pyfunction!(start, m)?)?;
     m.add_function(wrap_pyfunction!(stop, m)?)?;
     m.add_function(wrap_pyfunction!(get_sample_interval, m)?)?;

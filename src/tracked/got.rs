@@ -26,11 +26,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// One rewrite: every undefined-symbol slot named `symbol` whose value is not `to` (or is
 /// `from`, when given) gets `to`, in every object that contains none of `skip` (the
 /// addresses of code whose own calls must not be redirected: ours, and the symbol's definer).
+///
+/// With `lazy`, a slot that still points into its own object also counts as holding `from`:
+/// a lazily bound import not called yet holds the address of its PLT stub, which would
+/// resolve to `from` on the first call.
 pub struct Rule<'a> {
     pub symbol: &'a CStr,
     pub from: Option<usize>,
     pub to: usize,
     pub skip: &'a [usize],
+    pub lazy: bool,
 }
 
 #[repr(C)]
@@ -196,7 +201,7 @@ unsafe extern "C" fn visit(
                 let cell = &*(slot as *const AtomicUsize);
                 let now = cell.load(Ordering::Acquire);
                 let wanted = match rule.from {
-                    Some(from) => now == from,
+                    Some(from) => now == from || (rule.lazy && contains(now)),
                     None => now != rule.to,
                 };
                 if wanted && store(cell, rule.to, relro, walk.page) {

@@ -127,6 +127,11 @@ unsafe fn track(domain: u32, ptr: usize, size: usize) -> c_int {
         Err(()) => return -1,
     };
     let trace = Trace { size, traceback };
+    if crate::native::enabled() {
+        // A block the extension allocated with its own `malloc` leaves the native domain for
+        // the one it names (see crate::native): counted once.
+        tracer::forget_tracked(tracer::native_key(ptr));
+    }
     if domain == DEFAULT_DOMAIN {
         return if tracer::record_tracked(ptr, trace) {
             0
@@ -227,10 +232,14 @@ fn redirect() {
             from: None,
             to,
             skip,
+            lazy: false,
         });
     }
     // SAFETY: each replacement has the ABI of the symbol it replaces.
     unsafe { got::rewrite(&rules) };
+    if crate::native::enabled() {
+        crate::native::redirect();
+    }
 }
 
 /// Puts back every slot that still points at ours. Caller holds [`PATCHING`].
@@ -244,10 +253,14 @@ fn restore() {
             from: Some(hook),
             to: real,
             skip: std::slice::from_ref(&ours),
+            lazy: false,
         })
         .collect();
     // SAFETY: each rule writes back the real function's address.
     unsafe { got::rewrite(&rules) };
+    if crate::native::enabled() {
+        crate::native::restore();
+    }
     let left: Vec<got::Rule> = redirections()
         .into_iter()
         .map(|(symbol, hook, _)| got::Rule {
@@ -255,6 +268,7 @@ fn restore() {
             from: Some(hook),
             to: hook,
             skip: std::slice::from_ref(&ours),
+            lazy: false,
         })
         .collect();
     // A rule whose `to` equals `from` rewrites a slot with its own value: this only counts.

@@ -150,6 +150,9 @@ def filters(args: argparse.Namespace) -> tuple[list, list[dict[str, Any]]]:
     for inclusive, pattern in args.filters or ():
         made.append(alloctrace.Filter(inclusive, pattern))
         described.append({"inclusive": inclusive, "pattern": pattern})
+    for inclusive, domain in getattr(args, "domains", None) or ():
+        made.append(alloctrace.DomainFilter(inclusive, domain))
+        described.append({"inclusive": inclusive, "domain": domain})
     return made, described
 
 
@@ -164,7 +167,17 @@ def filtered(snapshot, args: argparse.Namespace, path: str, strict: bool = False
     chosen, _ = filters(args)
     if not chosen:
         return snapshot
-    result = snapshot.filter_traces(chosen)
+    # File patterns and domains each narrow the snapshot: applied as one list, tracemalloc's
+    # rules would keep a block matching *any* inclusive filter of either kind.
+    import alloctrace
+
+    result = snapshot
+    for group in (
+        [f for f in chosen if not isinstance(f, alloctrace.DomainFilter)],
+        [f for f in chosen if isinstance(f, alloctrace.DomainFilter)],
+    ):
+        if group:
+            result = result.filter_traces(group)
     if len(result.traces) == 0 and len(snapshot.traces) > 0:
         explanation = _explain_empty_filter(snapshot, args, path)
         if strict:
@@ -176,6 +189,13 @@ def filtered(snapshot, args: argparse.Namespace, path: str, strict: bool = False
 
 def _explain_empty_filter(snapshot, args: argparse.Namespace, path: str) -> str:
     import fnmatch
+
+    if not args.filters:
+        shown = ", ".join(
+            f"--{'' if inclusive else 'exclude-'}domain {domain}"
+            for inclusive, domain in args.domains
+        )
+        return f"{shown} leaves no block of {path}"
 
     # The files of the allocation sites, biggest first: the likeliest to be meant.
     names = [stat.traceback[0].filename for stat in snapshot.statistics("filename")]
@@ -335,7 +355,9 @@ def add_report_options(parser: argparse.ArgumentParser, full: bool = True) -> No
     )
     parser.add_argument("--no-source", action="store_true", help="do not show source lines")
     add_pickle_option(parser)
-    parser.set_defaults(key="lineno", cumulative=False, filters=None, json=False, full_paths=False)
+    parser.set_defaults(
+        key="lineno", cumulative=False, filters=None, domains=None, json=False, full_paths=False
+    )
 
 
 def add_export_options(parser: argparse.ArgumentParser) -> None:
@@ -362,6 +384,37 @@ def add_filter_options(parser: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         help="drop blocks allocated in a file matching PATTERN (fnmatch; repeatable)",
     )
+    parser.add_argument(
+        "--domain",
+        dest="domains",
+        action="append",
+        type=lambda value: (True, parse_domain(value)),
+        metavar="DOMAIN",
+        help="keep only blocks of DOMAIN: a number (0: Python's allocators, 389047: numpy's) "
+        "or 'native' (run --native); repeatable",
+    )
+    parser.add_argument(
+        "--exclude-domain",
+        dest="domains",
+        action="append",
+        type=lambda value: (False, parse_domain(value)),
+        metavar="DOMAIN",
+        help="drop blocks of DOMAIN (as --domain; repeatable)",
+    )
+
+
+def parse_domain(value: str) -> int:
+    """A ``--domain`` value: a domain number, or a name such as ``native``."""
+    from alloctrace._snapshot import domain_number
+
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        return int(text)
+    try:
+        return domain_number(text)
+    except ValueError as exc:
+        # argparse shows an ArgumentTypeError's message as it is.
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_pickle_option(parser: argparse.ArgumentParser) -> None:

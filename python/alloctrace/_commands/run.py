@@ -44,7 +44,7 @@ _RUN_VALUE_OPTIONS = {
     "--retention",
     "--memory-limit",
 }
-_RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help", "--objects"}
+_RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help", "--objects", "--native"}
 
 
 def _split_run_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -91,7 +91,7 @@ def _run_parser() -> common.Parser:
         "exit. The program's exit status, standard streams, sys.argv and __main__ are as "
         "without alloctrace.",
         usage=f"{PROG} run [-n NFRAME] [-o FILE] [--interval SECONDS] "
-        "[--sample-interval BYTES [--sample-seed N]] [--objects [--retention N]] "
+        "[--sample-interval BYTES [--sample-seed N]] [--objects [--retention N]] [--native] "
         "[--memory-limit LIMIT] [-q] "
         "(script.py | -m module | -c command) [args ...]",
     )
@@ -145,6 +145,12 @@ def _run_parser() -> common.Parser:
         "resident memory (rss:SIZE) or a fraction of the cgroup's memory limit "
         "(cgroup:FRACTION) is first reached, or a MemoryError goes uncaught; the program "
         "runs on (see ALLOCTRACE_MEMORY_LIMIT)",
+    )
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="also trace the malloc and mmap calls extension modules make themselves, in the "
+        "'native' domain (see ALLOCTRACE_NATIVE)",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary after the run")
     return parser
@@ -214,6 +220,7 @@ def main(argv: Sequence[str]) -> int:
         ("1" if args.objects else None, _startup.ENV_OBJECTS),
         (args.retention, _startup.ENV_RETENTION),
         (args.memory_limit, _startup.ENV_MEMORY_LIMIT),
+        ("1" if args.native else None, _startup.ENV_NATIVE),
     ):
         if option is not None:
             env[name] = option
