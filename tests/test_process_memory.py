@@ -67,6 +67,27 @@ def test_snapshots_without_figures_say_none(tmp_path):
     assert Snapshot.load(path, allow_pickle=True).process_memory is None
 
 
+def test_pickles_keep_what_load_keeps(live_snapshot, tmp_path):
+    alloctrace.start(1)
+    try:
+        peak = alloctrace.take_snapshot(peak=True)
+    finally:
+        alloctrace.stop()
+    snapshot = live_snapshot._with_peak(peak)
+    snapshot.note = {"any": {1, 2}}  # a pickle holds what a dump could not
+    pm = snapshot.process_memory
+    assert pm is not None
+    back = pickle.loads(pickle.dumps(snapshot))
+    assert back.process_memory == pm
+    assert back.metadata == snapshot.metadata and back.metadata["pid"] is not None
+    assert back.traces == snapshot.traces and back.note == {"any": {1, 2}}
+    assert back.peak is not None and back.peak._data == peak._data
+    assert back.statistics("traceback") == snapshot.statistics("traceback")
+    path = tmp_path / "ours.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    assert Snapshot.load(path, allow_pickle=True).process_memory == pm
+
+
 def sections(data):
     """(offset of the tag, tag, payload length) of each section."""
     pos, out = 12, []
@@ -165,3 +186,4 @@ def test_cli_sets_traced_against_rss(live_snapshot, tmp_path):
     assert "of RSS" not in text.stdout, text.stdout
     doc = run_python(["-m", "alloctrace", "stats", "--json", "--allow-pickle", str(old)])
     assert json.loads(doc.stdout)["snapshot"]["process_memory"] is None
+

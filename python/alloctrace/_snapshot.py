@@ -594,25 +594,10 @@ class Snapshot:
         self.__dict__.update(attributes)
 
     def __reduce__(self):
-        # The state is the attributes dict, or (attributes, retention reports) when the
-        # snapshot holds reports, so no attribute name is reserved for them.
-        if self._data.is_peak:
-            raise TypeError(
-                "a peak snapshot cannot be pickled (its traces are per-traceback totals); "
-                "use Snapshot.dump() and Snapshot.load()"
-            )
-        state = self._attributes()
-        reports = self._data.retention
-        if reports is not None:
-            state = (state, reports)
-        interval = self.sample_interval
-        if interval is not None:
-            return (
-                _sampled_snapshot,
-                (self.traces._traces, self.traceback_limit, interval),
-                state,
-            )
-        return (Snapshot, (self.traces._traces, self.traceback_limit), state)
+        # The data goes in the file format, so a pickle keeps all that load() keeps (process
+        # memory, metadata, the peak, object kinds, retention reports); the user attributes,
+        # which a pickle may hold any picklable value of, are the state.
+        return (_snapshot_from_bytes, (self._data.to_bytes(),), self._attributes())
 
     def __setstate__(self, state):
         if isinstance(state, tuple):
@@ -777,8 +762,14 @@ class Snapshot:
         self._data.to_flamegraph(_path(filename), base, title)
 
 
+def _snapshot_from_bytes(data):
+    """Unpickle a :class:`Snapshot` pickled as its file-format bytes."""
+    return Snapshot._from_data(SnapshotData.from_bytes(data, "the pickled snapshot"))
+
+
 def _sampled_snapshot(traces, traceback_limit, sample_interval):
-    """Unpickle a sampled :class:`Snapshot` (``__reduce__`` cannot pass keywords)."""
+    """Unpickle a sampled :class:`Snapshot` pickled by an earlier version (whose
+    ``__reduce__`` passed the raw traces, and could not pass keywords)."""
     return Snapshot(traces, traceback_limit, sample_interval=sample_interval)
 
 

@@ -748,6 +748,25 @@ impl PySnapshotData {
         Ok(())
     }
 
+    /// The snapshot in the file format, without user attributes: what a pickle carries, so
+    /// that unpickling keeps all that `load` keeps (process memory, metadata, peak, kinds,
+    /// functions, retention) with no second encoding to keep in step.
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let snap: &Snapshot = &self.inner;
+        let data = py.detach(|| format::encode(snap, &Vec::new()));
+        PyBytes::new(py, &data)
+    }
+
+    /// The snapshot `to_bytes` encoded; `what` names the source in the error of bytes that
+    /// are not a snapshot (`SnapshotFormatError`).
+    #[staticmethod]
+    fn from_bytes(py: Python<'_>, data: &[u8], what: PathBuf) -> PyResult<Self> {
+        let (snapshot, _) = py
+            .detach(|| format::decode(data))
+            .map_err(|reason| crate::error::Error::Format { path: what, reason })?;
+        Ok(Self::new(snapshot))
+    }
+
     /// Writes a gzipped pprof heap profile to `path` atomically.
     fn to_pprof(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
         let snap: &Snapshot = &self.inner;
