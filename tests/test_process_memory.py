@@ -187,3 +187,37 @@ def test_cli_sets_traced_against_rss(live_snapshot, tmp_path):
     doc = run_python(["-m", "alloctrace", "stats", "--json", "--allow-pickle", str(old)])
     assert json.loads(doc.stdout)["snapshot"]["process_memory"] is None
 
+
+def test_cli_diff_shows_both_rss_and_the_change(dumped, tmp_path):
+    import json
+
+    from subproc import run_python
+
+    mib = 1 << 20
+    old, new, plain = tmp_path / "old.atrace", tmp_path / "new.atrace", tmp_path / "plain.atrace"
+    old.write_bytes(with_payload(dumped, uleb(5, 100 * mib, 60 * mib, 40 * mib, 0, 110 * mib)))
+    new.write_bytes(with_payload(dumped, uleb(5, 130 * mib, 90 * mib, 40 * mib, 0, 140 * mib)))
+    traced = sum(t.size for t in Snapshot.load(old).traces)
+    text = run_python(["-m", "alloctrace", "diff", str(old), str(new)])
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    size = _report.format_size(traced)
+    assert lines[1] == f"(RSS 100.0 MiB -> 130.0 MiB (+30.0 MiB); traced {size} -> {size} (+0 B))"
+    args = ["-m", "alloctrace", "diff", "--json", "--include", "nothing*", str(old), str(new)]
+    doc = run_python(args)
+    assert doc.returncode == 0, doc.stderr
+    assert json.loads(doc.stdout)["rss"] == {
+        "old": 100 * mib,
+        "new": 130 * mib,
+        "diff": 30 * mib,
+        # The whole snapshots' totals, not the filtered ones (the RSS is the whole process's).
+        "traced_old": traced,
+        "traced_new": traced,
+        "traced_diff": 0,
+    }
+    # Only one of the two with figures: no line, and null in JSON.
+    Snapshot([(0, 1, (("a.py", 1),), 1)], 1).dump(plain)
+    text = run_python(["-m", "alloctrace", "diff", str(plain), str(new)])
+    assert text.returncode == 0 and "RSS" not in text.stdout, text.stdout
+    doc = run_python(["-m", "alloctrace", "diff", "--json", str(old), str(plain)])
+    assert json.loads(doc.stdout)["rss"] is None
