@@ -203,6 +203,12 @@ def test_cli_diff_shows_both_rss_and_the_change(dumped, tmp_path):
     lines = text.stdout.splitlines()
     size = _report.format_size(traced)
     assert lines[1] == f"(RSS 100.0 MiB -> 130.0 MiB (+30.0 MiB); traced {size} -> {size} (+0 B))"
+    # Two lines where one would not fit the terminal.
+    narrow = run_python(["-m", "alloctrace", "diff", str(old), str(new)], COLUMNS="50")
+    assert narrow.stdout.splitlines()[1:3] == [
+        "(RSS 100.0 MiB -> 130.0 MiB (+30.0 MiB))",
+        f"(traced {size} -> {size} (+0 B))",
+    ], narrow.stdout
     args = ["-m", "alloctrace", "diff", "--json", "--include", "nothing*", str(old), str(new)]
     doc = run_python(args)
     assert doc.returncode == 0, doc.stderr

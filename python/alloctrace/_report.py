@@ -116,14 +116,21 @@ def rss_change(old: tuple[int, Any], new: tuple[int, Any]) -> dict[str, int] | N
     }
 
 
-def rss_change_note(change: dict[str, int]) -> str:
-    """The header line of ``alloctrace diff`` for :func:`rss_change`'s figures."""
-    return (
+def rss_change_lines(change: dict[str, int], width: int | None = None) -> list[str]:
+    """The header of ``alloctrace diff`` for :func:`rss_change`'s figures: one line, or two
+    (RSS, then traced) where one would not fit in *width*."""
+    rss = (
         f"RSS {format_size(change['old'])} -> {format_size(change['new'])} "
-        f"({format_size(change['diff'], signed=True)}); traced "
-        f"{format_size(change['traced_old'])} -> {format_size(change['traced_new'])} "
+        f"({format_size(change['diff'], signed=True)})"
+    )
+    traced = (
+        f"traced {format_size(change['traced_old'])} -> {format_size(change['traced_new'])} "
         f"({format_size(change['traced_diff'], signed=True)})"
     )
+    line = f"({rss}; {traced})"
+    if width is None or len(line) <= width:
+        return [line]
+    return [fit_head(f"({rss})", width), fit_head(f"({traced})", width)]
 
 
 def format_count(count: int, signed: bool = False) -> str:

@@ -117,7 +117,7 @@ def execute(args: argparse.Namespace) -> int:
         if (note := _report.sampling_note(snapshot)) is not None
     ]
     if rss is not None:
-        notes.insert(0, f"({_report.rss_change_note(rss)})")
+        notes[0:0] = _report.rss_change_lines(rss, renderer.width)
     lines[1:1] = notes
     common.write_lines(lines)
     return 0
