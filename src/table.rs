@@ -97,7 +97,7 @@ const ADDRESS_MASK: u64 = (1 << 48) - 1;
 
 /// hashbrown's bucket count for a table of `capacity`: a power of two, filled to 7/8 at most
 /// (to all but one bucket below 8).
-fn buckets_for_capacity(capacity: usize) -> usize {
+pub(crate) fn buckets_for_capacity(capacity: usize) -> usize {
     match capacity {
         0 => 0,
         1..=7 => (capacity + 1).next_power_of_two(),

@@ -823,9 +823,10 @@ pub fn reset_peak() {
     }
 }
 
-/// Bytes the tracer itself uses: the table, the interned tracebacks and the resolution caches.
+/// Bytes the tracer itself uses: the table, the tracked-domain map, the interned tracebacks
+/// and the resolution caches.
 pub fn tracer_memory() -> usize {
-    let mut total = table().memory_usage();
+    let mut total = table().memory_usage() + crate::tracked::memory_usage();
     // SAFETY: the GIL is held and no borrow is live.
     unsafe {
         if let Some(live) = LIVE.get() {

@@ -206,6 +206,23 @@ def test_pickle_of_our_snapshot_and_foreign_pickles(tmp_path):
         Snapshot.load(path, allow_pickle=True)
 
 
+class _EarlierPickle:
+    """Pickles as alloctrace's snapshots did before they pickled as file-format bytes."""
+
+    def __init__(self, raw, limit, state):
+        self.args = (raw, limit, state)
+
+    def __reduce__(self):
+        raw, limit, state = self.args
+        return (Snapshot, (raw, limit), state)
+
+
+def test_pickles_of_earlier_versions_still_load():
+    back = pickle.loads(pickle.dumps(_EarlierPickle(RAW, 2, {"note": 1})))
+    assert type(back) is Snapshot
+    assert back.traces._traces == RAW and back.traceback_limit == 2 and back.note == 1
+
+
 def test_real_tracemalloc_dump_loads(tmp_path):
     path = tmp_path / "live.pickle"
     tracemalloc.start(3)

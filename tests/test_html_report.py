@@ -514,3 +514,117 @@ def test_report_command_bad_input(series, tmp_path):
     assert result.stderr == (
         f"alloctrace: error: cannot write {tmp_path}/no/dir.html: No such file or directory\n"
     )
+
+
+# A program whose memory spikes in one function and then falls: its dumps (one on a signal, one
+# at exit) both carry the same session peak, where the spike line holds ~3 MB.
+SPIKE = textwrap.dedent(
+    """\
+    import os, signal, time
+
+    def spike():
+        tmp = [bytearray(10000) for _ in range(300)]  # the spike line
+        return len(tmp)
+
+    spike()
+    keep = [bytearray(1000) for _ in range(50)]
+    os.kill(os.getpid(), signal.SIGUSR2)
+    for _ in range(100):
+        time.sleep(0.01)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def spiky(tmp_path_factory):
+    """Two dumps of one process carrying the same peak, and the script that wrote them."""
+    directory = tmp_path_factory.mktemp("spiky")
+    script = directory / "spike_app.py"
+    script.write_text(SPIKE)
+    env = {"ALLOCTRACE": "4", "ALLOCTRACE_DUMP": "app-{n}.snap", "ALLOCTRACE_SIGNAL": "SIGUSR2"}
+    result = run_python([str(script)], cwd=str(directory), **env)
+    assert result.returncode == 0, result.stderr
+    paths = sorted(str(p) for p in directory.glob("app-*.snap"))
+    assert len(paths) == 2, paths
+    return directory, script, paths
+
+
+def test_peak_stored_with_dumps_is_embedded_once(spiky):
+    _, script, paths = spiky
+    data = _html_report.build_data(_html_report.load_series(paths))
+    assert [s["peak"] for s in data["snapshots"]] == [0, 0]
+    (peak,) = data["peaks"]
+    stored = alloctrace.Snapshot.load(paths[-1]).peak
+    stats = stored.statistics("lineno")
+    assert (peak["size"], peak["count"]) == (
+        sum(s.size for s in stats),
+        sum(s.count for s in stats),
+    )
+    site, size, count = peak["lines"][0]
+    assert data["sites"][site][1] == line_of(script, "the spike line")
+    assert (size, count) == (stats[0].size, stats[0].count) and size >= 3_000_000
+    # The flamegraph's root is the whole peak; the live one's is the snapshot's total.
+    assert peak["flame"][1] == peak["size"]
+    assert data["snapshots"][1]["flame"][1] == data["snapshots"][1]["size"] < size
+    # Snapshots without a stored peak: none embedded.
+    assert build_without_peaks(paths[-1])["peaks"] == []
+
+
+def build_without_peaks(path):
+    bare = alloctrace.Snapshot(alloctrace.Snapshot.load(path).traces._traces, 4)
+    return _html_report.build_data([(path, bare)])
+
+
+def test_peak_flamegraph_and_lines_in_the_page(spiky, tmp_path):
+    executable = chromium_or_skip()
+    _, script, paths = spiky
+    output = tmp_path / "report.html"
+    data = _html_report.write_report(paths, str(output))
+    peak = data["peaks"][0]
+    with Browser(executable) as browser:
+        browser.open(str(output))
+        assert browser.errors() == []
+        assert browser.eval("document.getElementById('flame-which').hidden") is False
+        live = browser.eval("document.getElementById('flame-title').textContent")
+        assert live.startswith("Flamegraph of snapshot #2")
+        assert live.endswith(": " + _report.format_size(data["snapshots"][1]["size"]))
+        choose(browser, "#flame-which", "peak", "change")
+        title = browser.eval("document.getElementById('flame-title').textContent")
+        assert title.startswith("Flamegraph at the peak stored with snapshot #2"), title
+        assert title.endswith(": " + _report.format_size(peak["size"])), title
+        # The spike's frame spans most of the width: it held most of the peak.
+        widths = browser.eval(
+            "[document.querySelector('#flame').clientWidth, [].filter.call("
+            "document.querySelectorAll('#flame .frame'), f => f.textContent.startsWith('spike ('))"
+            "[0].offsetWidth]"
+        )
+        assert widths[1] >= widths[0] * peak["lines"][0][1] / peak["size"] - 2, widths
+        # The top lines at the peak, checked against the data.
+        assert browser.eval("document.getElementById('peak-section').hidden") is False
+        heading = browser.eval("document.getElementById('peak-title').textContent")
+        assert heading.endswith(
+            f": {_report.format_size(peak['size'])} in {peak['count']:,} blocks"
+        ), heading
+        first = browser.eval(
+            "(r => [r.getAttribute('data-site'), r.querySelector('td.size').textContent, "
+            "r.querySelector('td.count').textContent])"
+            "(document.querySelector('#peak-lines tbody tr'))"
+        )
+        spike_line = line_of(script, "the spike line")
+        assert first[0].endswith(f"spike_app.py:{spike_line}"), first
+        assert first[1:] == [
+            _report.format_size(peak["lines"][0][1]),
+            f"{peak['lines'][0][2]:,}",
+        ]
+        rows = browser.eval("document.querySelectorAll('#peak-lines tbody tr').length")
+        assert rows == len(peak["lines"])
+        # Back to the live flamegraph.
+        choose(browser, "#flame-which", "current", "change")
+        assert browser.eval("document.getElementById('flame-title').textContent") == live
+
+
+def test_no_peak_controls_without_stored_peaks(page):
+    browser, data = page
+    assert data["peaks"] == []
+    assert browser.eval("document.getElementById('flame-which').hidden") is True
+    assert browser.eval("document.getElementById('peak-section').hidden") is True

@@ -108,6 +108,24 @@ def test_snapshots_on_signal_from_a_running_process(tmp_path):
     )
 
 
+def test_relative_dump_path_is_the_targets_not_the_clis(tmp_path):
+    """A relative ALLOCTRACE_DUMP names a file in the target's directory: the CLI, run from
+    another one, waits there (/proc/PID/cwd), not in its own."""
+    service, elsewhere = tmp_path / "service", tmp_path / "elsewhere"
+    service.mkdir()
+    elsewhere.mkdir()
+    proc, _ = start(service, ALLOCTRACE_SIGNAL="SIGUSR2", ALLOCTRACE_DUMP="app-{n}.snap")
+    try:
+        args = ["-m", "alloctrace", "snapshot", "--timeout", str(TIMEOUT), str(proc.pid)]
+        result = run_python(args, cwd=str(elsewhere))
+    finally:
+        finish(proc)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{service / 'app-1.snap'}\n"
+    assert os.listdir(elsewhere) == []
+    assert alloctrace.Snapshot.load(service / "app-1.snap").metadata["pid"] == proc.pid
+
+
 def test_template_without_n_gets_numbered_files(tmp_path):
     proc, _ = start(tmp_path, ALLOCTRACE_SIGNAL="usr1", ALLOCTRACE_DUMP="app.snap")
     try:

@@ -151,6 +151,10 @@ def test_bad_requests():
         peak = alloctrace.take_snapshot(peak=True)
     finally:
         alloctrace.stop()
+    # A peak pickles whole, as its dump loads (once refused: the raw traces lost the counts).
+    back = pickle.loads(pickle.dumps(peak))
+    assert back.is_peak and back._data == peak._data
+    assert back.statistics("lineno") == peak.statistics("lineno")
 
     class Mine(alloctrace.Filter):
         def _match(self, trace):

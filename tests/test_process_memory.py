@@ -67,6 +67,27 @@ def test_snapshots_without_figures_say_none(tmp_path):
     assert Snapshot.load(path, allow_pickle=True).process_memory is None
 
 
+def test_pickles_keep_what_load_keeps(live_snapshot, tmp_path):
+    alloctrace.start(1)
+    try:
+        peak = alloctrace.take_snapshot(peak=True)
+    finally:
+        alloctrace.stop()
+    snapshot = live_snapshot._with_peak(peak)
+    snapshot.note = {"any": {1, 2}}  # a pickle holds what a dump could not
+    pm = snapshot.process_memory
+    assert pm is not None
+    back = pickle.loads(pickle.dumps(snapshot))
+    assert back.process_memory == pm
+    assert back.metadata == snapshot.metadata and back.metadata["pid"] is not None
+    assert back.traces == snapshot.traces and back.note == {"any": {1, 2}}
+    assert back.peak is not None and back.peak._data == peak._data
+    assert back.statistics("traceback") == snapshot.statistics("traceback")
+    path = tmp_path / "ours.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    assert Snapshot.load(path, allow_pickle=True).process_memory == pm
+
+
 def sections(data):
     """(offset of the tag, tag, payload length) of each section."""
     pos, out = 12, []
@@ -165,3 +186,44 @@ def test_cli_sets_traced_against_rss(live_snapshot, tmp_path):
     assert "of RSS" not in text.stdout, text.stdout
     doc = run_python(["-m", "alloctrace", "stats", "--json", "--allow-pickle", str(old)])
     assert json.loads(doc.stdout)["snapshot"]["process_memory"] is None
+
+
+def test_cli_diff_shows_both_rss_and_the_change(dumped, tmp_path):
+    import json
+
+    from subproc import run_python
+
+    mib = 1 << 20
+    old, new, plain = tmp_path / "old.atrace", tmp_path / "new.atrace", tmp_path / "plain.atrace"
+    old.write_bytes(with_payload(dumped, uleb(5, 100 * mib, 60 * mib, 40 * mib, 0, 110 * mib)))
+    new.write_bytes(with_payload(dumped, uleb(5, 130 * mib, 90 * mib, 40 * mib, 0, 140 * mib)))
+    traced = sum(t.size for t in Snapshot.load(old).traces)
+    text = run_python(["-m", "alloctrace", "diff", str(old), str(new)])
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    size = _report.format_size(traced)
+    assert lines[1] == f"(RSS 100.0 MiB -> 130.0 MiB (+30.0 MiB); traced {size} -> {size} (+0 B))"
+    # Two lines where one would not fit the terminal.
+    narrow = run_python(["-m", "alloctrace", "diff", str(old), str(new)], COLUMNS="50")
+    assert narrow.stdout.splitlines()[1:3] == [
+        "(RSS 100.0 MiB -> 130.0 MiB (+30.0 MiB))",
+        f"(traced {size} -> {size} (+0 B))",
+    ], narrow.stdout
+    args = ["-m", "alloctrace", "diff", "--json", "--include", "nothing*", str(old), str(new)]
+    doc = run_python(args)
+    assert doc.returncode == 0, doc.stderr
+    assert json.loads(doc.stdout)["rss"] == {
+        "old": 100 * mib,
+        "new": 130 * mib,
+        "diff": 30 * mib,
+        # The whole snapshots' totals, not the filtered ones (the RSS is the whole process's).
+        "traced_old": traced,
+        "traced_new": traced,
+        "traced_diff": 0,
+    }
+    # Only one of the two with figures: no line, and null in JSON.
+    Snapshot([(0, 1, (("a.py", 1),), 1)], 1).dump(plain)
+    text = run_python(["-m", "alloctrace", "diff", str(plain), str(new)])
+    assert text.returncode == 0 and "RSS" not in text.stdout, text.stdout
+    doc = run_python(["-m", "alloctrace", "diff", "--json", str(old), str(plain)])
+    assert json.loads(doc.stdout)["rss"] is None

@@ -143,6 +143,22 @@ def test_retrack_replaces_and_untrack_of_unknown_is_a_noop(stopped_tracer, ext_b
     assert consistent()
 
 
+def test_tracer_memory_counts_the_tracked_blocks(stopped_tracer, ext_before):
+    alloctrace.start(1)
+    n, base = 20_000, 0x7F10_0000_0000
+    before = alloctrace.get_tracemalloc_memory()
+    for i in range(n):
+        ext_before.track(DOMAIN, base + 16 * i, 64)
+    grown = alloctrace.get_tracemalloc_memory() - before
+    # Each entry is a (domain, address) key and a trace: at least 24 bytes, plus the
+    # map's slack. All calls share one traceback, so nothing else grows by as much.
+    assert grown >= n * 24, grown
+    for i in range(n):
+        ext_before.untrack(DOMAIN, base + 16 * i)
+    alloctrace.clear_traces()
+    assert alloctrace.get_tracemalloc_memory() < before + n * 24
+
+
 def test_domain_zero_is_the_hooks_domain(stopped_tracer, ext_before):
     """Track(0, ..) adds to (or replaces in) the hooks' own traces and Untrack(0, ..) removes
     from them, as numpy 2.5 relies on to move its PyMem_RawMalloc'd buffers to its domain."""

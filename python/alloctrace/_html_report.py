@@ -6,7 +6,9 @@ needs no network: the template (``report_template.html`` beside this module, wit
 and scripts inline) plus the figures as one JSON document. The page draws traced memory over
 time, with the peak and the top lines stacked; a table of the top lines of the snapshot picked
 on the chart, with their growth since the previous or the first snapshot; a flamegraph with
-zoom and search; and the object kinds and retention reports where the snapshots recorded them.
+zoom and search, and, for a dump that carries its session's peak (``Snapshot.peak``), the
+flamegraph and the top lines at the peak; and the object kinds and retention reports where the
+snapshots recorded them.
 
 Everything is aggregated here, per line and per stack, before it is embedded: the page never
 holds a trace. Each snapshot contributes at most :data:`TABLE_LINES` lines by size plus the
@@ -40,6 +42,8 @@ TABLE_LINES = 150
 DIFF_LINES = 60
 #: Lines drawn as stacked series on the chart (by their largest size in the series).
 SERIES_LINES = 6
+#: Lines listed for a peak stored with a snapshot, by size.
+PEAK_LINES = 40
 #: Object kinds listed per snapshot.
 KIND_LINES = 40
 #: Source lines are cut to this many characters.
@@ -203,15 +207,32 @@ def build_data(series: Sequence[tuple[str, Any]], title: str | None = None) -> d
     """The JSON document the page draws from; *series* as :func:`load_series` returns it."""
     snapshots = [snapshot for _, snapshot in series]
     folded = [_folded(snapshot) for snapshot in snapshots]
+    # The peaks stored with the snapshots: every dump of a series carries the session's peak
+    # so far, so the same one is usually stored many times and is embedded once.
+    peak_of: list[int | None] = []
+    distinct: dict[tuple[Any, ...], int] = {}
+    peak_snapshots = []
+    for snapshot in snapshots:
+        peak = snapshot.peak
+        if peak is None:
+            peak_of.append(None)
+            continue
+        stacks = _folded(peak)
+        key = tuple((tuple(frames), size) for frames, size in stacks)
+        if key not in distinct:
+            distinct[key] = len(peak_snapshots)
+            peak_snapshots.append((peak, stacks))
+        peak_of.append(distinct[key])
+    peak_stats = [peak.statistics("lineno") for peak, _ in peak_snapshots]
     filenames = set()
-    for stacks in folded:
+    for stacks in folded + [stacks for _, stacks in peak_snapshots]:
         for frames, _ in stacks:
             for frame in frames:
                 match = _LABEL_RE.match(frame)
                 if match:
                     filenames.add(match["file1"] or match["file2"])
     stats = [snapshot.statistics("lineno") for snapshot in snapshots]
-    for rows in stats:
+    for rows in stats + peak_stats:
         filenames.update(frame.filename for stat in rows for frame in stat.traceback)
     shorten = _report.PathShortener(filenames)
 
@@ -235,8 +256,9 @@ def build_data(series: Sequence[tuple[str, Any]], title: str | None = None) -> d
             index = label_cache[frame] = names(shown)
         return index
 
-    budget = _flame_budget(len(snapshots))
+    budget = _flame_budget(len(snapshots) + len(peak_snapshots))
     flames = [_flame(stacks, budget, label) for stacks in folded]
+    peak_flames = [_flame(stacks, budget, label) for _, stacks in peak_snapshots]
 
     files = _Strings()
     sites: list[list[Any]] = []
@@ -301,6 +323,8 @@ def build_data(series: Sequence[tuple[str, Any]], title: str | None = None) -> d
             "lines_total": len(rows),
             "lines": lines,
             "flame": flames[i],
+            # Index in the document's "peaks", or null: no peak stored with this snapshot.
+            "peak": peak_of[i],
             "kinds": None,
             "retention": None,
         }
@@ -322,6 +346,19 @@ def build_data(series: Sequence[tuple[str, Any]], title: str | None = None) -> d
         if document["time"] is None:
             document["time"] = previous_time + 1.0 if previous_time is not None else 0.0
         previous_time = document["time"]
+
+    peaks = []
+    for flame, rows in zip(peak_flames, peak_stats):
+        peaks.append(
+            {
+                "size": sum(stat.size for stat in rows),
+                "count": sum(stat.count for stat in rows),
+                "lines": [
+                    [site(stat.traceback), stat.size, stat.count] for stat in rows[:PEAK_LINES]
+                ],
+                "flame": flame,
+            }
+        )
 
     peak = max(range(len(documents)), key=lambda i: documents[i]["size"])
     largest: dict[int, int] = {}
@@ -350,6 +387,7 @@ def build_data(series: Sequence[tuple[str, Any]], title: str | None = None) -> d
             {"site": key, "sizes": [sizes.get(key, (0, 0))[0] for sizes in per_line]} for key in top
         ],
         "snapshots": documents,
+        "peaks": peaks,
     }
 
 

@@ -93,6 +93,46 @@ def process_memory_json(traced: int, snapshot) -> dict[str, int] | None:
     return {"traced": traced, **pm._asdict()}
 
 
+def rss_change(old: tuple[int, Any], new: tuple[int, Any]) -> dict[str, int] | None:
+    """The RSS of two snapshots and its change, beside their traced totals: *old* and *new*
+    are ``(traced, snapshot)``, *traced* the whole snapshot's total (before any filter).
+
+    ``None`` unless both recorded the process's memory, and for a peak snapshot, whose RSS
+    was read when its dump was written, not at the traced peak."""
+    (old_traced, old_snapshot), (new_traced, new_snapshot) = old, new
+    pms = []
+    for snapshot in (old_snapshot, new_snapshot):
+        pm = getattr(snapshot, "process_memory", None)
+        if pm is None or getattr(snapshot, "is_peak", False):
+            return None
+        pms.append(pm)
+    return {
+        "old": pms[0].rss,
+        "new": pms[1].rss,
+        "diff": pms[1].rss - pms[0].rss,
+        "traced_old": old_traced,
+        "traced_new": new_traced,
+        "traced_diff": new_traced - old_traced,
+    }
+
+
+def rss_change_lines(change: dict[str, int], width: int | None = None) -> list[str]:
+    """The header of ``alloctrace diff`` for :func:`rss_change`'s figures: one line, or two
+    (RSS, then traced) where one would not fit in *width*."""
+    rss = (
+        f"RSS {format_size(change['old'])} -> {format_size(change['new'])} "
+        f"({format_size(change['diff'], signed=True)})"
+    )
+    traced = (
+        f"traced {format_size(change['traced_old'])} -> {format_size(change['traced_new'])} "
+        f"({format_size(change['traced_diff'], signed=True)})"
+    )
+    line = f"({rss}; {traced})"
+    if width is None or len(line) <= width:
+        return [line]
+    return [fit_head(f"({rss})", width), fit_head(f"({traced})", width)]
+
+
 def format_count(count: int, signed: bool = False) -> str:
     """A block count with thousands separators; *signed* adds ``+`` to gains."""
     return f"{count:+,}" if signed else f"{count:,}"

@@ -45,7 +45,7 @@ use std::sync::{Once, OnceLock};
 use parking_lot::Mutex;
 use pyo3::ffi;
 
-use crate::table::{Trace, TraceTable};
+use crate::table::{buckets_for_capacity, Trace, TraceTable};
 use crate::tracer;
 
 /// tracemalloc's default domain, where the PEP 445 hooks record.
@@ -181,6 +181,13 @@ pub fn collect() -> Vec<(u32, usize, Trace)> {
         .iter()
         .map(|(&(domain, address), &trace)| (domain, address, trace))
         .collect()
+}
+
+/// Bytes the map of tracked blocks holds (every bucket, empty or not, as the trace table
+/// counts its own), for `get_tracemalloc_memory()`: numpy can track many blocks at once.
+pub fn memory_usage() -> usize {
+    let buckets = buckets_for_capacity(store().lock().capacity());
+    buckets * (std::mem::size_of::<((u32, usize), Trace)>() + 1)
 }
 
 /// Whether some redirected slot could not be put back by the last `stop()`.

@@ -235,6 +235,14 @@ def totals(snapshot) -> tuple[int, int]:
     return sum(stat.size for stat in stats), sum(stat.count for stat in stats)
 
 
+def traced(snapshot) -> int:
+    """The snapshot's whole traced total, when it is to be set against the RSS (computed
+    only then: it costs a grouping); 0 for a snapshot without the process's figures."""
+    if getattr(snapshot, "process_memory", None) is None:
+        return 0
+    return totals(snapshot)[0]
+
+
 def check_key(args: argparse.Namespace) -> None:
     if args.cumulative and (args.key == "traceback" or args.key in KIND_KEYS):
         raise CommandError(

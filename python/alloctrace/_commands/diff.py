@@ -64,6 +64,8 @@ def execute(args: argparse.Namespace) -> int:
     common.check_objects(args.new, new, args)
     _warn_if_swapped(args, old, new)
     _, described = common.filters(args)
+    # Whole totals, before the filters: the RSS is the whole process's.
+    rss = _report.rss_change((common.traced(old), old), (common.traced(new), new))
     old = common.filtered(old, args, args.old)
     new = common.filtered(new, args, args.new)
     with common.Progress("comparing snapshots"):
@@ -90,6 +92,8 @@ def execute(args: argparse.Namespace) -> int:
             filters=described,
             total=total,
         )
+        # Null unless both snapshots recorded the process's memory.
+        document["rss"] = rss
         common.write_json(document)
         return 0
     shown = diffs if limit is None else diffs[:limit]
@@ -112,6 +116,8 @@ def execute(args: argparse.Namespace) -> int:
         for name, snapshot in ((args.new, new), (args.old, old))
         if (note := _report.sampling_note(snapshot)) is not None
     ]
+    if rss is not None:
+        notes[0:0] = _report.rss_change_lines(rss, renderer.width)
     lines[1:1] = notes
     common.write_lines(lines)
     return 0

@@ -59,17 +59,9 @@ def _statistics(snapshot, args: argparse.Namespace, path: str):
     return snapshot, stats, total_size, total_count
 
 
-def _traced(snapshot) -> int:
-    """The snapshot's whole traced total, when it is to be set against the RSS (computed
-    only then: it costs a grouping)."""
-    if getattr(snapshot, "process_memory", None) is None:
-        return 0
-    return common.totals(snapshot)[0]
-
-
 def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[str]:
     """The text of ``alloctrace stats`` for an already loaded snapshot."""
-    memory = _report.process_memory_note(_traced(snapshot), snapshot)
+    memory = _report.process_memory_note(common.traced(snapshot), snapshot)
     snapshot, stats, total_size, total_count = _statistics(snapshot, args, path)
     limit = common.limit(args)
     shown = stats if limit is None else stats[:limit]
@@ -104,7 +96,7 @@ def execute(args: argparse.Namespace) -> int:
     common.check_objects(args.file, snapshot, args)
     if args.json:
         _, described = common.filters(args)
-        memory = _report.process_memory_json(_traced(snapshot), snapshot)
+        memory = _report.process_memory_json(common.traced(snapshot), snapshot)
         snapshot, stats, total_size, total_count = _statistics(snapshot, args, args.file)
         document = _report.stats_json(
             stats,
