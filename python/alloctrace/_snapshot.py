@@ -338,8 +338,8 @@ def domain_number(domain):
             return DOMAIN_NAMES[domain]
         except KeyError:
             known = ", ".join(repr(name) for name in DOMAIN_NAMES)
-            raise ValueError(
-                f"unknown domain name {domain!r}: give a domain number or one of {known}"
+            raise TypeError(
+                f"domain must be an int or a domain name ({known}), got the unknown name {domain!r}"
             ) from None
     return domain
 

@@ -243,23 +243,42 @@ fn never_redirected() -> [usize; 4] {
     ]
 }
 
+/// The addresses a slot bound to `symbol`'s process-wide definition may hold: what `dlsym`
+/// finds, and, when that is a stub in a non-PIE executable (the "canonical" address such an
+/// executable gives a function it calls), the address that stub jumps to, which the loader
+/// writes into shared objects' `JUMP_SLOT`s instead. All of them reach the same function.
+fn bindings(symbol: &CStr, entry: usize) -> Vec<usize> {
+    let canonical = resolve(symbol);
+    if canonical == 0 {
+        return Vec::new();
+    }
+    let mut all = vec![canonical];
+    // SAFETY: only reads the executable's import table.
+    if let Some(target) = unsafe { got::import_value(symbol, entry) } {
+        if target != 0 && target != canonical {
+            all.push(target);
+        }
+    }
+    all
+}
+
 /// Points every eligible slot at our hooks. Called with [`crate::tracked`]'s patching lock
 /// held (at `start()` and after each `dlopen`), while [`enabled`].
 pub fn redirect() {
     let never = never_redirected();
-    let plan: Vec<(&CStr, usize, [usize; 5])> = hooks()
-        .into_iter()
-        .filter_map(|(symbol, hook)| {
-            let real = resolve(symbol);
+    let entry = never[2];
+    let mut plan: Vec<(&CStr, usize, usize, [usize; 5])> = Vec::new();
+    for (symbol, hook) in hooks() {
+        for bound in bindings(symbol, entry) {
             let [a, b, c, d] = never;
-            (real != 0).then_some((symbol, hook, [a, b, c, d, real]))
-        })
-        .collect();
+            plan.push((symbol, hook, bound, [a, b, c, d, bound]));
+        }
+    }
     let rules: Vec<got::Rule> = plan
         .iter()
-        .map(|(symbol, hook, skip)| got::Rule {
+        .map(|(symbol, hook, bound, skip)| got::Rule {
             symbol,
-            from: Some(skip[4]),
+            from: Some(*bound),
             to: *hook,
             skip,
             lazy: true,

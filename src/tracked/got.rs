@@ -103,114 +103,194 @@ fn page_size() -> usize {
     }
 }
 
+/// One loaded object as `dl_iterate_phdr` reports it, and the imports its dynamic section
+/// names: the one reader of those structures, for rewriting slots and for reading them.
+struct Object<'a> {
+    base: usize,
+    phdrs: &'a [libc::Elf64_Phdr],
+    dynamic: &'a libc::Elf64_Phdr,
+}
+
+impl<'a> Object<'a> {
+    /// The object, or `None` for one without a dynamic section, or the vDSO (whose dynamic
+    /// section is not relocated and which imports nothing).
+    unsafe fn of(info: &'a libc::dl_phdr_info) -> Option<Self> {
+        let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
+        let dynamic = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC)?;
+        if !info.dlpi_name.is_null() {
+            let name = CStr::from_ptr(info.dlpi_name).to_bytes();
+            if name.starts_with(b"linux-vdso") || name.starts_with(b"linux-gate") {
+                return None;
+            }
+        }
+        Some(Object {
+            base: info.dlpi_addr as usize,
+            phdrs,
+            dynamic,
+        })
+    }
+
+    /// Whether `address` lies in one of the object's loaded segments.
+    fn contains(&self, address: usize) -> bool {
+        self.phdrs.iter().any(|p| {
+            let start = self.base.wrapping_add(p.p_vaddr as usize);
+            p.p_type == PT_LOAD && address >= start && address < start + p.p_memsz as usize
+        })
+    }
+
+    /// The page-rounded range the loader made read-only after relocating (`PT_GNU_RELRO`).
+    fn relro(&self, page: usize) -> Option<(usize, usize)> {
+        self.phdrs
+            .iter()
+            .find(|p| p.p_type == PT_GNU_RELRO)
+            .map(|p| {
+                let start = self.base + p.p_vaddr as usize;
+                let floor = |a: usize| a & !(page - 1);
+                (floor(start), floor(start + p.p_memsz as usize))
+            })
+    }
+
+    /// Calls `each` with the name and slot of every `JUMP_SLOT`/`GLOB_DAT` relocation of an
+    /// undefined symbol (an import).
+    unsafe fn imports(&self, mut each: impl FnMut(&CStr, &AtomicUsize)) {
+        let base = self.base;
+        // The loader rewrites the dynamic section's pointers to absolute addresses in place on
+        // x86-64; a value below the base is still relative (objects it did not relocate).
+        let absolute = |v: u64| {
+            let v = v as usize;
+            if v < base {
+                v + base
+            } else {
+                v
+            }
+        };
+        let (mut symtab, mut strtab, mut jmprel, mut pltrelsz, mut rela, mut relasz) =
+            (0, 0, 0, 0, 0, 0);
+        let mut pltrel_is_rela = true;
+        let mut entry = (base + self.dynamic.p_vaddr as usize) as *const Dyn;
+        while (*entry).tag != DT_NULL {
+            let Dyn { tag, val } = *entry;
+            match tag {
+                DT_SYMTAB => symtab = absolute(val),
+                DT_STRTAB => strtab = absolute(val),
+                DT_JMPREL => jmprel = absolute(val),
+                DT_PLTRELSZ => pltrelsz = val as usize,
+                DT_RELA => rela = absolute(val),
+                DT_RELASZ => relasz = val as usize,
+                DT_PLTREL => pltrel_is_rela = val == DT_RELA as u64,
+                _ => {}
+            }
+            entry = entry.add(1);
+        }
+        if symtab == 0 || strtab == 0 {
+            return;
+        }
+        let mut tables = vec![(rela, relasz)];
+        if pltrel_is_rela {
+            tables.push((jmprel, pltrelsz));
+        }
+        for (table, bytes) in tables {
+            if table == 0 {
+                continue;
+            }
+            let relocs = std::slice::from_raw_parts(
+                table as *const Rela,
+                bytes / std::mem::size_of::<Rela>(),
+            );
+            for r in relocs {
+                let kind = (r.info & 0xffff_ffff) as u32;
+                let index = (r.info >> 32) as usize;
+                if index == 0 || (kind != R_X86_64_JUMP_SLOT && kind != R_X86_64_GLOB_DAT) {
+                    continue;
+                }
+                let sym = &*(symtab as *const Sym).add(index);
+                if sym.shndx != 0 {
+                    continue; // defined here: the object's own function, not an import
+                }
+                let name = CStr::from_ptr((strtab + sym.name as usize) as *const libc::c_char);
+                let slot = base.wrapping_add(r.offset as usize);
+                each(name, &*(slot as *const AtomicUsize));
+            }
+        }
+    }
+}
+
 unsafe extern "C" fn visit(
     info: *mut libc::dl_phdr_info,
     _size: libc::size_t,
     data: *mut c_void,
 ) -> c_int {
     let walk = &mut *(data as *mut Walk);
-    let info = &*info;
-    let base = info.dlpi_addr as usize;
-    let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
-    let contains = |address: usize| {
-        phdrs.iter().any(|p| {
-            let start = base.wrapping_add(p.p_vaddr as usize);
-            p.p_type == PT_LOAD && address >= start && address < start + p.p_memsz as usize
-        })
-    };
-    let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
+    let Some(object) = Object::of(&*info) else {
         return 0;
     };
-    if !info.dlpi_name.is_null() {
-        // The vDSO's dynamic section is not relocated and it imports nothing.
-        let name = CStr::from_ptr(info.dlpi_name).to_bytes();
-        if name.starts_with(b"linux-vdso") || name.starts_with(b"linux-gate") {
-            return 0;
-        }
-    }
-    let relro = phdrs.iter().find(|p| p.p_type == PT_GNU_RELRO).map(|p| {
-        let start = base + p.p_vaddr as usize;
-        let floor = |a: usize| a & !(walk.page - 1);
-        (floor(start), floor(start + p.p_memsz as usize))
-    });
     let rules: Vec<&Rule> = walk
         .rules
         .iter()
-        .filter(|rule| !rule.skip.iter().any(|&a| contains(a)))
+        .filter(|rule| !rule.skip.iter().any(|&a| object.contains(a)))
         .collect();
     if rules.is_empty() {
         return 0;
     }
-    // The loader rewrites the dynamic section's pointers to absolute addresses in place on
-    // x86-64; a value below the base is still relative (objects it did not relocate).
-    let absolute = |v: u64| {
-        let v = v as usize;
-        if v < base {
-            v + base
-        } else {
-            v
-        }
-    };
-    let (mut symtab, mut strtab, mut jmprel, mut pltrelsz, mut rela, mut relasz) =
-        (0, 0, 0, 0, 0, 0);
-    let mut pltrel_is_rela = true;
-    let mut entry = (base + dynamic.p_vaddr as usize) as *const Dyn;
-    while (*entry).tag != DT_NULL {
-        let Dyn { tag, val } = *entry;
-        match tag {
-            DT_SYMTAB => symtab = absolute(val),
-            DT_STRTAB => strtab = absolute(val),
-            DT_JMPREL => jmprel = absolute(val),
-            DT_PLTRELSZ => pltrelsz = val as usize,
-            DT_RELA => rela = absolute(val),
-            DT_RELASZ => relasz = val as usize,
-            DT_PLTREL => pltrel_is_rela = val == DT_RELA as u64,
-            _ => {}
-        }
-        entry = entry.add(1);
-    }
-    if symtab == 0 || strtab == 0 {
-        return 0;
-    }
-    let mut tables = vec![(rela, relasz)];
-    if pltrel_is_rela {
-        tables.push((jmprel, pltrelsz));
-    }
-    for (table, bytes) in tables {
-        if table == 0 {
-            continue;
-        }
-        let relocs =
-            std::slice::from_raw_parts(table as *const Rela, bytes / std::mem::size_of::<Rela>());
-        for r in relocs {
-            let kind = (r.info & 0xffff_ffff) as u32;
-            let index = (r.info >> 32) as usize;
-            if index == 0 || (kind != R_X86_64_JUMP_SLOT && kind != R_X86_64_GLOB_DAT) {
+    let relro = object.relro(walk.page);
+    let page = walk.page;
+    let mut rewritten = 0;
+    object.imports(|name, cell| {
+        for rule in &rules {
+            if rule.symbol != name {
                 continue;
             }
-            let sym = &*(symtab as *const Sym).add(index);
-            if sym.shndx != 0 {
-                continue; // defined here: the object's own function, not an import
-            }
-            let name = CStr::from_ptr((strtab + sym.name as usize) as *const libc::c_char);
-            for rule in &rules {
-                if rule.symbol != name {
-                    continue;
-                }
-                let slot = base.wrapping_add(r.offset as usize);
-                let cell = &*(slot as *const AtomicUsize);
-                let now = cell.load(Ordering::Acquire);
-                let wanted = match rule.from {
-                    Some(from) => now == from || (rule.lazy && contains(now)),
-                    None => now != rule.to,
-                };
-                if wanted && store(cell, rule.to, relro, walk.page) {
-                    walk.rewritten += 1;
-                }
+            let now = cell.load(Ordering::Acquire);
+            let wanted = match rule.from {
+                Some(from) => now == from || (rule.lazy && object.contains(now)),
+                None => now != rule.to,
+            };
+            if wanted && store(cell, rule.to, relro, page) {
+                rewritten += 1;
             }
         }
-    }
+    });
+    walk.rewritten += rewritten;
     0
+}
+
+/// What the import slot of `symbol` holds in the loaded object that contains `within`, if it
+/// has one: the function its calls reach (a slot bound at load time).
+///
+/// # Safety
+/// No other precondition than `dl_iterate_phdr`'s.
+pub unsafe fn import_value(symbol: &CStr, within: usize) -> Option<usize> {
+    struct Lookup<'a> {
+        symbol: &'a CStr,
+        within: usize,
+        found: Option<usize>,
+    }
+    unsafe extern "C" fn look(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut c_void,
+    ) -> c_int {
+        let lookup = &mut *(data as *mut Lookup);
+        let Some(object) = Object::of(&*info) else {
+            return 0;
+        };
+        if !object.contains(lookup.within) {
+            return 0;
+        }
+        object.imports(|name, cell| {
+            if lookup.found.is_none() && name == lookup.symbol {
+                lookup.found = Some(cell.load(Ordering::Acquire));
+            }
+        });
+        1 // the object was found: stop walking
+    }
+    let mut lookup = Lookup {
+        symbol,
+        within,
+        found: None,
+    };
+    libc::dl_iterate_phdr(Some(look), (&mut lookup as *mut Lookup).cast());
+    lookup.found
 }
 
 /// Stores `value` in a slot, lifting the loader's read-only protection around the store

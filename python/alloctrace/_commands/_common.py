@@ -420,7 +420,7 @@ def parse_domain(value: str) -> int:
         return int(text)
     try:
         return domain_number(text)
-    except ValueError as exc:
+    except TypeError as exc:
         # argparse shows an ArgumentTypeError's message as it is.
         raise argparse.ArgumentTypeError(str(exc)) from None
 
