@@ -46,7 +46,14 @@ def moved_share(ours, theirs):
 )
 @pytest.mark.parametrize(
     "workload",
-    ["docutils_html.py", "jinja2_render.py", "markdown_tree.py", "pygments_tokens.py"],
+    [
+        "docutils_html.py",
+        "jinja2_render.py",
+        "markdown_tree.py",
+        "networkx_graph.py",
+        "pygments_tokens.py",
+        "sympy_algebra.py",
+    ],
 )
 def test_per_line_sizes_match_tracemalloc(workload):
     theirs = per_line("tracemalloc", workload)
