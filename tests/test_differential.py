@@ -52,7 +52,6 @@ def moved_share(ours, theirs):
         "markdown_tree.py",
         "networkx_graph.py",
         "pygments_tokens.py",
-        "sympy_algebra.py",
     ],
 )
 def test_per_line_sizes_match_tracemalloc(workload):
