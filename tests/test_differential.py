@@ -39,14 +39,23 @@ def moved_share(ours, theirs):
 
 # Where alloctrace cannot see object creations (Debian's static 3.11, docs/freelists.md), free
 # list reuse moves 3-19% of these workloads' bytes: a known difference, measured in the README.
-@pytest.mark.xfail(
+# networkx's figures agree there too (0.06% measured on Debian's 3.11), so it is not marked.
+NO_FREELIST = pytest.mark.xfail(
     _native._freelist_mechanism() is None,
     reason="no way to re-attribute free-list reuse on this interpreter",
     strict=True,
 )
+
+
 @pytest.mark.parametrize(
     "workload",
-    ["docutils_html.py", "jinja2_render.py", "markdown_tree.py", "pygments_tokens.py"],
+    [
+        pytest.param("docutils_html.py", marks=NO_FREELIST),
+        pytest.param("jinja2_render.py", marks=NO_FREELIST),
+        pytest.param("markdown_tree.py", marks=NO_FREELIST),
+        "networkx_graph.py",
+        pytest.param("pygments_tokens.py", marks=NO_FREELIST),
+    ],
 )
 def test_per_line_sizes_match_tracemalloc(workload):
     theirs = per_line("tracemalloc", workload)
