@@ -68,7 +68,8 @@ BENCHMARKS = (
     Benchmark("coroutines", "bm_coroutines"),
     Benchmark("sqlite_synth", "bm_sqlite_synth"),
     Benchmark("telco", "bm_telco"),
-    Benchmark("pathlib", "bm_pathlib"),
+    Benchmark("regex_dna", "bm_regex_dna"),
+    Benchmark("typing_runtime_protocols", "bm_typing_runtime_protocols"),
     Benchmark("richards_super", "bm_richards_super"),
     Benchmark("comprehensions", "bm_comprehensions"),
 )
