@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+import deep_memory
 import environments
 import hook
 import instructions
@@ -42,11 +43,13 @@ PARTS = {
     "snapshot": snapshot_ops,
     "objects": objects,
     "instructions": instructions,
+    "deep_memory": deep_memory,
 }
 
 #: Parts a plain run leaves out: ``instructions`` runs everything under valgrind (slow), for
-#: comparing commits on a busy machine; ask for it with ``--only instructions``.
-OPT_IN = ("instructions",)
+#: comparing commits on a busy machine; ``deep_memory`` installs sympy into the venv. Ask for
+#: them with ``--only``.
+OPT_IN = ("instructions", "deep_memory")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -168,3 +168,30 @@ def test_instruction_table_reports_ratios_and_targets(tmp_path: Path) -> None:
     assert "worst b 2.50x **MISS**" in text
     # Row a: tracemalloc's overhead 4.0 against 0.2 (20x less, fine); row b: 1.0 against 1.5.
     assert "on the 2 rows where tracemalloc costs ≥1.5x: **MISS**: b (0.7x)" in text
+
+
+def test_deep_memory_table_checks_issue_13_target() -> None:
+    sys.path.insert(0, str(RUN.parent))
+    try:
+        import deep_memory
+    finally:
+        sys.path.remove(str(RUN.parent))
+    mib = 2**20
+
+    def figures(rss: int, own: int) -> dict[str, int]:
+        return {"rss_growth": rss * mib, "tracer": own * mib, "traced": 12 * mib}
+
+    part = {
+        "rounds": 1,
+        "errors": {},
+        "medians": {
+            "none": figures(100, 0),
+            "tracemalloc": figures(160, 30),
+            "alloctrace": figures(150, 40),
+        },
+    }
+    text = "\n".join(deep_memory.table(part))
+    assert "| alloctrace | 12.0 MiB | 40.0 MiB | 150.0 MiB | 50.0 MiB |" in text
+    assert text.endswith("tracemalloc's RSS over untraced: PASS")
+    part["medians"]["alloctrace"] = figures(150, 61)  # own memory above tracemalloc's 60 MiB
+    assert "\n".join(deep_memory.table(part)).endswith("**MISS**")
