@@ -110,6 +110,10 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
     if shutil.which("valgrind") is None:
         raise SystemExit("the instructions part needs valgrind (apt-get install valgrind)")
     with_memray = settings.memray and memray_available(python)
+    if not settings.memray:
+        memray_absent = "left out (--no-memray)"
+    else:
+        memray_absent = "" if with_memray else "memray is not importable in this interpreter"
     all_modes = modes(settings, with_alloctrace, with_memray)
     errors: dict[str, str] = {}
     rows: list[dict[str, Any]] = []
@@ -149,6 +153,7 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
         "reference_nframes": list(settings.reference_nframes),
         "sampled": [list(p) for p in settings.sampled] if with_alloctrace else [],
         "memray": with_memray,
+        "memray_absent": memray_absent,
         "min_time": settings.min_time,
         "rows": rows,
         "errors": errors,
@@ -368,7 +373,7 @@ def render(facts: dict[str, Any], part: dict[str, Any]) -> str:
             f"{_verdict(means[spec] <= 1.05)} (instructions as a proxy for time)"
         )
     if not part["memray"]:
-        lines.append("- memray columns absent: memray is not importable in this interpreter")
+        lines.append(f"- memray columns absent: {part.get('memray_absent') or 'not measured'}")
     if part["errors"]:
         lines += ["", "Failures (the affected cells read 'failed' or are missing):", ""]
         lines += [

@@ -168,6 +168,9 @@ def test_instruction_table_reports_ratios_and_targets(tmp_path: Path) -> None:
     assert "worst b 2.50x **MISS**" in text
     # Row a: tracemalloc's overhead 4.0 against 0.2 (20x less, fine); row b: 1.0 against 1.5.
     assert "on the 2 rows where tracemalloc costs ≥1.5x: **MISS**: b (0.7x)" in text
+    part.update(memray=False, memray_absent="left out (--no-memray)")
+    part["modes"].remove("memray")
+    assert "- memray columns absent: left out (--no-memray)" in instructions.render(facts, part)
 
 
 def test_deep_memory_table_checks_issue_13_target() -> None:
