@@ -1,8 +1,9 @@
 """Where the benchmarks run: per-interpreter virtual environments and the machine's description.
 
 Each interpreter gets its own venv under a cache directory, holding pyperformance (the benchmark
-scripts) and an alloctrace wheel built from this checkout with ``maturin build --release``, so
-a benchmark run never measures a debug build or whatever happens to be installed elsewhere.
+scripts), memray (a comparison column) and an alloctrace wheel built from this checkout with
+``maturin build --release``, so a benchmark run never measures a debug build or whatever
+happens to be installed elsewhere.
 ``--python current`` skips all of that and measures the running interpreter as it is.
 """
 
@@ -58,6 +59,13 @@ def prepare_venv(version: str, cache: Path, alloctrace: str) -> str:
     probe = subprocess.run([str(python), "-c", "import pyperformance"], capture_output=True)
     if probe.returncode != 0:
         _run([str(python), "-m", "pip", "install", "-q", "pyperformance"])
+    probe = subprocess.run([str(python), "-c", "import memray"], capture_output=True)
+    if probe.returncode != 0:
+        # memray is a comparison column, not a requirement: without it the column is absent.
+        cmd = [str(python), "-m", "pip", "install", "-q", "memray"]
+        childproc.progress("$ " + " ".join(cmd))
+        if subprocess.run(cmd).returncode != 0:
+            childproc.progress("memray did not install; its columns will be absent")
     if alloctrace == "skip":
         subprocess.run(
             [str(python), "-m", "pip", "uninstall", "-q", "-y", "alloctrace"], capture_output=True

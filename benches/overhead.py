@@ -59,6 +59,19 @@ BENCHMARKS = (
     Benchmark("nqueens", "bm_nqueens"),
     Benchmark("pickle_pure_python", "bm_pickle", ("--pure-python", "pickle"), ("pickle",)),
     Benchmark("spectral_norm", "bm_spectral_norm"),
+    Benchmark("fannkuch", "bm_fannkuch"),
+    Benchmark("meteor_contest", "bm_meteor_contest"),
+    Benchmark("regex_effbot", "bm_regex_effbot"),
+    Benchmark("regex_v8", "bm_regex_v8"),
+    Benchmark("pidigits", "bm_pidigits"),
+    Benchmark("scimark", "bm_scimark"),
+    Benchmark("coroutines", "bm_coroutines"),
+    Benchmark("sqlite_synth", "bm_sqlite_synth"),
+    Benchmark("telco", "bm_telco"),
+    Benchmark("regex_dna", "bm_regex_dna"),
+    Benchmark("typing_runtime_protocols", "bm_typing_runtime_protocols"),
+    Benchmark("richards_super", "bm_richards_super"),
+    Benchmark("comprehensions", "bm_comprehensions"),
 )
 
 NFRAMES = (1, 25)

@@ -3,11 +3,14 @@
 Usage::
 
     python benches/run.py [--quick] [--python 3.11|all|3.9,3.13|current]
-                          [--only overhead,hook,memory,snapshot,objects] [--out results.md]
+                          [--only overhead,hook,memory,snapshot,objects,instructions]
+                          [--out results.md]
 
 The first four parts (see their modules) compare the same workload untraced, under the
 standard ``tracemalloc`` and under ``alloctrace``; the fifth (``objects``) measures what
 ``take_snapshot(objects=True)`` costs over a plain snapshot, which tracemalloc cannot do.
+``--only instructions`` (not part of a plain run) counts the overhead part's workloads in
+instructions under callgrind instead of timing them, for a busy machine (see ``instructions``).
 By default each interpreter gets a venv under
 ``--cache`` with pyperformance and a release wheel of this checkout; ``--python current`` measures
 the running interpreter as installed.  The table goes to stdout (and ``--out``); progress goes to
@@ -23,8 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+import deep_memory
 import environments
 import hook
+import instructions
 import memory
 import objects
 import overhead
@@ -37,7 +42,14 @@ PARTS = {
     "memory": memory,
     "snapshot": snapshot_ops,
     "objects": objects,
+    "instructions": instructions,
+    "deep_memory": deep_memory,
 }
+
+#: Parts a plain run leaves out: ``instructions`` runs everything under valgrind (slow), for
+#: comparing commits on a busy machine; ``deep_memory`` installs sympy into the venv. Ask for
+#: them with ``--only``.
+OPT_IN = ("instructions", "deep_memory")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -61,13 +73,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        default=",".join(PARTS),
+        default=",".join(name for name in PARTS if name not in OPT_IN),
         help=f"comma-separated parts to run, from {', '.join(PARTS)}",
     )
     parser.add_argument(
         "--nframes",
         help="comma-separated frame limits for the overhead part, overriding the preset's "
         "(e.g. --quick --nframes 1,25 for both depths in one round)",
+    )
+    parser.add_argument(
+        "--benchmarks",
+        help="comma-separated pyperformance benchmarks for the overhead and instructions parts "
+        "(default: all of overhead.BENCHMARKS)",
+    )
+    parser.add_argument(
+        "--no-memray",
+        action="store_true",
+        help="leave out the memray columns of the instructions part (memray is slow to start "
+        "under valgrind)",
     )
     parser.add_argument("--out", type=Path, help="also write the markdown to this file")
     parser.add_argument(
@@ -89,6 +112,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = set(opts.only.split(",")) - set(PARTS)
     if unknown:
         parser.error(f"unknown part(s) in --only: {', '.join(sorted(unknown))}")
+    if opts.benchmarks:
+        known = {b.name for b in overhead.BENCHMARKS}
+        wrong = set(opts.benchmarks.split(",")) - known
+        if wrong:
+            parser.error(f"unknown benchmark(s) in --benchmarks: {', '.join(sorted(wrong))}")
     return opts
 
 
@@ -136,16 +164,28 @@ def main(argv: list[str]) -> int:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         }
         results = {}
+        extra = []
         for name in opts.only.split(","):
             module = PARTS[name]
             settings = module.PRESETS[preset]
             if opts.nframes and name == "overhead":
                 nframes = tuple(int(n) for n in opts.nframes.split(","))
                 settings = dataclasses.replace(settings, nframes=nframes)
-            results[name] = module.run(python, settings, with_at)
+            if opts.benchmarks and name in ("overhead", "instructions"):
+                chosen = opts.benchmarks.split(",")
+                benches = tuple(b for b in overhead.BENCHMARKS if b.name in chosen)
+                settings = dataclasses.replace(settings, benchmarks=benches)
+            if opts.no_memray and name == "instructions":
+                settings = dataclasses.replace(settings, memray=False)
+            if name in OPT_IN:
+                extra.append((module, module.run(python, settings, with_at)))
+            else:
+                results[name] = module.run(python, settings, with_at)
         facts["load_after"] = environments.load_average()
         facts["wall"] = f"{(time.monotonic() - started) / 60:.1f} min"
-        sections.append(report.render(facts, results))
+        if results:
+            sections.append(report.render(facts, results))
+        sections += [module.render(facts, part) for module, part in extra]
     text = "\n".join(sections)
     sys.stdout.write(text)
     if opts.out:

@@ -90,3 +90,111 @@ def test_unsupported_python_is_rejected() -> None:
     proc = _run(["--python", "2.7"])
     assert proc.returncode != 0
     assert "unsupported --python '2.7'" in proc.stderr
+
+
+def test_unknown_benchmark_is_rejected() -> None:
+    proc = _run(["--only", "instructions", "--benchmarks", "float,nosuch", "--python", "current"])
+    assert proc.returncode == 2
+    assert "unknown benchmark(s) in --benchmarks: nosuch" in proc.stderr
+
+
+def _instructions_module():  # noqa: ANN202 - a module loaded from benches/
+    sys.path.insert(0, str(RUN.parent))
+    try:
+        import instructions
+    finally:
+        sys.path.remove(str(RUN.parent))
+    return instructions
+
+
+def test_instruction_table_reports_ratios_and_targets(tmp_path: Path) -> None:
+    """The instructions part (run under valgrind, too slow for the suite) renders its counts as
+    ratios to the untraced count of the same loops, with geomeans and issue 20's targets."""
+    instructions = _instructions_module()
+    dump = tmp_path / "cg.out.1"
+    dump.write_text("events: Ir\nfl=x\nfn=y\n1 5\nsummary: 123456\n")
+    assert instructions._instructions(dump) == 123456
+    assert [instructions._power_of_two_floor(n) for n in (1, 3, 4, 1000)] == [1, 2, 4, 512]
+    part = {
+        "modes": ["none", "tracemalloc:1", "alloctrace:1", "alloctrace:25", "memray"],
+        "min_time": 0.02,
+        "memray": True,
+        "errors": {},
+        "rows": [
+            {
+                "workload": "a",
+                "loops": 8,
+                "instructions": {
+                    "none": 100e6,
+                    "tracemalloc:1": 500e6,
+                    "alloctrace:1": 120e6,
+                    "alloctrace:25": 150e6,
+                    "memray": 300e6,
+                },
+            },
+            {
+                "workload": "b",
+                "loops": 2,
+                "instructions": {
+                    "none": 200e6,
+                    "tracemalloc:1": 400e6,
+                    "alloctrace:1": 500e6,
+                    "alloctrace:25": 600e6,
+                    "memray": 200e6,
+                },
+            },
+        ],
+    }
+    facts = {
+        "command": "python benches/run.py --only instructions",
+        "commit": "abc1234",
+        "date": "2026-11-23 22:00 UTC",
+        "wall": "1.0 min",
+        "machine": {"cpu": "cpu", "cores": "2"},
+        "interpreter": {
+            "python": "CPython 3.11.7",
+            "executable": "python",
+            "pyperformance": "1.14.0",
+            "alloctrace": "0.1.0",
+        },
+    }
+    text = instructions.render(facts, part)
+    assert "not time" in text
+    assert "| a | 8 | 100.0 | 5.00x | 1.20x | 1.50x | 3.00x |" in text
+    assert "| b | 2 | 200.0 | 2.00x | 2.50x | 3.00x | 1.00x |" in text
+    # geomean of 1.2 and 2.5 at nframe 1 is 1.73x: above the 1.3x target.
+    assert "| **geometric mean** of 2 | | | **3.16x** | **1.73x** | **2.12x** | **1.73x** |" in text
+    assert "geomean at nframe 1 ≤1.3x: 1.73x **MISS**" in text
+    assert "worst b 2.50x **MISS**" in text
+    # Row a: tracemalloc's overhead 4.0 against 0.2 (20x less, fine); row b: 1.0 against 1.5.
+    assert "on the 2 rows where tracemalloc costs ≥1.5x: **MISS**: b (0.7x)" in text
+    part.update(memray=False, memray_absent="left out (--no-memray)")
+    part["modes"].remove("memray")
+    assert "- memray columns absent: left out (--no-memray)" in instructions.render(facts, part)
+
+
+def test_deep_memory_table_checks_issue_13_target() -> None:
+    sys.path.insert(0, str(RUN.parent))
+    try:
+        import deep_memory
+    finally:
+        sys.path.remove(str(RUN.parent))
+    mib = 2**20
+
+    def figures(rss: int, own: int) -> dict[str, int]:
+        return {"rss_growth": rss * mib, "tracer": own * mib, "traced": 12 * mib}
+
+    part = {
+        "rounds": 1,
+        "errors": {},
+        "medians": {
+            "none": figures(100, 0),
+            "tracemalloc": figures(160, 30),
+            "alloctrace": figures(150, 40),
+        },
+    }
+    text = "\n".join(deep_memory.table(part))
+    assert "| alloctrace | 12.0 MiB | 40.0 MiB | 150.0 MiB | 50.0 MiB |" in text
+    assert text.endswith("tracemalloc's RSS over untraced: PASS")
+    part["medians"]["alloctrace"] = figures(150, 61)  # own memory above tracemalloc's 60 MiB
+    assert "\n".join(deep_memory.table(part)).endswith("**MISS**")
