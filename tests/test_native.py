@@ -373,6 +373,10 @@ def test_startup_variable(tmp_path):
     on = run_python(["-c", script], ALLOCTRACE="1", ALLOCTRACE_NATIVE="1")
     assert on.returncode == 0, on.stderr
     assert on.stdout.split() == ["True", "[True]"]
+    # Alone it implies ALLOCTRACE=1 (as docs/startup.md says).
+    alone = run_python(["-c", script], ALLOCTRACE_NATIVE="1")
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout.split() == ["True", "[True]"]
     off = run_python(["-c", script], ALLOCTRACE="1")
     assert off.stdout.split() == ["False", "[]"], off.stderr
     bad = run_python(["-c", "pass"], ALLOCTRACE="1", ALLOCTRACE_NATIVE="yes")

@@ -38,6 +38,14 @@ def test_pth_file_is_at_top_of_site_packages():
     with open(os.path.join(found[0], "alloctrace_startup.pth")) as f:
         lines = [line for line in f.read().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("import ")
+    # Every start-up variable must wake the hook on its own (ALLOCTRACE_NATIVE=1 alone once
+    # did nothing): _startup.read_config then decides.
+    from alloctrace import _startup
+
+    names = [v for k, v in vars(_startup).items() if k.startswith("ENV_")]
+    assert len(names) >= 10
+    missing = [n for n in names if f'"{n}"' not in lines[0]]
+    assert not missing, missing
 
 
 def test_not_imported_when_unset():

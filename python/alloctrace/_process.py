@@ -9,24 +9,20 @@ example.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections import namedtuple
 
 from alloctrace import _native
 
+# collections.namedtuple rather than typing.NamedTuple: importing alloctrace must not load
+# typing, or a program that imports it after start() is charged less than under tracemalloc
+# (_process.pyi gives the field types).
+ProcessMemory = namedtuple("ProcessMemory", "rss anon file shmem peak_rss")
+ProcessMemory.__doc__ = """Resident memory of the process in bytes, from ``/proc/self/status``.
 
-class ProcessMemory(NamedTuple):
-    """Resident memory of the process in bytes, as Linux reports it in ``/proc/self/status``.
-
-    *rss* (``VmRSS``) is the sum of *anon* (``RssAnon``: heaps, arenas, anonymous mappings,
-    stacks), *file* (``RssFile``: the executable, libraries and mapped files) and *shmem*
-    (``RssShmem``: shared memory). *peak_rss* (``VmHWM``) is the highest RSS so far.
-    """
-
-    rss: int
-    anon: int
-    file: int
-    shmem: int
-    peak_rss: int
+*rss* (``VmRSS``) is the sum of *anon* (``RssAnon``: heaps, arenas, anonymous mappings,
+stacks), *file* (``RssFile``: the executable, libraries and mapped files) and *shmem*
+(``RssShmem``: shared memory). *peak_rss* (``VmHWM``) is the highest RSS so far.
+"""
 
 
 def get_process_memory() -> ProcessMemory:

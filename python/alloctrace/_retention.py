@@ -20,10 +20,8 @@ reaches is reported as unreachable: garbage kept in a reference cycle, or held o
 something that is not a root (a C extension's static variable).
 """
 
-import contextlib
 import gc
 import sys
-import threading
 import types
 
 from alloctrace import _native
@@ -78,19 +76,24 @@ _MISSING = object()
 _key_index = None
 
 
-@contextlib.contextmanager
-def _naming():
+class _naming:
     """Shares dict scans between all the paths named inside: a dict on many paths (a
     module's globals, a cache holding every object of a site) is scanned once, not once
-    per edge named through it."""
-    global _key_index
-    outer = _key_index
-    if outer is None:
-        _key_index = {}
-    try:
-        yield
-    finally:
-        _key_index = outer
+    per edge named through it.
+
+    A class, not contextlib.contextmanager: importing alloctrace loads neither contextlib
+    nor threading, so a program importing them after start() is charged for them as under
+    tracemalloc."""
+
+    def __enter__(self):
+        global _key_index
+        self._outer = _key_index
+        if _key_index is None:
+            _key_index = {}
+
+    def __exit__(self, *exc_info):
+        global _key_index
+        _key_index = self._outer
 
 
 def _key_of(d, value):
@@ -155,6 +158,8 @@ class _Roots:
                 self.objects.append(module)
                 self.labels[id(module)] = str(name)
                 self.kinds[id(module)] = "module"
+        import threading
+
         thread_names = {t.ident: t.name for t in threading.enumerate()}
         thread_of = {}
         own, mine, others = _own_frames(), [], []
