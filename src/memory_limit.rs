@@ -23,8 +23,8 @@ use crate::process_memory::ProcessMemory;
 /// The traced-memory limit in bytes (as the totals count them: estimates when sampling);
 /// `usize::MAX` when none is set, so the hooks' comparison never fires.
 static TRACED_LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
-/// The traced total a hook saw reach [`TRACED_LIMIT`] (0: not yet); cleared only by
-/// [`arm`].
+/// The latest new peak a hook saw at or above [`TRACED_LIMIT`] (0: none yet); cleared only
+/// by [`arm`].
 static CROSSED_AT: AtomicUsize = AtomicUsize::new(0);
 
 /// Called by the table when the traced total sets a new peak.
@@ -47,8 +47,9 @@ pub fn arm(traced: Option<u64>) {
 /// Which limit was crossed, with the figure that crossed it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Crossing {
-    /// The traced total, in bytes, when it reached the limit (or the peak, if that is
-    /// above the limit but no hook saw it cross: the limit was armed later).
+    /// The traced peak, in bytes, as last seen at or above the limit (the peak so far when
+    /// the watcher looks; or the table's peak, if the limit was armed when it was already
+    /// above).
     Traced(u64),
     /// The process's peak RSS (`VmHWM`), in bytes.
     Rss(u64),
