@@ -83,7 +83,10 @@ def test_service_with_interval_then_offline_diff(tmp_path):
     assert lines[1].strip().startswith(f"{EXAMPLES / 'service.py'}:{session_line}: size=")
 
     cli = run(["-m", "alloctrace", "diff", first, last, "--include", "*service.py"], tmp_path)
-    assert f"service.py:{session_line}: +" in cli.stdout.splitlines()[1]
+    lines = cli.stdout.splitlines()
+    # Both dumps recorded the process's memory: its change is under the title.
+    assert lines[1].startswith("(RSS ") and "; traced " in lines[1], cli.stdout
+    assert f"service.py:{session_line}: +" in lines[2]
 
 
 def test_why_leak_diff_then_why(tmp_path):
