@@ -312,7 +312,16 @@ def test_pid_and_time_placeholders_in_multi_process_program(tmp_path):
 @pytest.mark.parametrize("template", ["svc.snap", "svc-{n}.snap"])
 def test_interval_dumps(tmp_path, template):
     result = run(
-        ["-c", "import time\nx = [bytearray(512) for _ in range(100)]\ntime.sleep(1.2)"],
+        # Waits for three numbered dumps (a fixed 1.2 s sleep saw only two on a loaded CI
+        # machine), at most 30 s; the exit dump comes after them.
+        [
+            "-c",
+            "import os, time\nx = [bytearray(512) for _ in range(100)]\n"
+            "end = time.time() + 30\n"
+            "while time.time() < end and len([f for f in os.listdir('.') if f.endswith("
+            "('.1', '.2', '.3', '-1.snap', '-2.snap', '-3.snap'))]) < 3:\n"
+            "    time.sleep(0.05)",
+        ],
         cwd=tmp_path,
         ALLOCTRACE_DUMP=template,
         ALLOCTRACE_INTERVAL="0.25",
