@@ -8,44 +8,27 @@ The extension is tests/data/trackext.c, compiled here against this interpreter's
 
 import ctypes
 import gc
-import importlib.util
-import os
-import shutil
-import subprocess
 import sys
-import sysconfig
 import textwrap
 import threading
 
 import pytest
 
 import alloctrace
+import cext
 from subproc import run_python
 
-SOURCE = os.path.join(os.path.dirname(__file__), "data", "trackext.c")
 DOMAIN = 7
-CC = shutil.which("cc") or shutil.which("gcc")
 
-pytestmark = pytest.mark.skipif(
-    CC is None or not sys.platform.startswith("linux"), reason="needs a C compiler on Linux"
-)
+pytestmark = cext.needs_cc
+CC = cext.CC
 
 
 def build(directory, name, flags=()):
-    """Compiles trackext.c as extension module *name* in *directory*; returns its path."""
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    path = os.path.join(str(directory), name + suffix)
-    include = sysconfig.get_paths()["include"]
-    cmd = [CC, "-shared", "-fPIC", "-O1", f"-DMODNAME={name}", "-I", include, SOURCE]
-    subprocess.run([*cmd, *flags, "-o", path], check=True, capture_output=True)
-    return path
+    return cext.build("trackext.c", directory, name, flags, ())
 
 
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+load = cext.load
 
 
 # Lazy binding (PLT slot), full RELRO (read-only GOT, rewritten under mprotect), and no PLT
