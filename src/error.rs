@@ -64,3 +64,9 @@ impl From<std::collections::TryReserveError> for Error {
         Error::OutOfMemory
     }
 }
+
+impl From<hashbrown::TryReserveError> for Error {
+    fn from(_: hashbrown::TryReserveError) -> Self {
+        Error::OutOfMemory
+    }
+}

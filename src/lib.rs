@@ -14,12 +14,16 @@
 //! - [`sigterm_retry`]: sends SIGTERM again until the exit-dump handler has run.
 //! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
 //! - [`heap`]: the live object graph behind object kinds and retention paths.
+//! - [`allocator`]: the global allocator; a failed small allocation becomes `MemoryError`.
+//! - [`fallible`]: vectors reserved so that running out of memory is `MemoryError`.
 //! - [`analysis`]: snapshots, grouping, diffing, filters and the file format (plain Rust).
 //! - [`py`]: the pyo3 wrappers; they convert and delegate, nothing more.
 
+pub mod allocator;
 pub mod analysis;
 pub mod capture;
 pub mod error;
+pub mod fallible;
 pub mod freelist;
 pub mod heap;
 pub mod hooks;
@@ -34,3 +38,6 @@ pub mod sigterm_retry;
 pub mod table;
 pub mod tracer;
 pub mod tracked;
+
+#[global_allocator]
+static ALLOCATOR: allocator::Allocator = allocator::Allocator;

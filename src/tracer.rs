@@ -35,9 +35,11 @@ use crate::analysis::sampling::{count_from_units, MAX_INTERVAL};
 use crate::analysis::snapshot::{FrameId, Metadata, Snapshot, SnapshotBuilder};
 use crate::capture::{self, Current, Interpreter, RawFrame, MAX_NFRAME};
 use crate::error::{Error, Result};
+use crate::fallible;
 use crate::hooks;
 use crate::intern::{Interner, Resolver, UNKNOWN_TRACEBACK};
 use crate::process_memory::ProcessMemory;
+use crate::py::objects;
 use crate::sampler;
 use crate::table::{Trace, TraceTable, TracebackId};
 use crate::tracked;
@@ -953,6 +955,7 @@ fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected
     let mut ids = Vec::new();
     for (_, trace) in &live {
         let next = ids.len() as u32;
+        fallible::map_room_for_one(&mut dense)?;
         let index = match dense.entry(trace.traceback) {
             std::collections::hash_map::Entry::Occupied(found) => *found.get(),
             std::collections::hash_map::Entry::Vacant(slot) => {
@@ -1026,7 +1029,10 @@ pub fn take_snapshot(py: Python<'_>, objects: bool, peak: bool) -> Result<Snapsh
     } else {
         collect(py, true, objects)?
     };
-    let kinds = graph.map(|graph| crate::heap::kinds::kinds_of(&graph, &collected.addresses));
+    let kinds = match graph {
+        Some(graph) => Some(crate::heap::kinds::kinds_of(&graph, &collected.addresses)?),
+        None => None,
+    };
     let limit = traceback_limit() as u32;
     let snapshot = with_resolver(|resolver| -> Result<Snapshot> {
         let mut builder = SnapshotBuilder::new(limit);
@@ -1123,13 +1129,17 @@ fn frames_tuple<'py>(
     resolver: &Resolver,
     frames: &[(u32, u32)],
 ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
-    let items = frames
-        .iter()
-        .map(|&(filename, lineno)| {
-            (resolver.filename(filename).object.clone_ref(py), lineno).into_pyobject(py)
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    pyo3::types::PyTuple::new(py, items)
+    let mut items = crate::fallible::with_capacity(frames.len())?;
+    for &(filename, lineno) in frames {
+        let name = resolver
+            .filename(filename)
+            .object
+            .clone_ref(py)
+            .into_bound(py);
+        let frame = [name.into_any(), objects::uint(py, lineno.into())?];
+        items.push(objects::tuple(py, &frame)?.into_any());
+    }
+    objects::tuple(py, &items)
 }
 
 pub fn raw_traces(py: Python<'_>) -> PyResult<RawTraces<'_>> {
@@ -1142,21 +1152,20 @@ pub fn raw_traces(py: Python<'_>) -> PyResult<RawTraces<'_>> {
     sweep_dead_code(py);
     let collected = collect(py, false, false)?;
     let frames = with_resolver(|resolver| {
-        collected
-            .stacks
-            .iter()
-            .map(|((frames, total), _)| Ok((frames_tuple(py, resolver, frames)?, *total)))
-            .collect::<PyResult<Vec<_>>>()
+        let mut frames = crate::fallible::with_capacity(collected.stacks.len())?;
+        for ((stack, total), _) in &collected.stacks {
+            frames.push((frames_tuple(py, resolver, stack)?, *total));
+        }
+        Ok::<_, PyErr>(frames)
     })
     .transpose()?
     .unwrap_or_default();
+    let traces = (0..collected.traces.len()).map(|i| {
+        let (size, stack) = collected.traces[i];
+        (collected.domain(i), size, stack)
+    });
     Ok(RawTraces {
-        traces: (0..collected.traces.len())
-            .map(|i| {
-                let (size, stack) = collected.traces[i];
-                (collected.domain(i), size, stack)
-            })
-            .collect(),
+        traces: crate::fallible::collect_n(traces, collected.traces.len())?,
         frames,
     })
 }

@@ -25,6 +25,7 @@ use prost::Message;
 use crate::analysis::sampling::count_from_units;
 use crate::analysis::snapshot::{FrameId, Function, FunctionId, Snapshot, TracebackId};
 use crate::error::{Error, Result};
+use crate::fallible;
 
 /// The messages of google/pprof's `proto/profile.proto` that a heap profile uses, with the
 /// same field numbers. String fields are indexes into `string_table`.
@@ -159,7 +160,7 @@ struct Stack {
 
 /// Live memory per distinct stack, in order of first appearance so output does not depend
 /// on hashing.
-fn stacks(snapshot: &Snapshot, by_domain: bool) -> Vec<Stack> {
+fn stacks(snapshot: &Snapshot, by_domain: bool) -> Result<Vec<Stack>> {
     type Key<'a> = (&'a [FrameId], &'a [Option<FunctionId>], u32);
     let mut index: HashMap<Key<'_>, usize> = HashMap::new();
     let mut out: Vec<Stack> = Vec::new();
@@ -177,6 +178,8 @@ fn stacks(snapshot: &Snapshot, by_domain: bool) -> Vec<Stack> {
             .get(t as usize)
             .map_or(&[], |f| &f[..]);
         let domain = if by_domain { trace_domain } else { 0 };
+        fallible::map_room_for_one(&mut index)?;
+        fallible::room_for_one(&mut out)?;
         let i = *index.entry((frames, functions, domain)).or_insert_with(|| {
             out.push(Stack {
                 traceback: t,
@@ -193,7 +196,7 @@ fn stacks(snapshot: &Snapshot, by_domain: bool) -> Vec<Stack> {
     for stack in &mut out {
         stack.count = count_from_units(stack.count);
     }
-    out
+    Ok(out)
 }
 
 fn lossy(b: &[u8]) -> String {
@@ -235,7 +238,7 @@ fn clamp(v: u64) -> i64 {
 /// running there, one Function per distinct (function, filename, first line). An exact
 /// snapshot counts every block, so `period` is 1; a sampled one has the sampling interval as
 /// `period` and estimated (already scaled) values.
-pub fn pprof_profile(snapshot: &Snapshot) -> proto::Profile {
+pub fn pprof_profile(snapshot: &Snapshot) -> Result<proto::Profile> {
     use proto::*;
     let mut strings = Strings::new();
     let value_type = |strings: &mut Strings, t: &str, u: &str| ValueType {
@@ -254,13 +257,19 @@ pub fn pprof_profile(snapshot: &Snapshot) -> proto::Profile {
     let mut location_ids: HashMap<(FrameId, Option<FunctionId>), u64> = HashMap::new();
     let mut functions: Vec<Function> = Vec::new();
     let mut function_ids: HashMap<(Option<FunctionId>, u32), u64> = HashMap::new();
-    let mut samples = Vec::new();
-    for stack in stacks(snapshot, true) {
+    let stacks = stacks(snapshot, true)?;
+    let mut samples = fallible::with_capacity(stacks.len())?;
+    for stack in stacks {
+        fallible::check()?;
         let frames = &snapshot.tracebacks[stack.traceback as usize].frames;
         let known = snapshot.traceback_functions.get(stack.traceback as usize);
-        let mut location_id = Vec::with_capacity(frames.len());
+        let mut location_id = fallible::with_capacity(frames.len())?;
         for (i, &f) in frames.iter().enumerate() {
             let function = known.and_then(|k| k.get(i).copied().flatten());
+            fallible::map_room_for_one(&mut location_ids)?;
+            fallible::map_room_for_one(&mut function_ids)?;
+            fallible::room_for_one(&mut locations)?;
+            fallible::room_for_one(&mut functions)?;
             let id = *location_ids.entry((f, function)).or_insert_with(|| {
                 let frame = snapshot.frames[f as usize];
                 let function_id = *function_ids
@@ -338,7 +347,7 @@ pub fn pprof_profile(snapshot: &Snapshot) -> proto::Profile {
             "sampled every {interval} bytes on average: values are estimates"
         )));
     }
-    Profile {
+    Ok(Profile {
         sample_type,
         sample: samples,
         mapping,
@@ -353,16 +362,24 @@ pub fn pprof_profile(snapshot: &Snapshot) -> proto::Profile {
         period: snapshot.sample_interval.map_or(1, clamp),
         comment,
         default_sample_type,
-    }
+    })
 }
 
 /// The gzipped pprof file's bytes.
-pub fn pprof(snapshot: &Snapshot) -> Vec<u8> {
-    let message = pprof_profile(snapshot).encode_to_vec();
-    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+pub fn pprof(snapshot: &Snapshot) -> Result<Vec<u8>> {
+    let profile = pprof_profile(snapshot)?;
+    let mut message = fallible::with_capacity(profile.encoded_len())?;
+    profile
+        .encode(&mut message)
+        .expect("the buffer was reserved for the whole message");
+    drop(profile);
+    // Deflate never grows data by more than a few bytes per 16 KiB block: with this much
+    // room reserved up front, the compressed output never reallocates (infallibly).
+    let room = message.len() + message.len() / 1000 + 1024;
+    let mut gz = GzEncoder::new(fallible::with_capacity(room)?, Compression::default());
     gz.write_all(&message)
         .expect("compressing into memory cannot fail");
-    gz.finish().expect("compressing into memory cannot fail")
+    Ok(gz.finish().expect("compressing into memory cannot fail"))
 }
 
 /// One frame in folded-stack form: `function (file:line)`, or `file:line` where the function
@@ -381,10 +398,11 @@ fn frame_label(snapshot: &Snapshot, f: FrameId, function: Option<&Function>) -> 
 const EMPTY_STACK: &str = "[no frames]";
 
 /// Folded stacks and their live bytes, merged by text so two snapshots can be matched.
-fn folded(snapshot: &Snapshot) -> HashMap<String, u64> {
+fn folded(snapshot: &Snapshot) -> Result<HashMap<String, u64>> {
     let mut labels: HashMap<(FrameId, Option<FunctionId>), String> = HashMap::new();
     let mut out: HashMap<String, u64> = HashMap::new();
-    for stack in stacks(snapshot, false) {
+    for stack in stacks(snapshot, false)? {
+        fallible::check()?;
         let frames = &snapshot.tracebacks[stack.traceback as usize].frames;
         let known = snapshot.traceback_functions.get(stack.traceback as usize);
         let mut line = String::new();
@@ -393,6 +411,7 @@ fn folded(snapshot: &Snapshot) -> HashMap<String, u64> {
                 line.push(';');
             }
             let function = known.and_then(|k| k.get(i).copied().flatten());
+            fallible::map_room_for_one(&mut labels)?;
             let label = labels.entry((f, function)).or_insert_with(|| {
                 frame_label(
                     snapshot,
@@ -405,25 +424,31 @@ fn folded(snapshot: &Snapshot) -> HashMap<String, u64> {
         if line.is_empty() {
             line.push_str(EMPTY_STACK);
         }
+        fallible::map_room_for_one(&mut out)?;
         let total = out.entry(line).or_insert(0);
         *total = total.saturating_add(stack.size);
     }
-    out
+    Ok(out)
 }
 
 /// Folded stacks (`root;...;leaf bytes`, oldest frame first), one line per distinct stack,
 /// sorted by stack.
-pub fn collapsed(snapshot: &Snapshot) -> String {
-    let mut lines: Vec<(String, u64)> = folded(snapshot).into_iter().collect();
+pub fn collapsed(snapshot: &Snapshot) -> Result<String> {
+    let folded = folded(snapshot)?;
+    let n = folded.len();
+    let mut lines: Vec<(String, u64)> = fallible::collect_n(folded.into_iter(), n)?;
     lines.sort_unstable();
+    // Each line: the stack, a space, at most 20 digits and a newline.
+    let length = lines.iter().map(|(stack, _)| stack.len() + 22).sum();
     let mut out = String::new();
+    out.try_reserve_exact(length)?;
     for (stack, size) in lines {
         out.push_str(&stack);
         out.push(' ');
         out.push_str(&size.to_string());
         out.push('\n');
     }
-    out
+    Ok(out)
 }
 
 /// An interactive SVG flamegraph of live memory by stack; with `base`, a differential one of
@@ -433,26 +458,27 @@ pub fn flamegraph(
     base: Option<&Snapshot>,
     title: Option<&str>,
 ) -> Result<Vec<u8>> {
-    let new = folded(snapshot);
+    let new = folded(snapshot)?;
     let mut lines: Vec<String> = match base {
-        None => new
-            .iter()
-            .filter(|(_, &size)| size > 0)
-            .map(|(stack, size)| format!("{stack} {size}"))
-            .collect(),
+        None => {
+            let lines = new
+                .iter()
+                .filter(|(_, &size)| size > 0)
+                .map(|(stack, size)| format!("{stack} {size}"));
+            fallible::collect_n(lines, new.len())?
+        }
         Some(base) => {
-            let old = folded(base);
-            let mut stacks: Vec<&String> = new.keys().chain(old.keys()).collect();
+            let old = folded(base)?;
+            let n = new.len() + old.len();
+            let mut stacks: Vec<&String> = fallible::collect_n(new.keys().chain(old.keys()), n)?;
             stacks.sort_unstable();
             stacks.dedup();
-            stacks
-                .into_iter()
-                .map(|s| {
-                    let before = old.get(s).copied().unwrap_or(0);
-                    let after = new.get(s).copied().unwrap_or(0);
-                    format!("{s} {before} {after}")
-                })
-                .collect()
+            let lines = stacks.iter().map(|s| {
+                let before = old.get(*s).copied().unwrap_or(0);
+                let after = new.get(*s).copied().unwrap_or(0);
+                format!("{s} {before} {after}")
+            });
+            fallible::collect_n(lines, stacks.len())?
         }
     };
     if new.values().all(|&size| size == 0) {
@@ -483,6 +509,11 @@ pub fn flamegraph(
         inferno::flamegraph::color::Palette::Basic(inferno::flamegraph::color::BasicPalette::Mem);
     options.hash = true;
     options.deterministic = true;
+    // inferno allocates infallibly (about 1.2 times the lines' size, measured on a 32 MB
+    // input): check that twice the lines' size can be had now, so that memory too short to
+    // draw is a MemoryError here rather than an abort inside inferno.
+    let input: usize = lines.iter().map(|line| line.len() + 16).sum();
+    drop(fallible::with_capacity::<u8>(input.saturating_mul(2))?);
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
         .map_err(|e| Error::InvalidArgument(format!("cannot draw the flamegraph: {e}")))?;
@@ -535,7 +566,7 @@ mod tests {
 <module> (app.py:10);Loader.load (app.py:3);parse (lib,x.py:7) 150
 <module> (app.py:10);lib,x.py:20 38
 ";
-        assert_eq!(collapsed(&sample()), expected);
+        assert_eq!(collapsed(&sample()).unwrap(), expected);
         // No functions recorded: file:line only.
         let mut b = SnapshotBuilder::new(1);
         let a = b.filename(b"a.py");
@@ -544,8 +575,8 @@ mod tests {
         let empty = b.traceback(&[], None);
         b.trace(0, 5, t);
         b.trace(0, 0, empty);
-        assert_eq!(collapsed(&b.finish()), "[no frames] 0\na.py:1 5\n");
-        assert_eq!(collapsed(&SnapshotBuilder::new(1).finish()), "");
+        assert_eq!(collapsed(&b.finish()).unwrap(), "[no frames] 0\na.py:1 5\n");
+        assert_eq!(collapsed(&SnapshotBuilder::new(1).finish()).unwrap(), "");
         // One line running in two functions (a comprehension on its parent's line).
         let mut b = SnapshotBuilder::new(2);
         let a = b.filename(b"a.py");
@@ -557,10 +588,10 @@ mod tests {
         b.trace(0, 3, t);
         let s = b.finish();
         assert_eq!(
-            collapsed(&s),
+            collapsed(&s).unwrap(),
             "fill (a.py:5);fill.<locals>.<listcomp> (a.py:5) 3\n"
         );
-        let p = pprof_profile(&s);
+        let p = pprof_profile(&s).unwrap();
         assert_eq!((p.location.len(), p.function.len()), (2, 2));
     }
 
@@ -577,8 +608,8 @@ mod tests {
         let w = Weights::new(Some(4096));
         let bytes = w.bytes(100) + w.bytes(4 << 20);
         let count = count_from_units(w.count_units(100) + w.count_units(4 << 20));
-        assert_eq!(collapsed(&s), format!("a.py:1 {bytes}\n"));
-        let p = pprof_profile(&s);
+        assert_eq!(collapsed(&s).unwrap(), format!("a.py:1 {bytes}\n"));
+        let p = pprof_profile(&s).unwrap();
         assert_eq!(p.period, 4096);
         assert_eq!(p.sample[0].value, vec![count as i64, bytes as i64]);
         assert!(p
@@ -592,7 +623,7 @@ mod tests {
     #[test]
     fn pprof_round_trip() {
         let s = sample();
-        let data = pprof(&s);
+        let data = pprof(&s).unwrap();
         let mut gz = flate2::read::GzDecoder::new(&data[..]);
         let mut raw = Vec::new();
         std::io::Read::read_to_end(&mut gz, &mut raw).unwrap();

@@ -18,6 +18,7 @@ use parking_lot::Mutex;
 
 use crate::analysis::snapshot::{Kinds, SiteRetention, Snapshot, SnapshotBuilder};
 use crate::error::{Error, Result};
+use crate::fallible;
 
 /// One filter, as `tracemalloc.Filter` / `tracemalloc.DomainFilter` describe it.
 #[derive(Clone, Debug, PartialEq)]
@@ -580,39 +581,33 @@ fn traceback_matches(f: &Compiled, nframes: usize, mut frame: impl FnMut(usize) 
 /// Patterns are evaluated once per distinct filename, frames once per distinct frame and
 /// tracebacks once per distinct traceback; the per-trace work is a table lookup and the domain
 /// test.
-pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
+pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Result<Snapshot> {
     let nf = set.filters.len();
     // Per filter: which frames match the pattern and line (empty for domain filters).
-    let mut frame_hit: Vec<Vec<bool>> = Vec::with_capacity(nf);
+    let mut frame_hit: Vec<Vec<bool>> = fallible::with_capacity(nf)?;
     for f in &set.filters {
         match f {
             Compiled::Filename { pattern, .. } => {
-                let names: Vec<bool> = snapshot
-                    .filenames
-                    .iter()
-                    .map(|n| pattern.is_match(n))
-                    .collect();
-                frame_hit.push(
-                    snapshot
-                        .frames
-                        .iter()
-                        .map(|fr| {
-                            names[fr.filename as usize]
-                                && match f {
-                                    Compiled::Filename { lineno, .. } => {
-                                        lineno.is_none_or(|l| l == fr.lineno)
-                                    }
-                                    Compiled::Domain { .. } => true,
-                                }
-                        })
-                        .collect(),
-                );
+                let names = fallible::collect_n(
+                    snapshot.filenames.iter().map(|n| pattern.is_match(n)),
+                    snapshot.filenames.len(),
+                )?;
+                let hits = snapshot.frames.iter().map(|fr| {
+                    names[fr.filename as usize]
+                        && match f {
+                            Compiled::Filename { lineno, .. } => {
+                                lineno.is_none_or(|l| l == fr.lineno)
+                            }
+                            Compiled::Domain { .. } => true,
+                        }
+                });
+                frame_hit.push(fallible::collect_n(hits, snapshot.frames.len())?);
             }
             Compiled::Domain { .. } => frame_hit.push(Vec::new()),
         }
     }
     // Per traceback and filter: `_match_traceback`.
-    let mut tb_hit = vec![false; snapshot.tracebacks.len() * nf];
+    let mut tb_hit = fallible::filled(snapshot.tracebacks.len() * nf, false)?;
     for (t, tb) in snapshot.tracebacks.iter().enumerate() {
         for (i, f) in set.filters.iter().enumerate() {
             tb_hit[t * nf + i] =
@@ -620,11 +615,11 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
         }
     }
     let mut out = Snapshot {
-        filenames: snapshot.filenames.clone(),
-        frames: snapshot.frames.clone(),
-        functions: snapshot.functions.clone(),
-        traceback_functions: snapshot.traceback_functions.clone(),
-        tracebacks: snapshot.tracebacks.clone(),
+        filenames: fallible::cloned(&snapshot.filenames)?,
+        frames: fallible::cloned(&snapshot.frames)?,
+        functions: fallible::cloned(&snapshot.functions)?,
+        traceback_functions: fallible::cloned(&snapshot.traceback_functions)?,
+        tracebacks: fallible::cloned(&snapshot.tracebacks)?,
         traces: Vec::new(),
         domains: Default::default(),
         blocks: None,
@@ -635,26 +630,33 @@ pub fn filter_snapshot(snapshot: &Snapshot, set: &FilterSet) -> Snapshot {
         kinds: None,
         retention: None,
     };
-    let keep: Vec<bool> = snapshot
+    let keep = snapshot
         .traces
         .iter()
         .zip(snapshot.domains.iter())
         .map(|(tr, domain)| {
             let base = tr.traceback as usize * nf;
             set.keep_with(domain, |i| tb_hit[base + i])
-        })
-        .collect();
-    out.traces = kept(snapshot.traces.iter().copied(), &keep).collect();
+        });
+    let keep = fallible::collect_n(keep, snapshot.traces.len())?;
+    let nkept = keep.iter().filter(|&&k| k).count();
+    out.traces = fallible::collect_n(kept(snapshot.traces.iter().copied(), &keep), nkept)?;
     // Domains and object kinds stay aligned with the traces kept.
     out.domains = kept(snapshot.domains.iter(), &keep).collect();
-    out.blocks = snapshot
-        .blocks
-        .as_ref()
-        .map(|blocks| kept(blocks.iter().copied(), &keep).collect());
-    out.kinds = snapshot.kinds.as_ref().map(|kinds| Kinds {
-        names: kinds.names.clone(),
-        of_trace: kept(kinds.of_trace.iter().copied(), &keep).collect(),
-    });
+    out.blocks = match &snapshot.blocks {
+        Some(blocks) => Some(fallible::collect_n(
+            kept(blocks.iter().copied(), &keep),
+            nkept,
+        )?),
+        None => None,
+    };
+    out.kinds = match &snapshot.kinds {
+        Some(kinds) => Some(Kinds {
+            names: kinds.names.clone(),
+            of_trace: fallible::collect_n(kept(kinds.of_trace.iter().copied(), &keep), nkept)?,
+        }),
+        None => None,
+    };
     out.retention = snapshot
         .retention
         .as_ref()
@@ -699,16 +701,16 @@ pub fn reports_of_kept_sites(
 
 /// Drops the filenames, frames and tracebacks no trace refers to any more, so a filtered
 /// snapshot is as small as one built from its traces.
-pub fn compact(snapshot: Snapshot) -> Snapshot {
-    let mut used = vec![false; snapshot.tracebacks.len()];
+pub fn compact(snapshot: Snapshot) -> Result<Snapshot> {
+    let mut used = fallible::filled(snapshot.tracebacks.len(), false)?;
     for tr in &snapshot.traces {
         used[tr.traceback as usize] = true;
     }
     if used.iter().all(|&u| u) {
-        return snapshot;
+        return Ok(snapshot);
     }
     let mut b = SnapshotBuilder::new(snapshot.traceback_limit);
-    let mut tb_map = vec![u32::MAX; snapshot.tracebacks.len()];
+    let mut tb_map = fallible::filled(snapshot.tracebacks.len(), u32::MAX)?;
     let mut frames = Vec::new();
     for (t, tb) in snapshot.tracebacks.iter().enumerate() {
         if !used[t] {
@@ -720,7 +722,7 @@ pub fn compact(snapshot: Snapshot) -> Snapshot {
             let name = b.filename(&snapshot.filenames[fr.filename as usize]);
             frames.push(b.frame(name, fr.lineno));
         }
-        tb_map[t] = b.traceback(&frames, tb.total_nframe);
+        tb_map[t] = b.try_traceback(&frames, tb.total_nframe)?;
         if let Some(known) = snapshot
             .traceback_functions
             .get(t)
@@ -735,10 +737,10 @@ pub fn compact(snapshot: Snapshot) -> Snapshot {
                     })
                 })
                 .collect();
-            b.traceback_functions(tb_map[t], &ids);
+            b.try_traceback_functions(tb_map[t], &ids)?;
         }
     }
-    b.reserve_traces(snapshot.traces.len());
+    b.try_reserve_traces(snapshot.traces.len())?;
     for (i, (tr, domain)) in snapshot
         .traces
         .iter()
@@ -757,7 +759,7 @@ pub fn compact(snapshot: Snapshot) -> Snapshot {
     b.sample_interval(snapshot.sample_interval);
     b.kinds(snapshot.kinds);
     b.retention(snapshot.retention);
-    b.finish()
+    Ok(b.finish())
 }
 
 #[cfg(test)]
@@ -966,7 +968,7 @@ mod tests {
         ];
         for (filters, expected) in cases {
             let set = FilterSet::new(&filters).unwrap();
-            let out = filter_snapshot(&s, &set);
+            let out = filter_snapshot(&s, &set).unwrap();
             let sizes: Vec<u64> = out.traces.iter().map(|t| t.size).collect();
             assert_eq!(sizes, expected, "{filters:?}");
             // keep() must agree with the snapshot path.
@@ -998,7 +1000,7 @@ mod tests {
             domain: 3,
         }])
         .unwrap();
-        let out = filter_snapshot(&s, &set);
+        let out = filter_snapshot(&s, &set).unwrap();
         assert_eq!(out.tracebacks.len(), 1);
         assert_eq!(
             out.filenames,
@@ -1042,14 +1044,15 @@ mod tests {
             (spec(true, "nothing", None, false, None), &[]),
         ];
         for (f, want) in cases {
-            let out = filter_snapshot(&s, &FilterSet::new(std::slice::from_ref(f)).unwrap());
+            let out =
+                filter_snapshot(&s, &FilterSet::new(std::slice::from_ref(f)).unwrap()).unwrap();
             let want: Vec<(String, u32)> = want.iter().map(|&(f, l)| (f.into(), l)).collect();
             assert_eq!(sites(&out), want, "{f:?}");
         }
-        let plain = filter_snapshot(&snapshot(), &FilterSet::new(&[]).unwrap());
+        let plain = filter_snapshot(&snapshot(), &FilterSet::new(&[]).unwrap()).unwrap();
         assert_eq!(plain.retention, None);
         // Compaction keeps what the filter chose.
-        assert_eq!(compact(s.clone()).retention, s.retention);
+        assert_eq!(compact(s.clone()).unwrap().retention, s.retention);
     }
 
     #[test]

@@ -48,6 +48,7 @@
 //! anything is reserved, every id against the table it indexes, nesting of attribute values is
 //! bounded. Any failure is an `Err` with a reason, never a panic.
 
+use std::fmt;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -62,6 +63,7 @@ use crate::analysis::snapshot::{
     Traceback,
 };
 use crate::error::{Error, Result};
+use crate::fallible;
 use crate::process_memory::ProcessMemory;
 
 pub const MAGIC: &[u8; 8] = b"ALCTRSNP";
@@ -585,11 +587,11 @@ fn decode_peak_section(
         1 => {
             let n = r.count(1, "block counts")?;
             if n != ntraces {
-                return Err(format!(
+                return Err(Reason::from(format!(
                     "peak section: {n} block counts for {ntraces} traces"
-                ));
+                )));
             }
-            let mut blocks = Vec::with_capacity(n);
+            let mut blocks = fallible::with_capacity(n)?;
             for _ in 0..n {
                 blocks.push(r.uleb()?);
             }
@@ -598,14 +600,16 @@ fn decode_peak_section(
         }
         2 if nested => Err("peak section: a peak holds another peak".into()),
         2 => {
-            let (peak, _) = decode_file(&payload[1..], true)
-                .map_err(|reason| format!("peak section: {reason}"))?;
+            let (peak, _) = decode_file(&payload[1..], true).map_err(|reason| match reason {
+                Reason::Invalid(reason) => Reason::Invalid(format!("peak section: {reason}")),
+                out_of_memory => out_of_memory,
+            })?;
             if peak.blocks.is_none() {
                 return Err("peak section: the peak's traces have no block counts".into());
             }
             Ok((None, Some(Box::new(peak))))
         }
-        form => Err(format!("peak section: unknown form {form}")),
+        form => Err(Reason::from(format!("peak section: unknown form {form}"))),
     }
 }
 
@@ -616,7 +620,76 @@ struct Reader<'a> {
     what: &'static str,
 }
 
-type Reason = String;
+/// Why bytes could not be decoded: what is wrong with them, or that memory for the result
+/// ran out (the only reason that is not about the file). Reads as its message.
+#[derive(Debug, PartialEq)]
+pub enum Reason {
+    Invalid(String),
+    OutOfMemory,
+}
+
+impl Reason {
+    /// The crate error for a file at `path`: `SnapshotFormatError` or `MemoryError`.
+    pub fn at(self, path: &Path) -> Error {
+        match self {
+            Reason::Invalid(reason) => Error::Format {
+                path: path.to_path_buf(),
+                reason,
+            },
+            Reason::OutOfMemory => Error::OutOfMemory,
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self)
+    }
+}
+
+impl std::ops::Deref for Reason {
+    type Target = str;
+    fn deref(&self) -> &str {
+        match self {
+            Reason::Invalid(reason) => reason,
+            Reason::OutOfMemory => "out of memory",
+        }
+    }
+}
+
+impl From<String> for Reason {
+    fn from(reason: String) -> Self {
+        Reason::Invalid(reason)
+    }
+}
+
+impl From<&str> for Reason {
+    fn from(reason: &str) -> Self {
+        Reason::Invalid(reason.to_owned())
+    }
+}
+
+impl From<std::collections::TryReserveError> for Reason {
+    fn from(_: std::collections::TryReserveError) -> Self {
+        Reason::OutOfMemory
+    }
+}
+
+impl From<hashbrown::TryReserveError> for Reason {
+    fn from(_: hashbrown::TryReserveError) -> Self {
+        Reason::OutOfMemory
+    }
+}
+
+impl From<Error> for Reason {
+    /// Only [`Error::OutOfMemory`] arises while decoding (from [`fallible`]).
+    fn from(err: Error) -> Self {
+        match err {
+            Error::OutOfMemory => Reason::OutOfMemory,
+            other => Reason::Invalid(other.to_string()),
+        }
+    }
+}
 
 impl<'a> Reader<'a> {
     fn new(buf: &'a [u8], what: &'static str) -> Self {
@@ -649,7 +722,10 @@ impl<'a> Reader<'a> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let Some(&b) = self.buf.get(self.pos) else {
-                return Err(format!("{} section ends inside a number", self.what));
+                return Err(Reason::from(format!(
+                    "{} section ends inside a number",
+                    self.what
+                )));
             };
             self.pos += 1;
             let bits = (b & 0x7F) as u64;
@@ -661,13 +737,17 @@ impl<'a> Reader<'a> {
                 return Ok(v);
             }
         }
-        Err(format!("{} section holds an oversized number", self.what))
+        Err(Reason::from(format!(
+            "{} section holds an oversized number",
+            self.what
+        )))
     }
 
     #[inline(always)]
     fn u32(&mut self, field: &str) -> std::result::Result<u32, Reason> {
         let v = self.uleb()?;
-        u32::try_from(v).map_err(|_| format!("{} section: {field} {v} is out of range", self.what))
+        u32::try_from(v)
+            .map_err(|_| format!("{} section: {field} {v} is out of range", self.what).into())
     }
 
     /// A count of items each taking at least `min_each` bytes: checked against what is left
@@ -676,10 +756,10 @@ impl<'a> Reader<'a> {
         let n = self.uleb()?;
         let left = self.remaining() as u64;
         if n.saturating_mul(min_each as u64) > left {
-            return Err(format!(
+            return Err(Reason::from(format!(
                 "{} section declares {n} {field} but only {left} bytes remain (truncated or corrupted)",
                 self.what
-            ));
+            )));
         }
         Ok(n as usize)
     }
@@ -687,11 +767,11 @@ impl<'a> Reader<'a> {
     fn bytes(&mut self, field: &str) -> std::result::Result<&'a [u8], Reason> {
         let n = self.uleb()?;
         if n > self.remaining() as u64 {
-            return Err(format!(
+            return Err(Reason::from(format!(
                 "{} section: {field} declares {n} bytes but only {} remain",
                 self.what,
                 self.remaining()
-            ));
+            )));
         }
         let s = &self.buf[self.pos..self.pos + n as usize];
         self.pos += n as usize;
@@ -701,11 +781,11 @@ impl<'a> Reader<'a> {
     /// The next `n` bytes.
     fn take(&mut self, n: usize, field: &str) -> std::result::Result<&'a [u8], Reason> {
         if n > self.remaining() {
-            return Err(format!(
+            return Err(Reason::from(format!(
                 "{} section: {field} need {n} bytes but only {} remain",
                 self.what,
                 self.remaining()
-            ));
+            )));
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -723,11 +803,11 @@ impl<'a> Reader<'a> {
 
     fn finish(&self) -> std::result::Result<(), Reason> {
         if self.pos != self.buf.len() {
-            return Err(format!(
+            return Err(Reason::from(format!(
                 "{} section has {} unexpected bytes at its end",
                 self.what,
                 self.remaining()
-            ));
+            )));
         }
         Ok(())
     }
@@ -735,9 +815,9 @@ impl<'a> Reader<'a> {
 
 fn read_attr(r: &mut Reader<'_>, depth: usize) -> std::result::Result<AttrValue, Reason> {
     if depth > MAX_ATTR_DEPTH {
-        return Err(format!(
+        return Err(Reason::from(format!(
             "attribute values nest deeper than {MAX_ATTR_DEPTH} levels"
-        ));
+        )));
     }
     Ok(match r.byte()? {
         0 => AttrValue::None,
@@ -771,7 +851,7 @@ fn read_attr(r: &mut Reader<'_>, depth: usize) -> std::result::Result<AttrValue,
         7 => AttrValue::Bytes(r.bytes("bytes")?.to_vec()),
         tag @ (8 | 9) => {
             let n = r.count(1, "items")?;
-            let mut items = Vec::with_capacity(n);
+            let mut items = fallible::with_capacity(n)?;
             for _ in 0..n {
                 items.push(read_attr(r, depth + 1)?);
             }
@@ -783,7 +863,7 @@ fn read_attr(r: &mut Reader<'_>, depth: usize) -> std::result::Result<AttrValue,
         }
         10 => {
             let n = r.count(2, "dict items")?;
-            let mut items = Vec::with_capacity(n);
+            let mut items = fallible::with_capacity(n)?;
             for _ in 0..n {
                 let k = r.bytes("dict key")?;
                 if !is_surrogatepass_utf8(k) {
@@ -794,9 +874,9 @@ fn read_attr(r: &mut Reader<'_>, depth: usize) -> std::result::Result<AttrValue,
             AttrValue::Dict(items)
         }
         other => {
-            return Err(format!(
+            return Err(Reason::from(format!(
                 "attributes section holds unknown value tag {other}"
-            ))
+            )))
         }
     })
 }
@@ -825,19 +905,25 @@ fn check_header(data: &[u8]) -> std::result::Result<u32, Reason> {
                 .into());
         }
         if data.len() < MAGIC.len() && MAGIC.starts_with(data) {
-            return Err(format!("truncated: only {} bytes", data.len()));
+            return Err(Reason::from(format!(
+                "truncated: only {} bytes",
+                data.len()
+            )));
         }
         return Err("not an alloctrace snapshot (bad magic number)".into());
     }
     if data.len() < HEADER_LEN {
-        return Err(format!("truncated: only {} bytes", data.len()));
+        return Err(Reason::from(format!(
+            "truncated: only {} bytes",
+            data.len()
+        )));
     }
     let version = u32::from_le_bytes(data[8..12].try_into().unwrap());
     if version > FORMAT_VERSION {
-        return Err(format!(
+        return Err(Reason::from(format!(
             "format version {version} is newer than this alloctrace supports (version \
              {FORMAT_VERSION}); upgrade alloctrace to read it"
-        ));
+        )));
     }
     if version == 0 {
         return Err("unknown format version 0 (corrupted header)".into());
@@ -858,31 +944,31 @@ fn walk_sections(data: &[u8], total: usize, pos: &mut usize) -> std::result::Res
         let len = u64::from_le_bytes(data[at + 4..at + 12].try_into().unwrap());
         let left = (total - at - SECTION_HEADER_LEN) as u64;
         if len > left {
-            return Err(format!(
+            return Err(Reason::from(format!(
                 "truncated: section {tag} at byte {at} declares {len} bytes but only {left} \
                  remain"
-            ));
+            )));
         }
         *pos = at + SECTION_HEADER_LEN + len as usize;
         if tag == TAG_END {
             if len != 4 {
-                return Err(format!(
+                return Err(Reason::from(format!(
                     "corrupted: end marker declares {len} bytes instead of 4"
-                ));
+                )));
             }
             if *pos != total {
-                return Err(format!(
+                return Err(Reason::from(format!(
                     "{} bytes of trailing garbage after the end marker",
                     total - *pos
-                ));
+                )));
             }
             return Ok(true);
         }
     }
     if data.len() == total {
-        return Err(format!(
+        return Err(Reason::from(format!(
             "truncated: the file ends at byte {total} without its end marker"
-        ));
+        )));
     }
     Ok(false)
 }
@@ -904,9 +990,9 @@ fn decode_file(data: &[u8], nested: bool) -> std::result::Result<(Snapshot, Attr
     let stored = u32::from_le_bytes(data[data.len() - 4..].try_into().unwrap());
     let actual = crc32(&data[..data.len() - 4]);
     if stored != actual {
-        return Err(format!(
+        return Err(Reason::from(format!(
             "corrupted: checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"
-        ));
+        )));
     }
     let mut sections: hashbrown::HashMap<u32, &[u8]> = hashbrown::HashMap::new();
     let mut pos = HEADER_LEN;
@@ -918,7 +1004,9 @@ fn decode_file(data: &[u8], nested: bool) -> std::result::Result<(Snapshot, Attr
             break;
         }
         if sections.insert(tag, &data[pos..pos + len]).is_some() {
-            return Err(format!("corrupted: section {tag} appears twice"));
+            return Err(Reason::from(format!(
+                "corrupted: section {tag} appears twice"
+            )));
         }
         pos += len;
     }
@@ -935,59 +1023,63 @@ fn decode_file(data: &[u8], nested: bool) -> std::result::Result<(Snapshot, Attr
     }
     if let Some(t) = meta.timestamp {
         if !(0.0..MAX_TIMESTAMP).contains(&t) {
-            return Err(format!(
+            return Err(Reason::from(format!(
                 "the metadata timestamp {t} is not a time (seconds since 1970 before the \
                  year 10000)"
-            ));
+            )));
         }
     }
 
     let mut r = Reader::new(find(TAG_FILENAMES, "filenames")?, "filenames");
     let n = r.count(1, "filenames")?;
-    let mut filenames: Vec<Box<[u8]>> = Vec::with_capacity(n);
+    let mut filenames: Vec<Box<[u8]>> = fallible::with_capacity(n)?;
     for i in 0..n {
         let name = r.bytes("filename")?;
         if !is_surrogatepass_utf8(name) {
-            return Err(format!("filename {i} is not valid UTF-8"));
+            return Err(Reason::from(format!("filename {i} is not valid UTF-8")));
         }
-        filenames.push(name.into());
+        filenames.push(fallible::copied(name)?.into_boxed_slice());
     }
     r.finish()?;
     // Analyses rely on tables being unique by content (one id per filename and per frame).
-    let mut seen = hashbrown::HashSet::with_capacity(filenames.len());
+    let mut seen = hashbrown::HashSet::new();
+    seen.try_reserve(filenames.len())?;
     for (i, name) in filenames.iter().enumerate() {
         if !seen.insert(&name[..]) {
-            return Err(format!("filename {i} repeats an earlier entry"));
+            return Err(Reason::from(format!(
+                "filename {i} repeats an earlier entry"
+            )));
         }
     }
     drop(seen);
 
     let mut r = Reader::new(find(TAG_FRAMES, "frames")?, "frames");
     let n = r.count(2, "frames")?;
-    let mut frames = Vec::with_capacity(n);
+    let mut frames = fallible::with_capacity(n)?;
     for i in 0..n {
         let filename = r.u32("filename id")?;
         if filename as usize >= filenames.len() {
-            return Err(format!(
+            return Err(Reason::from(format!(
                 "frame {i} refers to filename {filename}, but there are only {}",
                 filenames.len()
-            ));
+            )));
         }
         let lineno = r.u32("line number")?;
         frames.push(Frame { filename, lineno });
     }
     r.finish()?;
-    let mut seen = hashbrown::HashSet::with_capacity(frames.len());
+    let mut seen = hashbrown::HashSet::new();
+    seen.try_reserve(frames.len())?;
     for (i, frame) in frames.iter().enumerate() {
         if !seen.insert(frame) {
-            return Err(format!("frame {i} repeats an earlier entry"));
+            return Err(Reason::from(format!("frame {i} repeats an earlier entry")));
         }
     }
     drop(seen);
 
     let mut r = Reader::new(find(TAG_TRACEBACKS, "tracebacks")?, "tracebacks");
     let n = r.count(2, "tracebacks")?;
-    let mut tracebacks = Vec::with_capacity(n);
+    let mut tracebacks = fallible::with_capacity(n)?;
     for i in 0..n {
         let total = r.uleb()?;
         let total_nframe = match total {
@@ -1000,14 +1092,14 @@ fn decode_file(data: &[u8], nested: bool) -> std::result::Result<(Snapshot, Attr
             })?),
         };
         let nf = r.count(1, "frame ids")?;
-        let mut ids = Vec::with_capacity(nf);
+        let mut ids = fallible::with_capacity(nf)?;
         for _ in 0..nf {
             let f = r.u32("frame id")?;
             if f as usize >= frames.len() {
-                return Err(format!(
+                return Err(Reason::from(format!(
                     "traceback {i} refers to frame {f}, but there are only {}",
                     frames.len()
-                ));
+                )));
             }
             ids.push(f);
         }
@@ -1026,9 +1118,9 @@ fn decode_file(data: &[u8], nested: bool) -> std::result::Result<(Snapshot, Attr
         (TAG_TRACES, TAG_TRACE_COLUMNS)
     };
     if section(other).is_some() {
-        return Err(format!(
+        return Err(Reason::from(format!(
             "corrupted: section {other} does not belong in a version {version} file"
-        ));
+        )));
     }
     let payload = find(tag, "traces")?;
     let (traces, domains) = if version >= 2 {
@@ -1048,9 +1140,9 @@ fn decode_file(data: &[u8], nested: bool) -> std::result::Result<(Snapshot, Attr
             let interval = r.uleb()?;
             r.finish()?;
             if interval == 0 || interval > MAX_INTERVAL {
-                return Err(format!(
+                return Err(Reason::from(format!(
                     "the sampling section holds interval {interval}, outside 1..={MAX_INTERVAL}"
-                ));
+                )));
             }
             Some(interval)
         }
@@ -1119,10 +1211,10 @@ fn decode_process_memory(payload: &[u8]) -> std::result::Result<ProcessMemory, R
     let mut r = Reader::new(payload, "process memory");
     let n = r.uleb()?;
     if n < PROCESS_MEMORY_FIELDS {
-        return Err(format!(
+        return Err(Reason::from(format!(
             "the process memory section holds {n} fields, fewer than the \
              {PROCESS_MEMORY_FIELDS} it must"
-        ));
+        )));
     }
     let mut v = [0u64; PROCESS_MEMORY_FIELDS as usize];
     for slot in v.iter_mut() {
@@ -1141,7 +1233,9 @@ fn decode_process_memory(payload: &[u8]) -> std::result::Result<ProcessMemory, R
         peak_rss,
     };
     match pm.inconsistency() {
-        Some(why) => Err(format!("the process memory section is inconsistent: {why}")),
+        Some(why) => Err(Reason::from(format!(
+            "the process memory section is inconsistent: {why}"
+        ))),
         None => Ok(pm),
     }
 }
@@ -1165,15 +1259,15 @@ fn trace_domains(
         }
     }
     if covered != n as u64 {
-        return Err(format!(
+        return Err(Reason::from(format!(
             "traces section: domain runs cover {covered} traces, expected {n}"
-        ));
+        )));
     }
     Ok((n, domains))
 }
 
 fn bad_traceback(i: usize, tb: u64, tracebacks: usize) -> Reason {
-    format!("trace {i} refers to traceback {tb}, but there are only {tracebacks}")
+    format!("trace {i} refers to traceback {tb}, but there are only {tracebacks}").into()
 }
 
 /// Section 5 (format version 1): domain runs, then every size, then every traceback id, all
@@ -1182,7 +1276,7 @@ fn decode_traces_v1(payload: &[u8], tracebacks: usize) -> std::result::Result<Tr
     let mut r = Reader::new(payload, "traces");
     // Each trace needs at least one byte for its size and one for its traceback id.
     let (n, domains) = trace_domains(&mut r, 2)?;
-    let mut traces = Vec::with_capacity(n);
+    let mut traces = fallible::with_capacity(n)?;
     for _ in 0..n {
         let size = r.uleb()?;
         traces.push(Trace { size, traceback: 0 });
@@ -1264,9 +1358,9 @@ impl<'a> Column<'a> {
         let mut len = 0usize;
         for (b, &code) in codes.iter().enumerate() {
             if code > widest {
-                return Err(format!(
+                return Err(Reason::from(format!(
                     "{what} section: {field} block {b} has width code {code} (at most {widest})"
-                ));
+                )));
             }
             let width = WIDTHS[code as usize];
             len += width * COLUMN_BLOCK.min(n - b * COLUMN_BLOCK);
@@ -1334,10 +1428,10 @@ impl<'a> Column<'a> {
     }
 
     /// Every value, for the rare second look (finding the trace with a bad id).
-    fn all(mut self, n: usize) -> Vec<u32> {
-        let mut out = vec![0u32; n];
+    fn all(mut self, n: usize) -> Result<Vec<u32>> {
+        let mut out = fallible::filled(n, 0u32)?;
         self.fill(&mut out);
-        out
+        Ok(out)
     }
 }
 
@@ -1385,10 +1479,10 @@ fn decode_trace_columns(
         .checked_sub(1)
         .and_then(|l| u32::try_from(l).ok())
         .filter(|&l| l < 1 << 31);
-    let mut traces: Vec<Trace> = Vec::with_capacity(n);
+    let mut traces: Vec<Trace> = fallible::with_capacity(n)?;
     let ranges = parallel::split(n, parts_for(n), DECODE_BLOCK);
     let mut slots = &mut traces.spare_capacity_mut()[..n];
-    let mut jobs = Vec::with_capacity(ranges.len());
+    let mut jobs = fallible::with_capacity(ranges.len())?;
     for range in &ranges {
         let (out, rest) = slots.split_at_mut(range.len());
         slots = rest;
@@ -1402,7 +1496,7 @@ fn decode_trace_columns(
     // SAFETY: the parts tile `0..n` and each initialised every slot of its slice.
     unsafe { traces.set_len(n) };
     if bad_id {
-        let ids = ids.all(n);
+        let ids = ids.all(n)?;
         let i = ids
             .iter()
             .position(|&id| id as usize >= tracebacks)
@@ -1460,15 +1554,15 @@ fn decode_retention(payload: &[u8]) -> std::result::Result<Vec<SiteRetention>, R
     let mut r = Reader::new(payload, "retention reports");
     // A report takes at least 8 bytes: an empty filename, five numbers and two counts.
     let n = r.count(8, "reports")?;
-    let mut reports = Vec::with_capacity(n);
+    let mut reports = fallible::with_capacity(n)?;
     for i in 0..n {
         let filename = retention_str(&mut r, i, "filename")?;
         let lineno = r.u32("lineno")?;
         let [count, unreachable, size, retained] = [r.uleb()?, r.uleb()?, r.uleb()?, r.uleb()?];
         if unreachable > count {
-            return Err(format!(
+            return Err(Reason::from(format!(
                 "retention report {i} counts {unreachable} unreachable objects of {count}"
-            ));
+            )));
         }
         let mut lists = [Vec::new(), Vec::new()];
         for (list, what) in lists.iter_mut().zip(["paths", "pattern lines"]) {
@@ -1501,9 +1595,9 @@ fn retention_str(
 ) -> std::result::Result<Box<[u8]>, Reason> {
     let s = r.bytes(what)?;
     if !is_surrogatepass_utf8(s) {
-        return Err(format!(
+        return Err(Reason::from(format!(
             "retention report {report} holds a {what} string that is not UTF-8"
-        ));
+        )));
     }
     Ok(s.into())
 }
@@ -1512,7 +1606,7 @@ fn retention_str(
 fn decode_kinds(payload: &[u8], ntraces: usize) -> std::result::Result<Kinds, Reason> {
     let mut r = Reader::new(payload, "object kinds");
     let n = r.count(1, "kind names")?;
-    let mut names = Vec::with_capacity(n);
+    let mut names = fallible::with_capacity(n)?;
     for _ in 0..n {
         let name = r.bytes("kind name")?;
         if !is_surrogatepass_utf8(name) {
@@ -1522,18 +1616,18 @@ fn decode_kinds(payload: &[u8], ntraces: usize) -> std::result::Result<Kinds, Re
     }
     let count = r.count(1, "kinds")?;
     if count != ntraces {
-        return Err(format!(
+        return Err(Reason::from(format!(
             "the object kinds section has {count} entries for {ntraces} traces"
-        ));
+        )));
     }
-    let mut of_trace = Vec::with_capacity(count);
+    let mut of_trace = fallible::with_capacity(count)?;
     for i in 0..count {
         let id = r.u32("kind id")?;
         if id as usize >= names.len() {
-            return Err(format!(
+            return Err(Reason::from(format!(
                 "trace {i} has kind {id}, but there are only {} kind names",
                 names.len()
-            ));
+            )));
         }
         of_trace.push(id);
     }
@@ -1550,11 +1644,13 @@ fn decode_functions(
 ) -> std::result::Result<Functions, Reason> {
     let mut r = Reader::new(payload, "functions");
     let n = r.count(2, "functions")?;
-    let mut functions: Vec<Function> = Vec::with_capacity(n);
+    let mut functions: Vec<Function> = fallible::with_capacity(n)?;
     for i in 0..n {
         let name = r.bytes("function name")?;
         if !is_surrogatepass_utf8(name) {
-            return Err(format!("function {i} has a name that is not valid UTF-8"));
+            return Err(Reason::from(format!(
+                "function {i} has a name that is not valid UTF-8"
+            )));
         }
         let first_lineno = r.u32("first line number")?;
         functions.push(Function {
@@ -1562,38 +1658,41 @@ fn decode_functions(
             first_lineno,
         });
     }
-    let mut seen = hashbrown::HashSet::with_capacity(n);
+    let mut seen = hashbrown::HashSet::new();
+    seen.try_reserve(n)?;
     for (i, f) in functions.iter().enumerate() {
         if !seen.insert(f) {
-            return Err(format!("function {i} repeats an earlier entry"));
+            return Err(Reason::from(format!(
+                "function {i} repeats an earlier entry"
+            )));
         }
     }
     drop(seen);
     let count = r.count(1, "tracebacks")?;
     if count != tracebacks.len() {
-        return Err(format!(
+        return Err(Reason::from(format!(
             "functions section describes {count} tracebacks, but there are {}",
             tracebacks.len()
-        ));
+        )));
     }
-    let mut per_traceback = Vec::with_capacity(count);
+    let mut per_traceback = fallible::with_capacity(count)?;
     for (t, tb) in tracebacks.iter().enumerate() {
         let k = r.count(1, "function entries")?;
         if k != 0 && k != tb.frames.len() {
-            return Err(format!(
+            return Err(Reason::from(format!(
                 "functions section gives traceback {t} {k} functions for {} frames",
                 tb.frames.len()
-            ));
+            )));
         }
-        let mut ids = Vec::with_capacity(k);
+        let mut ids = fallible::with_capacity(k)?;
         for _ in 0..k {
             let id = r.u32("function id")?;
             if id as usize > functions.len() {
-                return Err(format!(
+                return Err(Reason::from(format!(
                     "traceback {t} refers to function {}, but there are only {}",
                     id - 1,
                     functions.len()
-                ));
+                )));
             }
             ids.push(id.checked_sub(1));
         }
@@ -1616,10 +1715,7 @@ pub fn load_interruptible(
     path: &Path,
     check: &mut dyn FnMut() -> Result<()>,
 ) -> Result<(Snapshot, Attributes)> {
-    let format_err = |reason| Error::Format {
-        path: path.to_path_buf(),
-        reason,
-    };
+    let format_err = |reason: Reason| reason.at(path);
     let data = read_snapshot_file(path, check)?.map_err(format_err)?;
     decode(&data).map_err(format_err)
 }
@@ -1677,9 +1773,9 @@ fn read_snapshot_file(
         } else {
             "a special file"
         };
-        return Ok(Err(format!(
+        return Ok(Err(Reason::from(format!(
             "it is {what}, not a regular file (snapshots are read from regular files only)"
-        )));
+        ))));
     }
     let total = usize::try_from(meta.len()).unwrap_or(usize::MAX);
     let mut data: Vec<u8> = Vec::new();

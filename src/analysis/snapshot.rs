@@ -6,6 +6,7 @@
 //! trace. Ids are indexes into the snapshot's own tables; they mean nothing across snapshots,
 //! so anything comparing two snapshots compares resolved contents (filename bytes, line).
 
+use crate::fallible;
 use crate::process_memory::ProcessMemory;
 use serde::{Deserialize, Serialize};
 
@@ -346,10 +347,8 @@ impl SnapshotBuilder {
         &mut self,
         frames: &[FrameId],
         total_nframe: Option<u32>,
-    ) -> Result<TracebackId, std::collections::TryReserveError> {
-        let mut owned = Vec::new();
-        owned.try_reserve_exact(frames.len())?;
-        owned.extend_from_slice(frames);
+    ) -> crate::error::Result<TracebackId> {
+        let owned = fallible::copied(frames)?;
         let traceback = Traceback {
             frames: owned.into_boxed_slice(),
             total_nframe,
@@ -361,9 +360,7 @@ impl SnapshotBuilder {
         self.traceback_ids.try_reserve(1)?;
         let id = self.snapshot.tracebacks.len() as TracebackId;
         // The table keeps its own copy of the frames.
-        let mut key = Vec::new();
-        key.try_reserve_exact(frames.len())?;
-        key.extend_from_slice(frames);
+        let key = fallible::copied(frames)?;
         self.traceback_ids.insert(
             Traceback {
                 frames: key.into_boxed_slice(),
@@ -380,19 +377,16 @@ impl SnapshotBuilder {
         &mut self,
         traceback: TracebackId,
         functions: &[Option<FunctionId>],
-    ) -> Result<(), std::collections::TryReserveError> {
+    ) -> crate::error::Result<()> {
+        let frames = self.snapshot.tracebacks[traceback as usize].frames.len();
+        assert_eq!(functions.len(), frames, "one function entry per frame");
         let all = &mut self.snapshot.traceback_functions;
         if all.len() <= traceback as usize {
             all.try_reserve(traceback as usize + 1 - all.len())?;
+            all.resize(traceback as usize + 1, Box::default());
         }
-        if all
-            .get(traceback as usize)
-            .is_none_or(|known| known.is_empty())
-        {
-            let mut owned = Vec::new();
-            owned.try_reserve_exact(functions.len())?;
-            owned.extend_from_slice(functions);
-            self.traceback_functions(traceback, &owned);
+        if all[traceback as usize].is_empty() {
+            all[traceback as usize] = fallible::copied(functions)?.into_boxed_slice();
         }
         Ok(())
     }
@@ -438,11 +432,8 @@ impl SnapshotBuilder {
     }
 
     /// As [`SnapshotBuilder::reserve_traces`], fallibly (domains are runs: nothing to reserve).
-    pub fn try_reserve_traces(
-        &mut self,
-        additional: usize,
-    ) -> Result<(), std::collections::TryReserveError> {
-        self.snapshot.traces.try_reserve_exact(additional)
+    pub fn try_reserve_traces(&mut self, additional: usize) -> crate::error::Result<()> {
+        Ok(self.snapshot.traces.try_reserve_exact(additional)?)
     }
 
     /// Sets the retention reports (`None`: not captured).

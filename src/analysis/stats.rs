@@ -19,6 +19,7 @@ use std::cmp::Ordering;
 use crate::analysis::sampling::{count_from_units, Weights};
 use crate::analysis::snapshot::{FilenameId, FrameId, Snapshot, TracebackId};
 use crate::error::{Error, Result};
+use crate::fallible;
 
 /// What statistics are grouped by, as `tracemalloc`'s `key_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,19 +178,22 @@ enum Content<'a> {
     Kind(Option<(&'a [u8], u32)>, &'a [u8]),
 }
 
-fn content(snapshot: &Snapshot, key: GroupKey) -> Content<'_> {
+fn content(snapshot: &Snapshot, key: GroupKey) -> Result<Content<'_>> {
     if let Some(kind) = key_kind(snapshot, key) {
-        return Content::Kind(key_frames(snapshot, key).next(), kind);
+        return Ok(Content::Kind(key_frames(snapshot, key).next(), kind));
     }
-    match key {
+    Ok(match key {
         GroupKey::Traceback(_) | GroupKey::Empty => {
-            Content::Many(key_frames(snapshot, key).collect())
+            let frames = key_frames(snapshot, key);
+            let mut all = fallible::with_capacity(frames.size_hint().0)?;
+            all.extend(frames);
+            Content::Many(all)
         }
         _ => {
             let (name, line) = key_frames(snapshot, key).next().expect("one frame");
             Content::One(name, line)
         }
-    }
+    })
 }
 
 /// `Traceback` ordering of two keys: the oldest-first tuples of `(filename, lineno)` compared
@@ -232,12 +236,12 @@ struct Accumulator {
 }
 
 impl Accumulator {
-    fn new(n: usize) -> Self {
-        Self {
-            size: vec![0; n],
-            count: vec![0; n],
-            order: Vec::new(),
-        }
+    fn new(n: usize) -> Result<Self> {
+        Ok(Self {
+            size: fallible::filled(n, 0)?,
+            count: fallible::filled(n, 0)?,
+            order: fallible::with_capacity(n)?,
+        })
     }
 
     fn add(&mut self, id: u32, size: u128, count: u64) {
@@ -249,15 +253,15 @@ impl Accumulator {
         self.count[i] += count;
     }
 
-    fn rows(self, key: impl Fn(u32) -> GroupKey) -> Vec<Stat> {
-        self.order
-            .iter()
-            .map(|&id| Stat {
-                key: key(id),
-                size: self.size[id as usize],
-                count: self.count[id as usize],
-            })
-            .collect()
+    /// One row per id seen, with room for one more (the empty-traceback row).
+    fn rows(self, key: impl Fn(u32) -> GroupKey) -> Result<Vec<Stat>> {
+        let mut rows = fallible::with_capacity(self.order.len() + 1)?;
+        rows.extend(self.order.iter().map(|&id| Stat {
+            key: key(id),
+            size: self.size[id as usize],
+            count: self.count[id as usize],
+        }));
+        Ok(rows)
     }
 }
 
@@ -266,14 +270,14 @@ impl Accumulator {
 /// One pass over the traces sums them per traceback; keys are then derived per traceback and
 /// summed into tables indexed by frame or filename id (no hashing), or, for traceback keys,
 /// merged by frame list (tracebacks differing only by `total_nframe` group together).
-pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<Stat> {
+pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Result<Vec<Stat>> {
     let weights = Weights::new(snapshot.sample_interval);
     if key_type.uses_kinds() {
         return group_kinds(snapshot, key_type == KeyType::LinenoType);
     }
     let ntb = snapshot.tracebacks.len();
-    let mut tb_size = vec![0u128; ntb];
-    let mut tb_count = vec![0u64; ntb];
+    let mut tb_size = fallible::filled(ntb, 0u128)?;
+    let mut tb_count = fallible::filled(ntb, 0u64)?;
     // Counts in fixed point until the rows are made, unless every trace is one block.
     let units = !weights.is_exact() || snapshot.blocks.is_some();
     if !units {
@@ -295,7 +299,8 @@ pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<St
         (KeyType::Type, _) | (KeyType::LinenoType, _) => unreachable!("grouped above"),
         (KeyType::Traceback, _) => {
             let mut index: HashMap<&[FrameId], usize> = HashMap::new();
-            let mut rows: Vec<Stat> = Vec::new();
+            index.try_reserve(ntb)?;
+            let mut rows: Vec<Stat> = fallible::with_capacity(ntb + 1)?;
             for t in live {
                 let frames: &[FrameId] = &snapshot.tracebacks[t].frames;
                 match index.get(frames) {
@@ -316,7 +321,7 @@ pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<St
             rows
         }
         (KeyType::Lineno, _) => {
-            let mut acc = Accumulator::new(snapshot.frames.len());
+            let mut acc = Accumulator::new(snapshot.frames.len())?;
             for t in live {
                 let frames = &snapshot.tracebacks[t].frames;
                 // Cumulative: every frame counts, a repeated frame as often as it appears.
@@ -333,10 +338,10 @@ pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<St
                     acc.add(f, tb_size[t], tb_count[t]);
                 }
             }
-            acc.rows(GroupKey::Frame)
+            acc.rows(GroupKey::Frame)?
         }
         (KeyType::Filename, _) => {
-            let mut acc = Accumulator::new(snapshot.filenames.len());
+            let mut acc = Accumulator::new(snapshot.filenames.len())?;
             for t in live {
                 let frames = &snapshot.tracebacks[t].frames;
                 let used = if cumulative {
@@ -356,7 +361,7 @@ pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<St
                     );
                 }
             }
-            acc.rows(GroupKey::Filename)
+            acc.rows(GroupKey::Filename)?
         }
     };
     if empty.1 > 0 && !cumulative {
@@ -371,16 +376,16 @@ pub fn group(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<St
             row.count = count_from_units(row.count);
         }
     }
-    rows
+    Ok(rows)
 }
 
 /// Groups by kind, or by (most recent frame, kind): a pass over the traces with their kind
 /// column. A snapshot without kinds groups to nothing (callers check with
 /// [`KeyType::check`] first and report [`NO_KINDS`]). Sampled traces count with their
 /// weights, as in [`group`].
-fn group_kinds(snapshot: &Snapshot, per_line: bool) -> Vec<Stat> {
+fn group_kinds(snapshot: &Snapshot, per_line: bool) -> Result<Vec<Stat>> {
     let Some(kinds) = &snapshot.kinds else {
-        return Vec::new();
+        return Ok(Vec::new());
     };
     let mut index: HashMap<(Option<FrameId>, u32), usize> = HashMap::new();
     let mut rows: Vec<Stat> = Vec::new();
@@ -394,6 +399,10 @@ fn group_kinds(snapshot: &Snapshot, per_line: bool) -> Vec<Stat> {
         } else {
             None
         };
+        if index.len() == index.capacity() {
+            index.try_reserve(index.len().max(16))?;
+        }
+        rows.try_reserve(1)?;
         let i = *index.entry((frame, kind)).or_insert_with(|| {
             rows.push(Stat {
                 key: if per_line {
@@ -412,19 +421,19 @@ fn group_kinds(snapshot: &Snapshot, per_line: bool) -> Vec<Stat> {
     for row in &mut rows {
         row.count = count_from_units(row.count);
     }
-    rows
+    Ok(rows)
 }
 
 /// `Snapshot.statistics`: grouped and sorted by (size, count, traceback), largest first.
-pub fn statistics(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Vec<Stat> {
-    let mut stats = group(snapshot, key_type, cumulative);
+pub fn statistics(snapshot: &Snapshot, key_type: KeyType, cumulative: bool) -> Result<Vec<Stat>> {
+    let mut stats = group(snapshot, key_type, cumulative)?;
     stats.sort_unstable_by(|a, b| {
         b.size
             .cmp(&a.size)
             .then(b.count.cmp(&a.count))
             .then_with(|| cmp_keys((snapshot, b.key), (snapshot, a.key)))
     });
-    stats
+    Ok(stats)
 }
 
 /// `Snapshot.compare_to`: `new` against `old`, keys matched by content, sorted by
@@ -434,18 +443,18 @@ pub fn compare(
     old: &Snapshot,
     key_type: KeyType,
     cumulative: bool,
-) -> Vec<StatDiff> {
-    let new_stats = group(new, key_type, cumulative);
-    let old_stats = group(old, key_type, cumulative);
-    let mut old_index: HashMap<Content<'_>, usize> = old_stats
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (content(old, s.key), i))
-        .collect();
-    let mut seen_old = vec![false; old_stats.len()];
-    let mut diffs = Vec::with_capacity(new_stats.len() + old_stats.len());
+) -> Result<Vec<StatDiff>> {
+    let new_stats = group(new, key_type, cumulative)?;
+    let old_stats = group(old, key_type, cumulative)?;
+    let mut old_index: HashMap<Content<'_>, usize> = HashMap::new();
+    old_index.try_reserve(old_stats.len())?;
+    for (i, s) in old_stats.iter().enumerate() {
+        old_index.insert(content(old, s.key)?, i);
+    }
+    let mut seen_old = fallible::filled(old_stats.len(), false)?;
+    let mut diffs = fallible::with_capacity(new_stats.len() + old_stats.len())?;
     for s in &new_stats {
-        let (size_diff, count_diff) = match old_index.remove(&content(new, s.key)) {
+        let (size_diff, count_diff) = match old_index.remove(&content(new, s.key)?) {
             Some(i) => {
                 seen_old[i] = true;
                 let o = &old_stats[i];
@@ -491,7 +500,7 @@ pub fn compare(
             .then(b.count.cmp(&a.count))
             .then_with(|| cmp_keys(side(b), side(a)))
     });
-    diffs
+    Ok(diffs)
 }
 
 #[cfg(test)]
@@ -519,7 +528,7 @@ mod tests {
         let mut s = build(&raw);
         let exact = s.clone();
         s.sample_interval = Some(interval);
-        let rows = statistics(&s, KeyType::Lineno, false);
+        let rows = statistics(&s, KeyType::Lineno, false).unwrap();
         let small_bytes = 2 * w.bytes(100) + w.bytes(50);
         let small_units = 2 * w.count_units(100) + w.count_units(50);
         // The small blocks stand for many more bytes than they hold; the large one for itself.
@@ -532,7 +541,7 @@ mod tests {
         );
         assert!(small_bytes > 10 * 250, "{small_bytes}");
         // Sampled against exact: the difference of the estimate and the exact figure.
-        let diffs = compare(&s, &exact, KeyType::Lineno, false);
+        let diffs = compare(&s, &exact, KeyType::Lineno, false).unwrap();
         let small = diffs.iter().find(|d| d.size != 1 << 20).unwrap();
         assert_eq!(small.size_diff, small_bytes as i128 - 250);
         assert_eq!(small.count_diff, count_from_units(small_units) as i64 - 3);
@@ -557,6 +566,7 @@ mod tests {
             b.sample_interval(interval);
             let s = b.finish();
             let rows: Vec<(u128, u64)> = statistics(&s, KeyType::Lineno, false)
+                .unwrap()
                 .iter()
                 .map(|r| (r.size, r.count))
                 .collect();
@@ -576,6 +586,7 @@ mod tests {
         s.sample_interval = Some(interval);
         for key in [KeyType::Type, KeyType::LinenoType] {
             let rows: Vec<(u128, u64)> = statistics(&s, key, false)
+                .unwrap()
                 .iter()
                 .map(|r| (r.size, r.count))
                 .collect();
@@ -659,7 +670,7 @@ mod tests {
             ),
         ];
         for &(key, want) in table {
-            let got = kind_rows(&s, &statistics(&s, key, false));
+            let got = kind_rows(&s, &statistics(&s, key, false).unwrap());
             let want: Vec<_> = want
                 .iter()
                 .map(|&(k, sz, c)| (k.to_string(), sz, c))
@@ -674,6 +685,7 @@ mod tests {
         let old = with_kinds(first(), &["raw", "dict"], &[1, 1, 1, 1, 1, 0]);
         let new = with_kinds(second(), &["dict", "bytes"], &[0, 0, 0, 0, 1, 1]);
         let got: Vec<(String, i128, i64)> = compare(&new, &old, KeyType::Type, false)
+            .unwrap()
             .iter()
             .map(|d| {
                 let side = if d.in_new { &new } else { &old };
@@ -788,7 +800,7 @@ mod tests {
             ),
         ];
         for (key, cumulative, expected) in cases {
-            let got = rows(&s, &statistics(&s, key, cumulative));
+            let got = rows(&s, &statistics(&s, key, cumulative).unwrap());
             let expected: Vec<(String, u128, u64)> = expected
                 .into_iter()
                 .map(|(k, s, c)| (k.to_string(), s, c))
@@ -801,6 +813,7 @@ mod tests {
     fn compare_table() {
         let (old, new) = (first(), second());
         let got: Vec<(String, u128, i128, u64, i64)> = compare(&new, &old, KeyType::Lineno, false)
+            .unwrap()
             .iter()
             .map(|d| {
                 let snap = if d.in_new { &new } else { &old };
@@ -838,6 +851,7 @@ mod tests {
             (0, 5, &[("a.py", 1)]),
         ]);
         let got: Vec<String> = statistics(&s, KeyType::Traceback, false)
+            .unwrap()
             .iter()
             .map(|st| key_text(&s, st.key))
             .collect();
@@ -858,11 +872,11 @@ mod tests {
         b.trace(0, 4, t2);
         let s = b.finish();
         assert_eq!(
-            rows(&s, &statistics(&s, KeyType::Lineno, true)),
+            rows(&s, &statistics(&s, KeyType::Lineno, true).unwrap()),
             vec![("a.py:1".into(), 14, 4)]
         );
         assert_eq!(
-            rows(&s, &statistics(&s, KeyType::Traceback, false)),
+            rows(&s, &statistics(&s, KeyType::Traceback, false).unwrap()),
             vec![("a.py:1,a.py:1".into(), 7, 2)]
         );
     }

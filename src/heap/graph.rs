@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 
+use crate::fallible;
 use crate::table::BuildAddressHasher;
 
 /// Addresses are keys of the hottest maps here; the trace table's hasher suits them.
@@ -19,6 +20,10 @@ type AddrMap = HashMap<usize, NodeId, BuildAddressHasher>;
 
 /// Index of a node in a [`HeapGraph`].
 pub type NodeId = u32;
+
+/// What [`GraphBuilder`] hands out instead of a node once memory ran out: every method
+/// ignores it, and [`GraphBuilder::try_finish`] reports the failure.
+pub const NO_NODE: NodeId = NodeId::MAX;
 /// Index into [`HeapGraph::type_names`].
 pub type TypeNameId = u32;
 
@@ -138,6 +143,9 @@ pub struct GraphBuilder {
     blocks: Vec<usize>,
     buffers: Vec<Buffer>,
     stack_refs: Vec<(u64, NodeId)>,
+    /// Set when a table could not grow: the walk runs in the middle of the interpreter's
+    /// state (it cannot unwind), so it stops adding, and `try_finish` says why.
+    out_of_memory: bool,
 }
 
 impl GraphBuilder {
@@ -156,6 +164,10 @@ impl GraphBuilder {
     }
 
     fn push(&mut self, addr: usize, type_id: TypeNameId, size: u64) -> NodeId {
+        if self.out_of_memory || self.room_for_a_node().is_err() {
+            self.out_of_memory = true;
+            return NO_NODE;
+        }
         let node = self.addrs.len() as NodeId;
         self.addrs.push(addr);
         self.types.push(type_id);
@@ -163,6 +175,37 @@ impl GraphBuilder {
         self.blocks.push(addr);
         self.by_addr.insert(addr, node);
         node
+    }
+
+    fn room_for_a_node(&mut self) -> crate::error::Result<()> {
+        fallible::room_for_one(&mut self.addrs)?;
+        fallible::room_for_one(&mut self.types)?;
+        fallible::room_for_one(&mut self.sizes)?;
+        fallible::room_for_one(&mut self.blocks)?;
+        fallible::map_room_for_one(&mut self.by_addr)
+    }
+
+    /// True once a table could not grow; from then on nothing more is added.
+    pub fn out_of_memory(&self) -> bool {
+        self.out_of_memory
+    }
+
+    /// Records that memory the walk needed could not be had (see [`NO_NODE`]).
+    pub fn note_out_of_memory(&mut self) {
+        self.out_of_memory = true;
+    }
+
+    /// Pushes unless memory ran out (now or before).
+    fn push_fallibly<T>(&mut self, items: impl FnOnce(&mut Self) -> &mut Vec<T>, item: T) {
+        if self.out_of_memory {
+            return;
+        }
+        let items = items(self);
+        if fallible::room_for_one(items).is_err() {
+            self.out_of_memory = true;
+            return;
+        }
+        items.push(item);
     }
 
     /// Adds the object at `addr` with a provisional type number, to be named later by
@@ -204,18 +247,25 @@ impl GraphBuilder {
 
     /// Records where the object's memory block starts, when it is not at the object's address.
     pub fn set_block(&mut self, node: NodeId, block: usize) {
-        self.blocks[node as usize] = block;
+        if let Some(slot) = self.blocks.get_mut(node as usize) {
+            *slot = block;
+        }
     }
 
     /// Records that a running frame of `thread` holds `node`.
     pub fn add_stack_ref(&mut self, thread: u64, node: NodeId) {
-        self.stack_refs.push((thread, node));
+        if node != NO_NODE {
+            self.push_fallibly(|b| &mut b.stack_refs, (thread, node));
+        }
     }
 
     /// Records a non-object block owned by `owner` and adds its size to the owner's.
     pub fn add_buffer(&mut self, buffer: Buffer) {
+        if buffer.owner == NO_NODE {
+            return;
+        }
         self.sizes[buffer.owner as usize] += buffer.size;
-        self.buffers.push(buffer);
+        self.push_fallibly(|b| &mut b.buffers, buffer);
     }
 
     pub fn node_of(&self, addr: usize) -> Option<NodeId> {
@@ -224,31 +274,47 @@ impl GraphBuilder {
 
     /// Adds more bytes to a node's own size (a buffer found to belong to it).
     pub fn add_size(&mut self, node: NodeId, bytes: u64) {
-        self.sizes[node as usize] += bytes;
+        if let Some(size) = self.sizes.get_mut(node as usize) {
+            *size += bytes;
+        }
     }
 
     pub fn add_edge(&mut self, from: NodeId, to: NodeId) {
-        self.edges.push((from, to));
+        if from != NO_NODE && to != NO_NODE {
+            self.push_fallibly(|b| &mut b.edges, (from, to));
+        }
     }
 
+    /// [`GraphBuilder::try_finish`] for graphs built by hand (tests).
+    #[cfg(test)]
     pub fn finish(self) -> HeapGraph {
+        self.try_finish()
+            .expect("a small test graph fits in memory")
+    }
+
+    /// The graph, or [`Error::OutOfMemory`](crate::error::Error::OutOfMemory) if a table
+    /// could not grow while it was built.
+    pub fn try_finish(self) -> crate::error::Result<HeapGraph> {
+        if self.out_of_memory {
+            return Err(crate::error::Error::OutOfMemory);
+        }
         let n = self.addrs.len();
-        let mut offsets = vec![0u32; n + 1];
+        let mut offsets = fallible::filled(n + 1, 0u32)?;
         for &(from, _) in &self.edges {
             offsets[from as usize + 1] += 1;
         }
         for i in 0..n {
             offsets[i + 1] += offsets[i];
         }
-        let mut fill = offsets.clone();
-        let mut targets = vec![0 as NodeId; self.edges.len()];
+        let mut fill = fallible::copied(&offsets)?;
+        let mut targets = fallible::filled(self.edges.len(), 0 as NodeId)?;
         // A stable counting sort keeps each node's referents in the order they were added.
         for &(from, to) in &self.edges {
             let slot = &mut fill[from as usize];
             targets[*slot as usize] = to;
             *slot += 1;
         }
-        HeapGraph {
+        Ok(HeapGraph {
             addrs: self.addrs,
             types: self.types,
             type_names: self.type_names,
@@ -259,7 +325,7 @@ impl GraphBuilder {
             blocks: self.blocks,
             buffers: self.buffers,
             stack_refs: self.stack_refs,
-        }
+        })
     }
 }
 

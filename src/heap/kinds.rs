@@ -11,10 +11,12 @@ use std::collections::HashMap;
 
 use super::graph::HeapGraph;
 use crate::analysis::snapshot::{Kinds, RAW_KIND};
+use crate::error::Result;
+use crate::fallible;
 use crate::table::BuildAddressHasher;
 
 /// The kind of each block in `addresses` (in order), by what `graph` found at that address.
-pub fn kinds_of(graph: &HeapGraph, addresses: &[usize]) -> Kinds {
+pub fn kinds_of(graph: &HeapGraph, addresses: &[usize]) -> Result<Kinds> {
     // Kind names: the graph's type names first (same ids), then buffer kinds and raw.
     let mut names: Vec<Box<[u8]>> = graph.type_names().to_vec();
     // Every name once, even if a type happens to be called like a buffer kind or `raw`.
@@ -30,7 +32,8 @@ pub fn kinds_of(graph: &HeapGraph, addresses: &[usize]) -> Kinds {
         })
     };
     let mut by_block: HashMap<usize, u32, BuildAddressHasher> =
-        HashMap::with_capacity_and_hasher(graph.len() + graph.buffers().len(), BuildAddressHasher);
+        HashMap::with_hasher(BuildAddressHasher);
+    by_block.try_reserve(graph.len() + graph.buffers().len())?;
     for node in 0..graph.len() as u32 {
         by_block.insert(graph.block(node), graph.type_id(node));
     }
@@ -49,14 +52,12 @@ pub fn kinds_of(graph: &HeapGraph, addresses: &[usize]) -> Kinds {
         by_block.entry(buffer.addr).or_insert(kind);
     }
     let mut raw = None;
-    let of_trace = addresses
-        .iter()
-        .map(|addr| match by_block.get(addr) {
-            Some(&kind) => kind,
-            None => *raw.get_or_insert_with(|| intern(&mut names, RAW_KIND.to_vec())),
-        })
-        .collect();
-    Kinds { names, of_trace }
+    let mut of_trace = fallible::with_capacity(addresses.len())?;
+    of_trace.extend(addresses.iter().map(|addr| match by_block.get(addr) {
+        Some(&kind) => kind,
+        None => *raw.get_or_insert_with(|| intern(&mut names, RAW_KIND.to_vec())),
+    }));
+    Ok(Kinds { names, of_trace })
 }
 
 #[cfg(test)]
@@ -107,7 +108,7 @@ mod tests {
             (0x5000, "raw"),
         ];
         let addresses: Vec<usize> = table.iter().map(|&(a, _)| a).collect();
-        let kinds = kinds_of(&g, &addresses);
+        let kinds = kinds_of(&g, &addresses).unwrap();
         let got: Vec<&str> = kinds
             .of_trace
             .iter()
@@ -125,7 +126,7 @@ mod tests {
     #[test]
     fn no_traces_no_raw_kind() {
         let g = GraphBuilder::new().finish();
-        let kinds = kinds_of(&g, &[]);
+        let kinds = kinds_of(&g, &[]).unwrap();
         assert!(kinds.names.is_empty() && kinds.of_trace.is_empty());
     }
 }

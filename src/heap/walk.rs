@@ -28,9 +28,10 @@ use std::ffi::{c_int, c_void, CStr};
 use pyo3::ffi;
 use pyo3::Python;
 
-use super::graph::{Buffer, GraphBuilder, HeapGraph, NodeId};
+use super::graph::{Buffer, GraphBuilder, HeapGraph, NodeId, NO_NODE};
 use crate::capture::{Current, Interpreter};
 use crate::error::{Error, Result};
+use crate::fallible;
 use crate::table::BuildAddressHasher;
 
 #[allow(dead_code)]
@@ -118,7 +119,7 @@ pub fn walk(
         .collect();
     let mut builder = walker.builder;
     builder.name_types(&names);
-    Ok(builder.finish())
+    builder.try_finish()
 }
 
 struct Walker {
@@ -145,6 +146,9 @@ impl Walker {
         if let Some(node) = self.builder.node_of(obj as usize) {
             return node;
         }
+        if self.builder.out_of_memory() {
+            return NO_NODE;
+        }
         let tp = (*obj).ob_type;
         let next = self.types.len() as u32;
         let provisional = *self.type_index.entry(tp as usize).or_insert_with(|| {
@@ -159,8 +163,15 @@ impl Walker {
         let (node, _) = self
             .builder
             .add_node_unnamed(obj as usize, provisional, size);
+        if node == NO_NODE {
+            return NO_NODE;
+        }
         if block != obj as usize {
             self.builder.set_block(node, block);
+        }
+        if fallible::room_for_one(&mut self.objects).is_err() {
+            self.builder.note_out_of_memory();
+            return NO_NODE;
         }
         self.objects.push(obj);
         let deque = self.deque_types[provisional as usize];
@@ -210,17 +221,24 @@ impl Walker {
     /// As [`Walker::reach`].
     unsafe fn traverse_all(&mut self) {
         let mut next = 0;
-        while next < self.objects.len() {
+        while next < self.objects.len() && !self.builder.out_of_memory() {
             let obj = self.objects[next];
             let from = next as NodeId;
             next += 1;
             self.referents.clear();
             if is_gc(obj) {
                 if let Some(traverse) = (*(*obj).ob_type).tp_traverse {
-                    traverse(obj, visit, (&mut self.referents as *mut Vec<_>).cast());
+                    // Only `visit` can stop a traverse: it could not record a referent.
+                    if traverse(obj, visit, (&mut self.referents as *mut Vec<_>).cast()) != 0 {
+                        self.builder.note_out_of_memory();
+                        break;
+                    }
                 }
             }
-            untraversed_referents(obj, &mut self.referents);
+            if untraversed_referents(obj, &mut self.referents).is_err() {
+                self.builder.note_out_of_memory();
+                break;
+            }
             if self.referents.is_empty() {
                 continue;
             }
@@ -340,15 +358,21 @@ unsafe fn stack_objects(tstate: *mut ffi::PyThreadState, out: &mut StackObjects)
 /// # Safety
 /// `obj` is a live object and the GIL is held. `PyDict_Next` reads the entries in place: it
 /// allocates nothing and runs no code.
-unsafe fn untraversed_referents(obj: *mut ffi::PyObject, out: &mut Vec<*mut ffi::PyObject>) {
+unsafe fn untraversed_referents(
+    obj: *mut ffi::PyObject,
+    out: &mut Vec<*mut ffi::PyObject>,
+) -> Result<()> {
     let tp = (*obj).ob_type;
     let flags = (*tp).tp_flags;
     if flags & ffi::Py_TPFLAGS_DICT_SUBCLASS != 0 {
         // Keys already visited (a dict with non-str keys) are not added twice.
-        let visited: std::collections::HashSet<usize> = out.iter().map(|&o| o as usize).collect();
+        let mut visited = std::collections::HashSet::new();
+        visited.try_reserve(out.len())?;
+        visited.extend(out.iter().map(|&o| o as usize));
         let (mut pos, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
         while ffi::PyDict_Next(obj, &mut pos, &mut key, &mut value) != 0 {
             if !key.is_null() && !visited.contains(&(key as usize)) {
+                fallible::room_for_one(out)?;
                 out.push(key);
             }
         }
@@ -356,15 +380,18 @@ unsafe fn untraversed_referents(obj: *mut ffi::PyObject, out: &mut Vec<*mut ffi:
         for offset in CODE_FIELDS {
             let field_obj: *mut ffi::PyObject = field(obj, offset);
             if !field_obj.is_null() {
+                fallible::room_for_one(out)?;
                 out.push(field_obj);
             }
         }
     } else if flags & ffi::Py_TPFLAGS_TYPE_SUBCLASS != 0 && flags & ffi::Py_TPFLAGS_HEAPTYPE != 0 {
         let name: *mut ffi::PyObject = field(obj, layout::HEAPTYPE_NAME);
         if !name.is_null() {
+            fallible::room_for_one(out)?;
             out.push(name);
         }
     }
+    Ok(())
 }
 
 /// The object fields of a code object, per version (see `layout.c`).
@@ -407,10 +434,15 @@ unsafe fn is_gc(obj: *mut ffi::PyObject) -> bool {
     }
 }
 
-/// The `visitproc` handed to `tp_traverse`: records the referent, never fails.
+/// The `visitproc` handed to `tp_traverse`: records the referent; -1 (which stops the
+/// traverse) only when the list of referents cannot grow.
 unsafe extern "C" fn visit(obj: *mut ffi::PyObject, arg: *mut c_void) -> c_int {
     if !obj.is_null() {
-        (*(arg as *mut Vec<*mut ffi::PyObject>)).push(obj);
+        let referents = &mut *(arg as *mut Vec<*mut ffi::PyObject>);
+        if fallible::room_for_one(referents).is_err() {
+            return -1;
+        }
+        referents.push(obj);
     }
     0
 }

@@ -10,6 +10,7 @@ use crate::error::Error;
 
 pub mod heap_walk;
 pub mod memory_limit;
+pub mod objects;
 pub mod retention;
 pub mod sigterm_retry;
 pub mod site_reports;
@@ -46,6 +47,9 @@ impl From<Error> for PyErr {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The reserve behind `MemoryError` on small allocations (see `allocator`); if it cannot
+    // be mapped now, the first guarded operation tries again.
+    crate::allocator::arm();
     m.add(
         "SnapshotFormatError",
         m.py().get_type::<SnapshotFormatError>(),

@@ -49,13 +49,15 @@ fn object_retention<'py>(
     obj: Bound<'py, PyAny>,
     limit: usize,
 ) -> PyResult<(Chains, u64, u64, bool)> {
-    let analysis = Analysis::new(py, &ptrs(&roots), primary, &[obj.as_ptr()])?;
-    let report = object_report(&analysis, obj.as_ptr() as usize, limit).ok_or_else(|| {
-        pyo3::exceptions::PyRuntimeError::new_err("the heap walk did not reach the object")
-    })?;
-    let paths = objects(py, &report.paths);
-    drop(analysis);
-    Ok((paths, report.own, report.retained, report.reachable))
+    crate::allocator::guarded(|| {
+        let analysis = Analysis::new(py, &ptrs(&roots), primary, &[obj.as_ptr()])?;
+        let report = object_report(&analysis, obj.as_ptr() as usize, limit).ok_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err("the heap walk did not reach the object")
+        })?;
+        let paths = objects(py, &report.paths);
+        drop(analysis);
+        Ok((paths, report.own, report.retained, report.reachable))
+    })
 }
 
 /// Why the objects allocated at each of `sites` (`(filename, lineno)` of the most recent
@@ -71,68 +73,70 @@ fn site_retention<'py>(
     limit: usize,
     max_lines: usize,
 ) -> PyResult<Bound<'py, PyList>> {
-    let analysis = Analysis::new(py, &ptrs(&roots), primary, &[])?;
-    let addrs: Vec<usize> = (0..analysis.graph.len() as u32)
-        .map(|n| analysis.graph.addr(n))
-        .collect();
-    // SAFETY: the GIL is held and no code has run since the walk saw these objects.
-    let (node_sites, table) = unsafe { tracer::object_sites(py, &addrs) };
-    drop(addrs);
-    let mut wanted = Vec::with_capacity(sites.len());
-    for (filename, lineno) in &sites {
-        let name = str_bytes(filename)?;
-        let id = table
-            .iter()
-            .position(|(f, l)| **f == *name && l == lineno)
-            .map_or(u32::MAX, |i| i as u32);
-        wanted.push(id);
-    }
-    let reports = site_reports(&analysis, &node_sites, &wanted, limit, max_lines);
-    let paths: Vec<_> = reports.iter().map(|r| objects(py, &r.paths)).collect();
-    let type_names = analysis.graph.type_names();
-    let key_py = |(ty, site): GroupKey| -> PyResult<KeyPy<'py>> {
-        let site = match site {
-            Some(s) => {
-                let (f, l) = &table[s as usize];
-                Some((bytes_str(py, f)?, *l))
-            }
-            None => None,
-        };
-        Ok((bytes_str(py, &type_names[ty as usize])?, site))
-    };
-    let line_py = |line: &PatternLine| -> PyResult<Bound<'py, PyTuple>> {
-        let (ty, site) = key_py(line.key)?;
-        let up = line
-            .up
-            .iter()
-            .map(|&(k, count)| {
-                let (t, s) = key_py(k)?;
-                (t, s, count).into_pyobject(py)
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        (ty, site, line.count, line.held, up).into_pyobject(py)
-    };
-    let out = PyList::empty(py);
-    for (report, paths) in reports.iter().zip(paths) {
-        if report.count == 0 {
-            out.append(py.None())?;
-            continue;
+    crate::allocator::guarded(|| {
+        let analysis = Analysis::new(py, &ptrs(&roots), primary, &[])?;
+        let addrs: Vec<usize> = (0..analysis.graph.len() as u32)
+            .map(|n| analysis.graph.addr(n))
+            .collect();
+        // SAFETY: the GIL is held and no code has run since the walk saw these objects.
+        let (node_sites, table) = unsafe { tracer::object_sites(py, &addrs) };
+        drop(addrs);
+        let mut wanted = Vec::with_capacity(sites.len());
+        for (filename, lineno) in &sites {
+            let name = str_bytes(filename)?;
+            let id = table
+                .iter()
+                .position(|(f, l)| **f == *name && l == lineno)
+                .map_or(u32::MAX, |i| i as u32);
+            wanted.push(id);
         }
-        let pattern = report
-            .pattern
-            .iter()
-            .map(line_py)
-            .collect::<PyResult<Vec<_>>>()?;
-        out.append((
-            report.count,
-            report.unreachable,
-            report.own,
-            report.retained,
-            paths,
-            pattern,
-        ))?;
-    }
-    Ok(out)
+        let reports = site_reports(&analysis, &node_sites, &wanted, limit, max_lines);
+        let paths: Vec<_> = reports.iter().map(|r| objects(py, &r.paths)).collect();
+        let type_names = analysis.graph.type_names();
+        let key_py = |(ty, site): GroupKey| -> PyResult<KeyPy<'py>> {
+            let site = match site {
+                Some(s) => {
+                    let (f, l) = &table[s as usize];
+                    Some((bytes_str(py, f)?, *l))
+                }
+                None => None,
+            };
+            Ok((bytes_str(py, &type_names[ty as usize])?, site))
+        };
+        let line_py = |line: &PatternLine| -> PyResult<Bound<'py, PyTuple>> {
+            let (ty, site) = key_py(line.key)?;
+            let up = line
+                .up
+                .iter()
+                .map(|&(k, count)| {
+                    let (t, s) = key_py(k)?;
+                    (t, s, count).into_pyobject(py)
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            (ty, site, line.count, line.held, up).into_pyobject(py)
+        };
+        let out = PyList::empty(py);
+        for (report, paths) in reports.iter().zip(paths) {
+            if report.count == 0 {
+                out.append(py.None())?;
+                continue;
+            }
+            let pattern = report
+                .pattern
+                .iter()
+                .map(line_py)
+                .collect::<PyResult<Vec<_>>>()?;
+            out.append((
+                report.count,
+                report.unreachable,
+                report.own,
+                report.retained,
+                paths,
+                pattern,
+            ))?;
+        }
+        Ok(out)
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -14,6 +14,7 @@ use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
+use crate::allocator;
 use crate::analysis::export;
 use crate::analysis::filter::{
     filename_matches, filter_snapshot, reports_of_kept_sites, FilterSet, FilterSpec,
@@ -23,6 +24,8 @@ use crate::analysis::sampling::MAX_INTERVAL;
 use crate::analysis::snapshot::{FrameId, Snapshot, SnapshotBuilder, TracebackId};
 use crate::analysis::stats::{self, GroupKey, KeyType};
 use crate::error::Error;
+use crate::fallible;
+use crate::py::objects;
 use crate::py::site_reports::{reports_from_py, reports_to_py};
 use crate::py::strings::{bytes_str, str_bytes};
 
@@ -178,34 +181,53 @@ struct PyTables<'py, 'a> {
 }
 
 impl<'py, 'a> PyTables<'py, 'a> {
-    fn new(py: Python<'py>, snapshot: &'a Snapshot) -> Self {
+    fn new(py: Python<'py>, snapshot: &'a Snapshot) -> PyResult<Self> {
+        Ok(Self {
+            py,
+            snapshot,
+            names: fallible::filled(snapshot.filenames.len(), None)?,
+            frames: fallible::filled(snapshot.frames.len(), None)?,
+            tracebacks: fallible::filled(snapshot.tracebacks.len(), None)?,
+        })
+    }
+
+    /// Tables that cache nothing, for one trace looked up by index: reserving the caches
+    /// would cost a pass over every table of the snapshot per lookup.
+    fn uncached(py: Python<'py>, snapshot: &'a Snapshot) -> Self {
         Self {
             py,
             snapshot,
-            names: vec![None; snapshot.filenames.len()],
-            frames: vec![None; snapshot.frames.len()],
-            tracebacks: vec![None; snapshot.tracebacks.len()],
+            names: Vec::new(),
+            frames: Vec::new(),
+            tracebacks: Vec::new(),
         }
     }
 
     fn name(&mut self, id: u32) -> PyResult<Bound<'py, PyString>> {
-        if let Some(s) = &self.names[id as usize] {
+        if let Some(Some(s)) = self.names.get(id as usize) {
             return Ok(s.clone());
         }
         let s = bytes_str(self.py, &self.snapshot.filenames[id as usize])?;
-        self.names[id as usize] = Some(s.clone());
+        if let Some(slot) = self.names.get_mut(id as usize) {
+            *slot = Some(s.clone());
+        }
         Ok(s)
     }
 
     /// `(filename, lineno)`, one tuple per frame id.
     fn frame(&mut self, f: FrameId) -> PyResult<Bound<'py, PyTuple>> {
-        if let Some(t) = &self.frames[f as usize] {
+        if let Some(Some(t)) = self.frames.get(f as usize) {
             return Ok(t.clone());
         }
         let fr = self.snapshot.frames[f as usize];
         let name = self.name(fr.filename)?;
-        let t = (name, fr.lineno).into_pyobject(self.py)?;
-        self.frames[f as usize] = Some(t.clone());
+        let t = objects::tuple(
+            self.py,
+            &[name.into_any(), objects::uint(self.py, fr.lineno.into())?],
+        )?;
+        if let Some(slot) = self.frames.get_mut(f as usize) {
+            *slot = Some(t.clone());
+        }
         Ok(t)
     }
 
@@ -216,18 +238,22 @@ impl<'py, 'a> PyTables<'py, 'a> {
             GroupKey::Traceback(t) => {
                 let snapshot = self.snapshot;
                 let ids = &snapshot.tracebacks[t as usize].frames;
-                let mut out = Vec::with_capacity(ids.len());
+                let mut out = fallible::with_capacity(ids.len())?;
                 for &f in ids.iter().rev() {
-                    out.push(self.frame(f)?);
+                    out.push(self.frame(f)?.into_any());
                 }
-                PyTuple::new(py, out)
+                objects::tuple(py, &out)
             }
-            GroupKey::Frame(f) => PyTuple::new(py, [self.frame(f)?]),
-            GroupKey::Filename(n) => PyTuple::new(py, [(self.name(n)?, 0).into_pyobject(py)?]),
+            GroupKey::Frame(f) | GroupKey::LineKind(Some(f), _) => {
+                objects::tuple(py, &[self.frame(f)?.into_any()])
+            }
+            GroupKey::Filename(n) => {
+                let frame = objects::tuple(py, &[self.name(n)?.into_any(), objects::uint(py, 0)?])?;
+                objects::tuple(py, &[frame.into_any()])
+            }
             GroupKey::Empty | GroupKey::Kind(_) | GroupKey::LineKind(None, _) => {
-                Ok(PyTuple::empty(py))
+                objects::tuple(py, &[])
             }
-            GroupKey::LineKind(Some(f), _) => PyTuple::new(py, [self.frame(f)?]),
         }
     }
 
@@ -239,46 +265,37 @@ impl<'py, 'a> PyTables<'py, 'a> {
     }
 
     fn frames(&mut self, tb: TracebackId) -> PyResult<Bound<'py, PyTuple>> {
-        if let Some(t) = &self.tracebacks[tb as usize] {
+        if let Some(Some(t)) = self.tracebacks.get(tb as usize) {
             return Ok(t.clone());
         }
         let snapshot = self.snapshot;
-        let mut out = Vec::with_capacity(snapshot.tracebacks[tb as usize].frames.len());
+        let mut out = fallible::with_capacity(snapshot.tracebacks[tb as usize].frames.len())?;
         for &f in snapshot.tracebacks[tb as usize].frames.iter() {
-            out.push(self.frame(f)?);
+            out.push(self.frame(f)?.into_any());
         }
-        let t = PyTuple::new(self.py, out)?;
-        self.tracebacks[tb as usize] = Some(t.clone());
+        let t = objects::tuple(self.py, &out)?;
+        if let Some(slot) = self.tracebacks.get_mut(tb as usize) {
+            *slot = Some(t.clone());
+        }
         Ok(t)
     }
 
     fn trace(&mut self, i: usize) -> PyResult<Bound<'py, PyTuple>> {
-        let tr = self.snapshot.traces[i];
-        let domain = self.snapshot.domains.get(i);
-        let frames = self.frames(tr.traceback)?;
-        let py = self.py;
-        let size = tr.size;
-        match self.snapshot.tracebacks[tr.traceback as usize].total_nframe {
-            Some(n) => (domain, size, frames, n).into_pyobject(py),
-            None => (domain, size, frames).into_pyobject(py),
-        }
+        allocator::guarded(|| {
+            let tr = self.snapshot.traces[i];
+            let domain = self.snapshot.domains.get(i);
+            let frames = self.frames(tr.traceback)?.into_any();
+            let py = self.py;
+            let domain = objects::uint(py, domain.into())?;
+            let size = objects::uint(py, tr.size as u128)?;
+            match self.snapshot.tracebacks[tr.traceback as usize].total_nframe {
+                Some(n) => {
+                    objects::tuple(py, &[domain, size, frames, objects::uint(py, n.into())?])
+                }
+                None => objects::tuple(py, &[domain, size, frames]),
+            }
+        })
     }
-}
-
-/// A 128-bit total as a Python int, through the cheap 64-bit conversion when it fits (sums
-/// only exceed 64 bits for hand-built snapshots with absurd sizes).
-fn py_uint(py: Python<'_>, v: u128) -> PyResult<Bound<'_, PyAny>> {
-    Ok(match u64::try_from(v) {
-        Ok(small) => small.into_pyobject(py)?.into_any(),
-        Err(_) => v.into_pyobject(py)?.into_any(),
-    })
-}
-
-fn py_int(py: Python<'_>, v: i128) -> PyResult<Bound<'_, PyAny>> {
-    Ok(match i64::try_from(v) {
-        Ok(small) => small.into_pyobject(py)?.into_any(),
-        Err(_) => v.into_pyobject(py)?.into_any(),
-    })
 }
 
 fn key_type(key_type: &Bound<'_, PyAny>, cumulative: bool) -> PyResult<KeyType> {
@@ -651,17 +668,19 @@ impl PySnapshotData {
         if i < 0 || i >= n {
             return Err(PyIndexError::new_err("trace index out of range"));
         }
-        PyTables::new(py, &self.inner).trace(i as usize)
+        PyTables::uncached(py, &self.inner).trace(i as usize)
     }
 
     /// All raw traces as a new list; traces with the same traceback share one frames tuple.
     fn raw_traces<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let mut tables = PyTables::new(py, &self.inner);
-        let list = PyList::empty(py);
-        for i in 0..self.inner.traces.len() {
-            list.append(tables.trace(i)?)?;
-        }
-        Ok(list)
+        allocator::guarded(|| {
+            let mut tables = PyTables::new(py, &self.inner)?;
+            let mut out = fallible::with_capacity(self.inner.traces.len())?;
+            for i in 0..self.inner.traces.len() {
+                out.push(tables.trace(i)?.into_any());
+            }
+            objects::list(py, &out)
+        })
     }
 
     /// Sorted `[(frames, size, count), ...]`, frames OLDEST first (as `Traceback` stores
@@ -673,22 +692,26 @@ impl PySnapshotData {
         key_type: &Bound<'py, PyAny>,
         cumulative: bool,
     ) -> PyResult<Bound<'py, PyList>> {
-        let key = self::key_type(key_type, cumulative)?;
-        let snap: &Snapshot = &self.inner;
-        key.check(snap)?;
-        let rows = py.detach(|| stats::statistics(snap, key, cumulative));
-        let mut tables = PyTables::new(py, snap);
-        let mut out = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let row = (tables.key(r.key)?, py_uint(py, r.size)?, r.count);
-            if key.uses_kinds() {
-                let (frames, size, count) = row;
-                out.push((frames, size, count, tables.kind(r.key)?).into_pyobject(py)?);
-            } else {
-                out.push(row.into_pyobject(py)?);
+        allocator::guarded(|| {
+            let key = self::key_type(key_type, cumulative)?;
+            let snap: &Snapshot = &self.inner;
+            key.check(snap)?;
+            let rows = py.detach(|| stats::statistics(snap, key, cumulative))?;
+            let mut tables = PyTables::new(py, snap)?;
+            let mut out = fallible::with_capacity(rows.len())?;
+            for r in &rows {
+                let mut row = vec![
+                    tables.key(r.key)?.into_any(),
+                    objects::uint(py, r.size)?,
+                    objects::uint(py, r.count as u128)?,
+                ];
+                if key.uses_kinds() {
+                    row.push(tables.kind(r.key)?.into_pyobject(py)?.into_any());
+                }
+                out.push(objects::tuple(py, &row)?.into_any());
             }
-        }
-        PyList::new(py, out)
+            objects::list(py, &out)
+        })
     }
 
     /// Sorted `[(frames, size, size_diff, count, count_diff), ...]` of self against `old`,
@@ -701,92 +724,100 @@ impl PySnapshotData {
         key_type: &Bound<'py, PyAny>,
         cumulative: bool,
     ) -> PyResult<Bound<'py, PyList>> {
-        let key = self::key_type(key_type, cumulative)?;
-        let (new_s, old_s): (&Snapshot, &Snapshot) = (&self.inner, &old.inner);
-        key.check(new_s)?;
-        key.check(old_s)?;
-        let rows = py.detach(|| stats::compare(new_s, old_s, key, cumulative));
-        let mut new_tables = PyTables::new(py, new_s);
-        let mut old_tables = PyTables::new(py, old_s);
-        let mut out = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let tables = if r.in_new {
-                &mut new_tables
-            } else {
-                &mut old_tables
-            };
-            let row = (
-                tables.key(r.key)?,
-                py_uint(py, r.size)?,
-                py_int(py, r.size_diff)?,
-                r.count,
-                r.count_diff,
-            );
-            if key.uses_kinds() {
-                let (frames, size, size_diff, count, count_diff) = row;
-                let kind = tables.kind(r.key)?;
-                out.push((frames, size, size_diff, count, count_diff, kind).into_pyobject(py)?);
-            } else {
-                out.push(row.into_pyobject(py)?);
+        allocator::guarded(|| {
+            let key = self::key_type(key_type, cumulative)?;
+            let (new_s, old_s): (&Snapshot, &Snapshot) = (&self.inner, &old.inner);
+            key.check(new_s)?;
+            key.check(old_s)?;
+            let rows = py.detach(|| stats::compare(new_s, old_s, key, cumulative))?;
+            let mut new_tables = PyTables::new(py, new_s)?;
+            let mut old_tables = PyTables::new(py, old_s)?;
+            let mut out = fallible::with_capacity(rows.len())?;
+            for r in &rows {
+                let tables = if r.in_new {
+                    &mut new_tables
+                } else {
+                    &mut old_tables
+                };
+                let mut row = vec![
+                    tables.key(r.key)?.into_any(),
+                    objects::uint(py, r.size)?,
+                    objects::int(py, r.size_diff)?,
+                    objects::uint(py, r.count as u128)?,
+                    objects::int(py, r.count_diff as i128)?,
+                ];
+                if key.uses_kinds() {
+                    row.push(tables.kind(r.key)?.into_pyobject(py)?.into_any());
+                }
+                out.push(objects::tuple(py, &row)?.into_any());
             }
-        }
-        PyList::new(py, out)
+            objects::list(py, &out)
+        })
     }
 
     /// A new snapshot with the traces the filters keep. `specs` is a sequence of
     /// `("filename", inclusive, pattern, lineno, all_frames, domain)` and
     /// `("domain", inclusive, domain)` tuples.
     fn filter(&self, py: Python<'_>, specs: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let specs: Vec<FilterSpec> = specs
-            .try_iter()?
-            .enumerate()
-            .map(|(i, s)| spec_from_tuple(&s?, i))
-            .collect::<PyResult<_>>()?;
-        let set = FilterSet::new(&specs)?;
-        let snap: &Snapshot = &self.inner;
-        Ok(Self::new(py.detach(|| filter_snapshot(snap, &set))))
+        allocator::guarded(|| {
+            let specs: Vec<FilterSpec> = specs
+                .try_iter()?
+                .enumerate()
+                .map(|(i, s)| spec_from_tuple(&s?, i))
+                .collect::<PyResult<_>>()?;
+            let set = FilterSet::new(&specs)?;
+            let snap: &Snapshot = &self.inner;
+            Ok(Self::new(py.detach(|| filter_snapshot(snap, &set))?))
+        })
     }
 
     /// Writes the snapshot and `attributes` (a dict of plain values) to `path` atomically.
     fn dump(&self, py: Python<'_>, path: PathBuf, attributes: &Bound<'_, PyDict>) -> PyResult<()> {
-        let attrs = attributes_from_py(attributes)?;
-        let snap: &Snapshot = &self.inner;
-        py.detach(|| format::dump(&path, snap, &attrs))?;
-        Ok(())
+        allocator::guarded(|| {
+            let attrs = attributes_from_py(attributes)?;
+            let snap: &Snapshot = &self.inner;
+            py.detach(|| format::dump(&path, snap, &attrs))?;
+            Ok(())
+        })
     }
 
     /// The bytes `dump` would write, without attributes: pickling carries everything a file
     /// does (peak, process memory, metadata, object kinds, retention) by carrying the file.
-    fn dumps<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        let snap: &Snapshot = &self.inner;
-        let data = py.detach(|| format::encode(snap, &Vec::new()));
-        PyBytes::new(py, &data)
+    fn dumps<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        allocator::guarded(|| {
+            let snap: &Snapshot = &self.inner;
+            let data = py.detach(|| format::encode(snap, &Vec::new()));
+            objects::bytes(py, &data)
+        })
     }
 
     /// Decodes the bytes of `dumps` (a whole snapshot file's); errors name `source`.
     #[staticmethod]
     fn loads(py: Python<'_>, data: &[u8], source: PathBuf) -> PyResult<Self> {
-        let (snapshot, _) =
-            py.detach(|| format::decode(data))
-                .map_err(|reason| crate::error::Error::Format {
-                    path: source,
-                    reason,
-                })?;
-        Ok(Self::new(snapshot))
+        allocator::guarded(|| {
+            let (snapshot, _) = py
+                .detach(|| format::decode(data))
+                .map_err(|reason| reason.at(&source))?;
+            Ok(Self::new(snapshot))
+        })
     }
 
     /// Writes a gzipped pprof heap profile to `path` atomically.
     fn to_pprof(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
-        let snap: &Snapshot = &self.inner;
-        py.detach(|| format::write_atomic(&path, &export::pprof(snap)))?;
-        Ok(())
+        allocator::guarded(|| {
+            let snap: &Snapshot = &self.inner;
+            py.detach(|| format::write_atomic(&path, &export::pprof(snap)?))?;
+            Ok(())
+        })
     }
 
     /// Writes folded stacks (`root;...;leaf bytes` lines) to `path` atomically.
     fn to_collapsed(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
-        let snap: &Snapshot = &self.inner;
-        py.detach(|| format::write_atomic(&path, export::collapsed(snap).as_bytes()))?;
-        Ok(())
+        allocator::guarded(|| {
+            let snap: &Snapshot = &self.inner;
+            py.detach(|| format::write_atomic(&path, export::collapsed(snap)?.as_bytes()))?;
+            Ok(())
+        })
     }
 
     /// Writes an SVG flamegraph to `path` atomically; differential against `base` if given.
@@ -798,38 +829,42 @@ impl PySnapshotData {
         base: Option<&PySnapshotData>,
         title: Option<String>,
     ) -> PyResult<()> {
-        let snap: &Snapshot = &self.inner;
-        let base: Option<&Snapshot> = base.map(|b| &*b.inner);
-        py.detach(|| {
-            let svg = export::flamegraph(snap, base, title.as_deref())?;
-            format::write_atomic(&path, &svg)
-        })?;
-        Ok(())
+        allocator::guarded(|| {
+            let snap: &Snapshot = &self.inner;
+            let base: Option<&Snapshot> = base.map(|b| &*b.inner);
+            py.detach(|| {
+                let svg = export::flamegraph(snap, base, title.as_deref())?;
+                format::write_atomic(&path, &svg)
+            })?;
+            Ok(())
+        })
     }
 
     /// Reads a snapshot file: `(SnapshotData, attributes dict)`.
     #[staticmethod]
     fn load<'py>(py: Python<'py>, path: PathBuf) -> PyResult<(Self, Bound<'py, PyDict>)> {
-        // The read runs without the GIL; between chunks it takes the GIL back to run pending
-        // signal handlers, and stops with the exception one raises (Ctrl-C).
-        let mut raised: Option<PyErr> = None;
-        let loaded = py.detach(|| {
-            format::load_interruptible(&path, &mut || {
-                Python::attach(|py| py.check_signals()).map_err(|err| {
-                    raised = Some(err);
-                    Error::Interrupted
+        allocator::guarded(|| {
+            // The read runs without the GIL; between chunks it takes the GIL back to run pending
+            // signal handlers, and stops with the exception one raises (Ctrl-C).
+            let mut raised: Option<PyErr> = None;
+            let loaded = py.detach(|| {
+                format::load_interruptible(&path, &mut || {
+                    Python::attach(|py| py.check_signals()).map_err(|err| {
+                        raised = Some(err);
+                        Error::Interrupted
+                    })
                 })
-            })
-        });
-        if let Some(err) = raised {
-            return Err(err);
-        }
-        let (snapshot, attrs) = loaded?;
-        let d = PyDict::new(py);
-        for (k, v) in &attrs {
-            d.set_item(bytes_str(py, k)?, attr_to_py(py, v)?)?;
-        }
-        Ok((Self::new(snapshot), d))
+            });
+            if let Some(err) = raised {
+                return Err(err);
+            }
+            let (snapshot, attrs) = loaded?;
+            let d = PyDict::new(py);
+            for (k, v) in &attrs {
+                d.set_item(bytes_str(py, k)?, attr_to_py(py, v)?)?;
+            }
+            Ok((Self::new(snapshot), d))
+        })
     }
 
     /// True if both hold the same traces in the same order (tables may be interned

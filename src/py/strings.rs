@@ -25,14 +25,22 @@ pub(crate) fn str_bytes(s: &Bound<'_, PyString>) -> PyResult<Vec<u8>> {
     Ok(encoded.cast_into::<PyBytes>()?.as_bytes().to_vec())
 }
 
-/// surrogatepass UTF-8 back to a `str`.
+/// surrogatepass UTF-8 back to a `str` (`MemoryError`, not a panic, when memory is out).
 pub(crate) fn bytes_str<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyString>> {
     match std::str::from_utf8(b) {
-        Ok(s) => Ok(PyString::new(py, s)),
-        Err(_) => PyString::from_encoded_object(
-            &PyBytes::new(py, b),
-            Some(c"utf-8"),
-            Some(c"surrogatepass"),
-        ),
+        Ok(s) => super::objects::string(py, s),
+        // SAFETY: the GIL is held; pointer and length describe `b`; the error handler name
+        // is NUL-terminated; the result is a new reference to a str or NULL with an error.
+        Err(_) => unsafe {
+            Ok(Bound::from_owned_ptr_or_err(
+                py,
+                pyo3::ffi::PyUnicode_DecodeUTF8(
+                    b.as_ptr().cast(),
+                    b.len() as pyo3::ffi::Py_ssize_t,
+                    c"surrogatepass".as_ptr(),
+                ),
+            )?
+            .cast_into_unchecked())
+        },
     }
 }

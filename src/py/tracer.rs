@@ -6,8 +6,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyList, PyTuple};
 
 use crate::capture::MAX_NFRAME;
+use crate::py::objects;
 use crate::py::snapshot::PySnapshotData;
 use crate::tracer;
+use crate::{allocator, fallible};
 
 /// Refuses to start while the standard `tracemalloc` traces: both would wrap the same
 /// allocators and each would corrupt the other's view when it stops.
@@ -212,16 +214,21 @@ fn get_object_traceback<'py>(
 #[pyfunction]
 fn get_traces(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     require_main_interpreter("_get_traces")?;
-    let raw = tracer::raw_traces(py)?;
-    let items = raw
-        .traces
-        .iter()
-        .map(|&(domain, size, stack)| {
+    allocator::guarded(|| {
+        let raw = tracer::raw_traces(py)?;
+        let mut items = fallible::with_capacity(raw.traces.len())?;
+        for &(domain, size, stack) in &raw.traces {
             let (frames, total) = &raw.frames[stack as usize];
-            (domain, size, frames, *total).into_pyobject(py)
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    PyList::new(py, items)
+            let trace = [
+                objects::uint(py, domain.into())?,
+                objects::uint(py, size as u128)?,
+                frames.clone().into_any(),
+                objects::uint(py, u128::from(*total))?,
+            ];
+            items.push(objects::tuple(py, &trace)?.into_any());
+        }
+        objects::list(py, &items)
+    })
 }
 
 /// Replaces the trace-time filters with these `Filter`/`DomainFilter` specs (the tuples their
@@ -240,9 +247,11 @@ fn set_trace_filters(specs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
 #[pyo3(signature = (objects = false, peak = false))]
 fn take_snapshot(py: Python<'_>, objects: bool, peak: bool) -> PyResult<PySnapshotData> {
     require_main_interpreter("take_snapshot")?;
-    Ok(PySnapshotData::new(tracer::take_snapshot(
-        py, objects, peak,
-    )?))
+    allocator::guarded(|| {
+        Ok(PySnapshotData::new(tracer::take_snapshot(
+            py, objects, peak,
+        )?))
+    })
 }
 
 /// How this interpreter lets alloctrace re-attribute objects reused from free lists

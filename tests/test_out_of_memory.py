@@ -1,0 +1,141 @@
+"""Running out of memory raises MemoryError, as tracemalloc does, and the program goes on.
+
+Each test runs one operation in a child process holding a traced heap of 60,000 blocks with
+distinct 25-frame tracebacks, under a range of address-space limits (``RLIMIT_AS``, from 1
+MiB above what the process already uses to 192 MiB above it): every attempt must either
+succeed or raise ``MemoryError``, never abort the process, and the same call must work once
+the limit is lifted. Before alloctrace reserved memory fallibly, most of these operations
+ended in ``memory allocation of N bytes failed`` and exit status 134 at some of the limits.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from subproc import clean_env
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS is Linux's")
+
+# MiB of address space allowed above the process's size when the operation starts: small
+# ones fail at the first large table, larger ones part-way through, the largest succeed.
+HEADROOMS = (1, 4, 16, 32, 48, 64, 96, 128, 192)
+
+# A traced heap of 60,000 blocks with distinct 25-frame tracebacks.
+TRACED_HEAP = """
+import alloctrace
+
+alloctrace.start(25)
+source = "def leaf(keep):\\n" + "".join(
+    f"    keep.append(bytes({i % 40}))\\n" for i in range(3000)
+)
+namespace = {}
+exec(compile(source, "generated_module.py", "exec"), namespace)
+
+def down(depth, keep):
+    return namespace["leaf"](keep) if depth == 0 else down(depth - 1, keep)
+
+keep = []
+for depth in range(20):
+    down(depth, keep)
+"""
+
+UNDER_LIMIT = """
+import gc, resource, sys
+
+def vm_size():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * resource.getpagesize()
+
+def under_limit(operation):
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    outcomes = []
+    for mib in HEADROOMS:
+        gc.collect()
+        resource.setrlimit(resource.RLIMIT_AS, (vm_size() + (mib << 20), hard))
+        try:
+            operation()
+            outcomes.append("ok")
+        except MemoryError:
+            outcomes.append("MemoryError")
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    operation()
+    print(" ".join(outcomes))
+    print("the program went on")
+"""
+
+# Operations on the live tracer run in the process that made the heap; the others on the
+# snapshot of such a heap, loaded from a file written by another process. Either way the
+# process has done nothing of the operation's size before, so its memory allocator holds no
+# freed blocks that would let the operation run without asking for new address space.
+LIVE = {
+    "take_snapshot": "alloctrace.take_snapshot()",
+    "take_snapshot_objects": "alloctrace.take_snapshot(objects=True)",
+    "get_traces": "alloctrace._get_traces()",
+}
+ON_A_FILE = {
+    "load": "alloctrace.Snapshot.load(path)",
+    "statistics": "snapshot.statistics('traceback')",
+    "compare_to": "snapshot.compare_to(snapshot, 'traceback')",
+    "filter_traces": "snapshot.filter_traces([alloctrace.Filter(False, 'nothing.py')])",
+    "traces": "list(snapshot.traces)",
+    "dump": "snapshot.dump(path + '.out')",
+    "to_pprof": "snapshot.to_pprof(path + '.out')",
+    "to_collapsed": "snapshot.to_collapsed(path + '.out')",
+    "to_flamegraph": "snapshot.to_flamegraph(path + '.out')",
+}
+
+
+def run_child(script, *args):
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        # A fixed mmap threshold: large blocks are mapped and unmapped each time, so each
+        # attempt needs new address space (glibc's adaptive threshold would serve them from
+        # heap memory freed by the attempt before, and no limit would bite).
+        env=clean_env(MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def snapshot_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("oom") / "big.snap"
+    made = run_child(
+        textwrap.dedent(TRACED_HEAP) + "alloctrace.take_snapshot().dump(__import__('sys').argv[1])",
+        str(path),
+    )
+    assert made.returncode == 0, made.stderr
+    return path
+
+
+@pytest.mark.parametrize("name", sorted({**LIVE, **ON_A_FILE}))
+def test_out_of_memory_raises_memory_error(snapshot_file, name):
+    if name in LIVE:
+        setup, operation = TRACED_HEAP, LIVE[name]
+    else:
+        setup, operation = (
+            "import alloctrace\nsnapshot = alloctrace.Snapshot.load(path)\n",
+            ON_A_FILE[name],
+        )
+    script = (
+        f"HEADROOMS = {HEADROOMS!r}\n"
+        + textwrap.dedent(UNDER_LIMIT)
+        + "path = sys.argv[1]\n"
+        + textwrap.dedent(setup)
+        + f"under_limit(lambda: {operation})\n"
+    )
+    child = run_child(script, str(snapshot_file))
+    assert child.returncode == 0, f"{name}: exit status {child.returncode}\n{child.stderr[-2000:]}"
+    assert "memory allocation of" not in child.stderr
+    outcomes, went_on = child.stdout.split("\n")[:2]
+    outcomes = outcomes.split()
+    assert went_on == "the program went on"
+    assert len(outcomes) == len(HEADROOMS)
+    # Each outcome is one of the two allowed, and the smallest limit is too small (so the
+    # test is about running out).
+    assert set(outcomes) <= {"ok", "MemoryError"}
+    assert outcomes[0] == "MemoryError", outcomes
