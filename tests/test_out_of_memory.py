@@ -74,6 +74,8 @@ LIVE = {
     "take_snapshot": "alloctrace.take_snapshot()",
     "take_snapshot_objects": "alloctrace.take_snapshot(objects=True)",
     "get_traces": "alloctrace._get_traces()",
+    "retention": "alloctrace.retention(keep)",
+    "take_snapshot_retention": "alloctrace.take_snapshot(retention=3)",
 }
 ON_A_FILE = {
     "load": "alloctrace.Snapshot.load(path)",

@@ -17,6 +17,8 @@
 use std::collections::HashMap;
 
 use super::graph::{HeapGraph, NodeId};
+use crate::error::Result;
+use crate::fallible;
 
 /// Marks a node no root reaches (distance) or a node without parent.
 pub const NONE: u32 = u32::MAX;
@@ -29,9 +31,9 @@ pub struct Referrers {
 
 impl Referrers {
     /// Builds the reverse index, each node's referrers listed once per edge, in node order.
-    pub fn new(g: &HeapGraph) -> Self {
+    pub fn new(g: &HeapGraph) -> Result<Self> {
         let n = g.len();
-        let mut offsets = vec![0u32; n + 1];
+        let mut offsets = fallible::filled(n + 1, 0u32)?;
         for from in 0..n as NodeId {
             for &to in g.referents(from) {
                 offsets[to as usize + 1] += 1;
@@ -40,8 +42,8 @@ impl Referrers {
         for i in 0..n {
             offsets[i + 1] += offsets[i];
         }
-        let mut fill = offsets.clone();
-        let mut sources = vec![0 as NodeId; g.edge_count()];
+        let mut fill = fallible::copied(&offsets)?;
+        let mut sources = fallible::filled(g.edge_count(), 0 as NodeId)?;
         for from in 0..n as NodeId {
             for &to in g.referents(from) {
                 let slot = &mut fill[to as usize];
@@ -49,7 +51,7 @@ impl Referrers {
                 *slot += 1;
             }
         }
-        Referrers { offsets, sources }
+        Ok(Referrers { offsets, sources })
     }
 
     pub fn of(&self, node: NodeId) -> &[NodeId] {
@@ -69,7 +71,7 @@ pub struct Reach {
 
 impl Reach {
     /// Searches from `roots` (distance 0), never entering a node for which `blocked` is true.
-    pub fn new(g: &HeapGraph, roots: &[NodeId], blocked: &dyn Fn(NodeId) -> bool) -> Self {
+    pub fn new(g: &HeapGraph, roots: &[NodeId], blocked: &dyn Fn(NodeId) -> bool) -> Result<Self> {
         Self::tiered(g, &[roots], blocked)
     }
 
@@ -78,11 +80,16 @@ impl Reach {
     /// (its distances start past theirs). Retention paths use two tiers, so that the frames
     /// of the thread asking (which hold the object to ask about it) explain an object only
     /// when nothing else does, and come after the other explanations.
-    pub fn tiered(g: &HeapGraph, tiers: &[&[NodeId]], blocked: &dyn Fn(NodeId) -> bool) -> Self {
+    pub fn tiered(
+        g: &HeapGraph,
+        tiers: &[&[NodeId]],
+        blocked: &dyn Fn(NodeId) -> bool,
+    ) -> Result<Self> {
         let n = g.len();
-        let mut dist = vec![NONE; n];
-        let mut parent = vec![NONE; n];
-        let mut queue: Vec<NodeId> = Vec::new();
+        let mut dist = fallible::filled(n, NONE)?;
+        let mut parent = fallible::filled(n, NONE)?;
+        // Each node enters the queue at most once.
+        let mut queue: Vec<NodeId> = fallible::with_capacity(n)?;
         let mut base = 0;
         let mut tier_base = Vec::with_capacity(tiers.len());
         for roots in tiers {
@@ -108,11 +115,11 @@ impl Reach {
                 }
             }
         }
-        Reach {
+        Ok(Reach {
             dist,
             parent,
             tier_base,
-        }
+        })
     }
 
     pub fn reached(&self, node: NodeId) -> bool {
@@ -232,15 +239,17 @@ impl Dominators {
     /// Algorithm"): intersect the dominators of the predecessors in reverse post-order until
     /// nothing changes. Near-linear on heap graphs, which are shallow and converge in a few
     /// rounds.
-    pub fn new(g: &HeapGraph, referrers: &Referrers, roots: &[NodeId]) -> Self {
+    pub fn new(g: &HeapGraph, referrers: &Referrers, roots: &[NodeId]) -> Result<Self> {
         let n = g.len();
         // Post-order numbering by an explicit-stack DFS from the virtual root (index n).
-        let mut post = vec![NONE; n + 1];
-        let mut order: Vec<u32> = Vec::with_capacity(n + 1); // node by post-order number
-        let mut visited = vec![false; n + 1];
-        let mut stack: Vec<(u32, usize)> = vec![(n as u32, 0)];
+        let mut post = fallible::filled(n + 1, NONE)?;
+        let mut order: Vec<u32> = fallible::with_capacity(n + 1)?; // node by post-order number
+        let mut visited = fallible::filled(n + 1, false)?;
+        // Each node is pushed at most once.
+        let mut stack: Vec<(u32, usize)> = fallible::with_capacity(n + 1)?;
+        stack.push((n as u32, 0));
         visited[n] = true;
-        let mut is_root = vec![false; n];
+        let mut is_root = fallible::filled(n, false)?;
         for &r in roots {
             is_root[r as usize] = true;
         }
@@ -265,7 +274,7 @@ impl Dominators {
         }
         let vroot_post = post[n];
         // idom by post-order number.
-        let mut idom = vec![NONE; order.len()];
+        let mut idom = fallible::filled(order.len(), NONE)?;
         idom[vroot_post as usize] = vroot_post;
         let intersect = |idom: &[u32], mut a: u32, mut b: u32| {
             while a != b {
@@ -312,8 +321,8 @@ impl Dominators {
                 }
             }
         }
-        let mut by_node = vec![NONE; n];
-        let mut retained = vec![0u64; n];
+        let mut by_node = fallible::filled(n, NONE)?;
+        let mut retained = fallible::filled(n, 0u64)?;
         for &node in &order {
             if node as usize != n {
                 retained[node as usize] = g.size(node);
@@ -332,10 +341,10 @@ impl Dominators {
                 retained[d as usize] += retained[node as usize];
             }
         }
-        Dominators {
+        Ok(Dominators {
             idom: by_node,
             retained,
-        }
+        })
     }
 }
 
@@ -343,16 +352,21 @@ impl Dominators {
 /// roots reach, but reach no more once the members are gone (the members included). For one
 /// node this equals its dominator-tree retained size; for a group it also counts what only
 /// several members hold together, which no single member dominates.
-pub fn retained_by_group(g: &HeapGraph, roots: &[NodeId], all: &Reach, group: &[NodeId]) -> u64 {
-    let mut in_group = vec![false; g.len()];
+pub fn retained_by_group(
+    g: &HeapGraph,
+    roots: &[NodeId],
+    all: &Reach,
+    group: &[NodeId],
+) -> Result<u64> {
+    let mut in_group = fallible::filled(g.len(), false)?;
     for &m in group {
         in_group[m as usize] = true;
     }
-    let without = Reach::new(g, roots, &|n| in_group[n as usize]);
-    (0..g.len() as NodeId)
+    let without = Reach::new(g, roots, &|n| in_group[n as usize])?;
+    Ok((0..g.len() as NodeId)
         .filter(|&n| all.reached(n) && !without.reached(n))
         .map(|n| g.size(n))
-        .sum()
+        .sum())
 }
 
 /// What a referrer is, for grouping: its type and, where known, its allocation site.
@@ -501,8 +515,8 @@ mod tests {
         ];
         let (g, names) = graph(&nodes, &edges);
         let roots = [id(&names, "mod"), id(&names, "frame")];
-        let reach = Reach::new(&g, &roots, &|_| false);
-        let refs = Referrers::new(&g);
+        let reach = Reach::new(&g, &roots, &|_| false).unwrap();
+        let refs = Referrers::new(&g).unwrap();
         let cases: &[(&str, usize, &[&str])] = &[
             // Shortest first, then others by distance, one per last referrer; the cycle
             // nobody reaches is not a way in.
@@ -546,8 +560,8 @@ mod tests {
         );
         let first = [id(&names, "mod")];
         let second = [id(&names, "own")];
-        let reach = Reach::tiered(&g, &[&first, &second], &|_| false);
-        let refs = Referrers::new(&g);
+        let reach = Reach::tiered(&g, &[&first, &second], &|_| false).unwrap();
+        let refs = Referrers::new(&g).unwrap();
         let to = |t: &str| -> Vec<String> {
             paths_to(&reach, &refs, id(&names, t), 5)
                 .iter()
@@ -581,8 +595,8 @@ mod tests {
             ("l", "c"),
         ];
         let (g, names) = graph(&nodes, &edges);
-        let reach = Reach::new(&g, &[0], &|_| false);
-        let refs = Referrers::new(&g);
+        let reach = Reach::new(&g, &[0], &|_| false).unwrap();
+        let refs = Referrers::new(&g).unwrap();
         let group = [id(&names, "a"), id(&names, "b"), id(&names, "c")];
         let got: Vec<String> = paths_to_group(&reach, &refs, &group, 5, &|n| n as u64)
             .iter()
@@ -597,11 +611,11 @@ mod tests {
 
     /// Retained sizes by brute force: remove the node, see what the roots no longer reach.
     fn brute_retained(g: &HeapGraph, roots: &[NodeId], node: NodeId) -> u64 {
-        let all = Reach::new(g, roots, &|_| false);
+        let all = Reach::new(g, roots, &|_| false).unwrap();
         if !all.reached(node) {
             return 0;
         }
-        retained_by_group(g, roots, &all, &[node])
+        retained_by_group(g, roots, &all, &[node]).unwrap()
     }
 
     #[test]
@@ -695,8 +709,8 @@ mod tests {
                 .collect();
             let (g, names) = graph(&nodes, edges);
             let roots: Vec<NodeId> = roots.iter().map(|r| id(&names, r)).collect();
-            let refs = Referrers::new(&g);
-            let dom = Dominators::new(&g, &refs, &roots);
+            let refs = Referrers::new(&g).unwrap();
+            let dom = Dominators::new(&g, &refs, &roots).unwrap();
             for &(node, idom, retained) in want {
                 let n = id(&names, node);
                 let got_idom = match dom.idom[n as usize] {
@@ -740,8 +754,8 @@ mod tests {
         }
         let g = b.finish();
         let roots = [0, 1, 2];
-        let refs = Referrers::new(&g);
-        let dom = Dominators::new(&g, &refs, &roots);
+        let refs = Referrers::new(&g).unwrap();
+        let dom = Dominators::new(&g, &refs, &roots).unwrap();
         for node in 0..n as NodeId {
             assert_eq!(
                 dom.retained[node as usize],
@@ -771,11 +785,11 @@ mod tests {
             ],
         );
         let roots = [0];
-        let all = Reach::new(&g, &roots, &|_| false);
+        let all = Reach::new(&g, &roots, &|_| false).unwrap();
         let a = id(&names, "a");
         let b = id(&names, "b");
-        assert_eq!(retained_by_group(&g, &roots, &all, &[a]), 10);
-        assert_eq!(retained_by_group(&g, &roots, &all, &[a, b]), 120);
+        assert_eq!(retained_by_group(&g, &roots, &all, &[a]).unwrap(), 10);
+        assert_eq!(retained_by_group(&g, &roots, &all, &[a, b]).unwrap(), 120);
     }
 
     #[test]
@@ -795,7 +809,7 @@ mod tests {
         }
         b.add_edge(other, members[0]);
         let g = b.finish();
-        let refs = Referrers::new(&g);
+        let refs = Referrers::new(&g).unwrap();
         // Sessions' dicts have allocation site 7, the cache site 3, the rest unknown.
         let key = |n: NodeId| {
             let site = match g.type_name(n) {

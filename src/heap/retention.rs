@@ -48,8 +48,8 @@ impl Analysis {
         let primary = primary.min(roots.len());
         let first = nodes(&roots[..primary]);
         let second = nodes(&roots[primary..]);
-        let referrers = Referrers::new(&graph);
-        let reach = Reach::tiered(&graph, &[&first, &second], &|_| false);
+        let referrers = Referrers::new(&graph)?;
+        let reach = Reach::tiered(&graph, &[&first, &second], &|_| false)?;
         let mut root_nodes: Vec<NodeId> = first.into_iter().chain(second).collect();
         root_nodes.sort_unstable();
         root_nodes.dedup();
@@ -81,15 +81,17 @@ pub struct ObjectReport {
 }
 
 /// The report for the object at `target`, which the walk must have seen.
-pub fn object_report(a: &Analysis, target: usize, limit: usize) -> Option<ObjectReport> {
-    let node = a.graph.node_of(target)?;
+pub fn object_report(a: &Analysis, target: usize, limit: usize) -> Result<Option<ObjectReport>> {
+    let Some(node) = a.graph.node_of(target) else {
+        return Ok(None);
+    };
     let reachable = a.reach.reached_first(node);
     let retained = if a.reach.reached(node) {
-        Dominators::new(&a.graph, &a.referrers, &a.roots).retained[node as usize]
+        Dominators::new(&a.graph, &a.referrers, &a.roots)?.retained[node as usize]
     } else {
         0
     };
-    Some(ObjectReport {
+    Ok(Some(ObjectReport {
         paths: paths_to(&a.reach, &a.referrers, node, limit)
             .iter()
             .map(|p| a.addrs(p))
@@ -97,7 +99,7 @@ pub fn object_report(a: &Analysis, target: usize, limit: usize) -> Option<Object
         own: a.graph.size(node),
         retained,
         reachable,
-    })
+    }))
 }
 
 /// Why the objects allocated at one site are alive.
@@ -123,7 +125,7 @@ pub fn site_reports(
     wanted: &[u32],
     limit: usize,
     max_lines: usize,
-) -> Vec<SiteReport> {
+) -> Result<Vec<SiteReport>> {
     let index: HashMap<u32, usize> = wanted.iter().enumerate().map(|(i, &s)| (s, i)).collect();
     let mut members: Vec<Vec<NodeId>> = vec![Vec::new(); wanted.len()];
     for (node, site) in node_sites.iter().enumerate() {
@@ -136,22 +138,23 @@ pub fn site_reports(
         let (ty, site) = key(n);
         (u64::from(ty) << 32) | u64::from(site.map_or(u32::MAX, |s| s))
     };
-    members
-        .iter()
-        .map(|group| SiteReport {
+    let mut reports = Vec::with_capacity(members.len());
+    for group in &members {
+        reports.push(SiteReport {
             count: group.len(),
             unreachable: group.iter().filter(|&&n| !a.reach.reached_first(n)).count(),
             own: group.iter().map(|&n| a.graph.size(n)).sum(),
             retained: if group.is_empty() {
                 0
             } else {
-                retained_by_group(&a.graph, &a.roots, &a.reach, group)
+                retained_by_group(&a.graph, &a.roots, &a.reach, group)?
             },
             paths: paths_to_group(&a.reach, &a.referrers, group, limit, &kind)
                 .iter()
                 .map(|p| a.addrs(p))
                 .collect(),
             pattern: referrer_pattern(&a.referrers, group, &key, max_lines),
-        })
-        .collect()
+        });
+    }
+    Ok(reports)
 }

@@ -51,7 +51,7 @@ fn object_retention<'py>(
 ) -> PyResult<(Chains, u64, u64, bool)> {
     crate::allocator::guarded(|| {
         let analysis = Analysis::new(py, &ptrs(&roots), primary, &[obj.as_ptr()])?;
-        let report = object_report(&analysis, obj.as_ptr() as usize, limit).ok_or_else(|| {
+        let report = object_report(&analysis, obj.as_ptr() as usize, limit)?.ok_or_else(|| {
             pyo3::exceptions::PyRuntimeError::new_err("the heap walk did not reach the object")
         })?;
         let paths = objects(py, &report.paths);
@@ -90,7 +90,7 @@ fn site_retention<'py>(
                 .map_or(u32::MAX, |i| i as u32);
             wanted.push(id);
         }
-        let reports = site_reports(&analysis, &node_sites, &wanted, limit, max_lines);
+        let reports = site_reports(&analysis, &node_sites, &wanted, limit, max_lines)?;
         let paths: Vec<_> = reports.iter().map(|r| objects(py, &r.paths)).collect();
         let type_names = analysis.graph.type_names();
         let key_py = |(ty, site): GroupKey| -> PyResult<KeyPy<'py>> {
