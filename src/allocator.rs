@@ -130,7 +130,7 @@ pub fn spent() -> bool {
 }
 
 /// Allocations that failed so far.
-pub fn failures() -> u64 {
+fn failures() -> u64 {
     FAILURES.load(Ordering::Relaxed)
 }
 

@@ -11,9 +11,7 @@ use crate::error::{Error, Result};
 /// An empty vector with room for exactly `n` elements. Refused at once while the
 /// allocator's reserve is spent (see [`crate::allocator`]): memory ran out moments ago.
 pub fn with_capacity<T>(n: usize) -> Result<Vec<T>> {
-    if allocator::spent() {
-        return Err(Error::OutOfMemory);
-    }
+    check()?;
     let mut v = Vec::new();
     v.try_reserve_exact(n)?;
     Ok(v)
@@ -26,14 +24,8 @@ pub fn filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
     Ok(v)
 }
 
-/// A copy of `items`, fallibly (`items.to_vec()` or `.into()` for a boxed slice).
-pub fn copied<T: Copy>(items: &[T]) -> Result<Vec<T>> {
-    let mut v = with_capacity(items.len())?;
-    v.extend_from_slice(items);
-    Ok(v)
-}
-
-/// A clone of `items`, the outer table reserved fallibly (each element's own clone is small).
+/// `items.to_vec()`, the table reserved fallibly (an element's own clone, if it owns memory,
+/// is small).
 pub fn cloned<T: Clone>(items: &[T]) -> Result<Vec<T>> {
     let mut v = with_capacity(items.len())?;
     v.extend(items.iter().cloned());
@@ -64,9 +56,7 @@ pub fn check() -> Result<()> {
 /// push would).
 pub fn room_for_one<T>(v: &mut Vec<T>) -> Result<()> {
     if v.len() == v.capacity() {
-        if allocator::spent() {
-            return Err(Error::OutOfMemory);
-        }
+        check()?;
         v.try_reserve(v.len().max(16))?;
     }
     Ok(())
@@ -77,9 +67,7 @@ pub fn map_room_for_one<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(
     map: &mut std::collections::HashMap<K, V, S>,
 ) -> Result<()> {
     if map.len() == map.capacity() {
-        if allocator::spent() {
-            return Err(Error::OutOfMemory);
-        }
+        check()?;
         map.try_reserve(map.len().max(16))?;
     }
     Ok(())
@@ -92,7 +80,7 @@ mod tests {
     #[test]
     fn sizes_and_failures() {
         assert_eq!(filled(3, 7u8).unwrap(), vec![7, 7, 7]);
-        assert_eq!(copied(&[1u32, 2]).unwrap(), vec![1, 2]);
+        assert_eq!(cloned(&[1u32, 2]).unwrap(), vec![1, 2]);
         assert_eq!(cloned(&[String::from("a")]).unwrap(), vec!["a"]);
         assert_eq!(collect_n(1..10, 3).unwrap(), vec![1, 2, 3]);
         let mut v: Vec<u8> = Vec::new();

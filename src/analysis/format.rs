@@ -1038,7 +1038,7 @@ fn decode_file(data: &[u8], nested: bool) -> std::result::Result<(Snapshot, Attr
         if !is_surrogatepass_utf8(name) {
             return Err(Reason::from(format!("filename {i} is not valid UTF-8")));
         }
-        filenames.push(fallible::copied(name)?.into_boxed_slice());
+        filenames.push(fallible::cloned(name)?.into_boxed_slice());
     }
     r.finish()?;
     // Analyses rely on tables being unique by content (one id per filename and per frame).

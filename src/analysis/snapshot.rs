@@ -348,7 +348,7 @@ impl SnapshotBuilder {
         frames: &[FrameId],
         total_nframe: Option<u32>,
     ) -> crate::error::Result<TracebackId> {
-        let owned = fallible::copied(frames)?;
+        let owned = fallible::cloned(frames)?;
         let traceback = Traceback {
             frames: owned.into_boxed_slice(),
             total_nframe,
@@ -360,7 +360,7 @@ impl SnapshotBuilder {
         self.traceback_ids.try_reserve(1)?;
         let id = self.snapshot.tracebacks.len() as TracebackId;
         // The table keeps its own copy of the frames.
-        let key = fallible::copied(frames)?;
+        let key = fallible::cloned(frames)?;
         self.traceback_ids.insert(
             Traceback {
                 frames: key.into_boxed_slice(),
@@ -386,7 +386,7 @@ impl SnapshotBuilder {
             all.resize(traceback as usize + 1, Box::default());
         }
         if all[traceback as usize].is_empty() {
-            all[traceback as usize] = fallible::copied(functions)?.into_boxed_slice();
+            all[traceback as usize] = fallible::cloned(functions)?.into_boxed_slice();
         }
         Ok(())
     }

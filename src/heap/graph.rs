@@ -306,7 +306,7 @@ impl GraphBuilder {
         for i in 0..n {
             offsets[i + 1] += offsets[i];
         }
-        let mut fill = fallible::copied(&offsets)?;
+        let mut fill = fallible::cloned(&offsets)?;
         let mut targets = fallible::filled(self.edges.len(), 0 as NodeId)?;
         // A stable counting sort keeps each node's referents in the order they were added.
         for &(from, to) in &self.edges {

@@ -42,7 +42,7 @@ impl Referrers {
         for i in 0..n {
             offsets[i + 1] += offsets[i];
         }
-        let mut fill = fallible::copied(&offsets)?;
+        let mut fill = fallible::cloned(&offsets)?;
         let mut sources = fallible::filled(g.edge_count(), 0 as NodeId)?;
         for from in 0..n as NodeId {
             for &to in g.referents(from) {
