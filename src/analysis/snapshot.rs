@@ -321,23 +321,15 @@ impl SnapshotBuilder {
         id
     }
 
-    /// Records the functions running at each frame of `traceback` (as many as it has
-    /// frames), unless some were recorded already: two stacks with the same lines in other
-    /// functions are one traceback, and the first one seen names it.
+    /// [`SnapshotBuilder::try_traceback_functions`] for snapshots built by hand (tests).
+    #[cfg(test)]
     pub fn traceback_functions(
         &mut self,
         traceback: TracebackId,
         functions: &[Option<FunctionId>],
     ) {
-        let frames = self.snapshot.tracebacks[traceback as usize].frames.len();
-        assert_eq!(functions.len(), frames, "one function entry per frame");
-        let all = &mut self.snapshot.traceback_functions;
-        if all.len() <= traceback as usize {
-            all.resize(traceback as usize + 1, Box::default());
-        }
-        if all[traceback as usize].is_empty() {
-            all[traceback as usize] = functions.into();
-        }
+        self.try_traceback_functions(traceback, functions)
+            .expect("a small test snapshot fits in memory");
     }
 
     /// As [`SnapshotBuilder::traceback`], but a failure to get memory is an error rather than
@@ -372,7 +364,10 @@ impl SnapshotBuilder {
         Ok(id)
     }
 
-    /// As [`SnapshotBuilder::traceback_functions`], fallibly.
+    /// Records the functions running at each frame of `traceback` (as many as it has
+    /// frames), unless some were recorded already: two stacks with the same lines in other
+    /// functions are one traceback, and the first one seen names it. A failure to get memory
+    /// is an error, as in [`SnapshotBuilder::try_traceback`].
     pub fn try_traceback_functions(
         &mut self,
         traceback: TracebackId,

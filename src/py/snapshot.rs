@@ -281,20 +281,16 @@ impl<'py, 'a> PyTables<'py, 'a> {
     }
 
     fn trace(&mut self, i: usize) -> PyResult<Bound<'py, PyTuple>> {
-        allocator::guarded(|| {
-            let tr = self.snapshot.traces[i];
-            let domain = self.snapshot.domains.get(i);
-            let frames = self.frames(tr.traceback)?.into_any();
-            let py = self.py;
-            let domain = objects::uint(py, domain.into())?;
-            let size = objects::uint(py, tr.size as u128)?;
-            match self.snapshot.tracebacks[tr.traceback as usize].total_nframe {
-                Some(n) => {
-                    objects::tuple(py, &[domain, size, frames, objects::uint(py, n.into())?])
-                }
-                None => objects::tuple(py, &[domain, size, frames]),
-            }
-        })
+        let tr = self.snapshot.traces[i];
+        let domain = self.snapshot.domains.get(i);
+        let frames = self.frames(tr.traceback)?.into_any();
+        let py = self.py;
+        let domain = objects::uint(py, domain.into())?;
+        let size = objects::uint(py, tr.size as u128)?;
+        match self.snapshot.tracebacks[tr.traceback as usize].total_nframe {
+            Some(n) => objects::tuple(py, &[domain, size, frames, objects::uint(py, n.into())?]),
+            None => objects::tuple(py, &[domain, size, frames]),
+        }
     }
 }
 
@@ -668,7 +664,7 @@ impl PySnapshotData {
         if i < 0 || i >= n {
             return Err(PyIndexError::new_err("trace index out of range"));
         }
-        PyTables::uncached(py, &self.inner).trace(i as usize)
+        allocator::guarded(|| PyTables::uncached(py, &self.inner).trace(i as usize))
     }
 
     /// All raw traces as a new list; traces with the same traceback share one frames tuple.
