@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::R
 use std::sync::OnceLock;
 
 use crate::analysis::sampling::{Weights, COUNT_SCALE};
-use crate::peak::{Counter, PeakCounters};
+use crate::peak::{Counter, PeakCounters, Space};
 
 use dashmap::{DashMap, SharedValue};
 
@@ -151,8 +151,10 @@ pub struct TraceTable {
     map: DashMap<u64, u64, BuildAddressHasher>,
     current: AtomicUsize,
     peak: AtomicUsize,
-    /// Per traceback, bytes and blocks now and at the peak (see [`crate::peak`]).
+    /// Per domain and traceback, bytes and blocks now and at the peak (see [`crate::peak`]).
     counters: PeakCounters,
+    /// The counters' space of native blocks (odd keys, see [`TraceTable::space`]).
+    native: Space,
     /// The sampling interval (0: exact), for the estimated totals.
     interval: AtomicU64,
     /// The presence filter's counters while sampling, null while exact (every address may
@@ -169,11 +171,16 @@ impl Default for TraceTable {
 
 impl TraceTable {
     pub fn new() -> Self {
+        let counters = PeakCounters::new();
+        let native = counters
+            .space_of(crate::native::DOMAIN)
+            .expect("new counters have room for a second domain");
         Self {
             map: DashMap::with_hasher(BuildAddressHasher),
             current: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
-            counters: PeakCounters::new(),
+            counters,
+            native,
             interval: AtomicU64::new(0),
             presence: AtomicPtr::new(std::ptr::null_mut()),
             presence_storage: OnceLock::new(),
@@ -228,6 +235,18 @@ impl TraceTable {
         }
     }
 
+    /// The domain whose counters a key's block is charged to: native blocks are kept under
+    /// their address with the low bit set (`crate::tracer::native_key`), which no block of
+    /// the PEP 445 allocators has (they are at least 8-byte aligned).
+    #[inline(always)]
+    fn space(&self, key: usize) -> Space {
+        if key & 1 == 1 {
+            self.native
+        } else {
+            Space::DEFAULT
+        }
+    }
+
     /// What a trace of `size` adds to the totals: its size and one block, or its estimated
     /// bytes and blocks (count units) when sampling.
     #[inline(always)]
@@ -245,14 +264,14 @@ impl TraceTable {
     }
 
     /// The one place where a trace's size enters (`entering`: its traceback's counter) or
-    /// leaves (`None`) the totals and its traceback's counters; called with the shard lock of
+    /// leaves (`None`) the totals and its traceback's counters in `space`; called with the shard lock of
     /// the trace's block held. Anything that moves a live block between tracebacks (or adds
     /// traces under other keys) goes through here, so the current total, the peak and the
     /// per-traceback values at the peak stay in step. An entering trace comes with its
     /// traceback's counter, which the caller got (allocating if need be) before changing
     /// anything.
     #[inline(always)]
-    fn account(&self, trace: Trace, entering: Option<&Counter>) {
+    fn account(&self, space: Space, trace: Trace, entering: Option<&Counter>) {
         let (bytes, blocks) = self.charge(trace.size);
         if let Some(counter) = entering {
             self.counters.enter(counter, bytes as u64, blocks);
@@ -262,7 +281,8 @@ impl TraceTable {
                 crate::memory_limit::note_peak(now);
             }
         } else {
-            self.counters.leave(trace.traceback, bytes as u64, blocks);
+            self.counters
+                .leave(space, trace.traceback, bytes as u64, blocks);
             self.current.fetch_sub(bytes, Relaxed);
         }
     }
@@ -282,7 +302,8 @@ impl TraceTable {
         };
         // Its counter must exist before the trace enters (the only step that may allocate
         // besides the map's own growth).
-        let Some(counter) = self.counters.counter(trace.traceback) else {
+        let space = self.space(address);
+        let Some(counter) = self.counters.counter(space, trace.traceback) else {
             return false;
         };
         let hash = self.hash(address as u64);
@@ -293,8 +314,8 @@ impl TraceTable {
             let entry = unsafe { bucket.as_mut() };
             let (_, old) = unpack(entry.0, *entry.1.get());
             *entry = (key, SharedValue::new(value));
-            self.account(old, None);
-            self.account(trace, Some(counter));
+            self.account(space, old, None);
+            self.account(space, trace, Some(counter));
             return true;
         }
         let rehash = |entry: &Packed| self.hash(entry.0 & ADDRESS_MASK);
@@ -304,7 +325,7 @@ impl TraceTable {
         // SAFETY: room for one more entry was reserved just above, under the same lock.
         unsafe { shard.insert_no_grow(hash, (key, SharedValue::new(value))) };
         self.presence_add(address);
-        self.account(trace, Some(counter));
+        self.account(space, trace, Some(counter));
         true
     }
 
@@ -320,7 +341,7 @@ impl TraceTable {
         let ((key, value), _) = unsafe { shard.remove(bucket) };
         let (_, trace) = unpack(key, value.into_inner());
         self.presence_remove(address);
-        self.account(trace, None);
+        self.account(self.space(address), trace, None);
         if shard.len() < shard.capacity() / SHRINK_BELOW && shard.capacity() > SHRINK_MIN {
             // Rebuilt at twice its entries, or left as it is if the smaller table cannot be
             // had: a free hook must not fail, nor abort for memory (hashbrown's own
@@ -366,16 +387,18 @@ impl TraceTable {
         // SAFETY: the bucket was just found in this shard, whose write lock is held.
         let entry = unsafe { bucket.as_mut() };
         let (_, old) = unpack(entry.0, *entry.1.get());
+        let space = self.space(address);
         match traceback(old) {
             Some(id) if id == old.traceback => {}
             Some(id) => {
                 // Without memory for the new traceback's counter, the block keeps its
                 // traceback.
-                if let Some(counter) = self.counters.counter(id) {
+                if let Some(counter) = self.counters.counter(space, id) {
                     // Same address and size: only the traceback half of the value changes.
                     *entry.1.get_mut() = (*entry.1.get() & 0xffff_ffff) | u64::from(id) << 32;
-                    self.account(old, None);
+                    self.account(space, old, None);
                     self.account(
+                        space,
                         Trace {
                             traceback: id,
                             ..old
@@ -388,32 +411,42 @@ impl TraceTable {
                 // SAFETY: as above; the bucket is not used after its removal.
                 unsafe { shard.remove(bucket) };
                 self.presence_remove(address);
-                self.account(old, None);
+                self.account(space, old, None);
             }
         }
         true
     }
 
-    /// Charges the totals for a block kept outside the map (an extension's block in another
-    /// domain, see `crate::tracked`): `removed` leaves them, `added` joins them. The one place
-    /// where traces outside the map meet the table's accounting.
+    /// Charges the totals for a block of `domain` kept outside the map (an extension's block
+    /// in another domain, see `crate::tracked`): `removed` leaves them, `added` joins them.
+    /// The one place where traces outside the map meet the table's accounting.
     ///
-    /// Returns `false`, changing nothing, if the added trace's traceback counter cannot be
-    /// had (no memory): the caller leaves that block untraced.
+    /// Returns `false`, changing nothing, if the added trace's counter cannot be had (no
+    /// memory, or [`crate::peak::MAX_DOMAINS`] other domains hold blocks): the caller leaves
+    /// that block untraced.
     #[must_use = "a `false` is a trace that was not added, to be counted as dropped"]
-    pub fn account_outside(&self, removed: Option<Trace>, added: Option<Trace>) -> bool {
+    pub fn account_outside(
+        &self,
+        domain: u32,
+        removed: Option<Trace>,
+        added: Option<Trace>,
+    ) -> bool {
+        let Some(space) = self.counters.space_of(domain) else {
+            // No space: nothing of this domain was ever added.
+            return removed.is_none() && added.is_none();
+        };
         let counter = match added {
-            Some(trace) => match self.counters.counter(trace.traceback) {
+            Some(trace) => match self.counters.counter(space, trace.traceback) {
                 Some(counter) => Some((trace, counter)),
                 None => return false,
             },
             None => None,
         };
         if let Some(trace) = removed {
-            self.account(trace, None);
+            self.account(space, trace, None);
         }
         if let Some((trace, counter)) = counter {
-            self.account(trace, Some(counter));
+            self.account(space, trace, Some(counter));
         }
         true
     }
@@ -443,10 +476,10 @@ impl TraceTable {
         self.counters.new_peak();
     }
 
-    /// Per traceback below `tracebacks` that held anything at the peak: `(traceback, bytes,
-    /// blocks in count units)` then. Bytes and blocks are estimates when sampling (charged as
-    /// the totals are).
-    pub fn at_peak(&self, tracebacks: usize) -> Vec<(TracebackId, u64, u64)> {
+    /// Per domain and traceback below `tracebacks` that held anything at the peak:
+    /// `(domain, traceback, bytes, blocks in count units)` then, domain 0's first. Bytes and
+    /// blocks are estimates when sampling (charged as the totals are).
+    pub fn at_peak(&self, tracebacks: usize) -> Vec<(u32, TracebackId, u64, u64)> {
         self.counters.at_peak(tracebacks)
     }
 
@@ -486,7 +519,7 @@ impl TraceTable {
         }
         self.current.store(0, Relaxed);
         self.peak.store(0, Relaxed);
-        self.counters.clear();
+        self.counters.clear(self.native);
         if let Some(storage) = self.presence_storage.get() {
             for counter in storage.iter() {
                 counter.store(0, Relaxed);
@@ -783,12 +816,17 @@ mod tests {
                 table.set_sampling(interval);
                 let mut live: BTreeMap<usize, Trace> = BTreeMap::new();
                 let mut peak_total = 0u64;
-                let mut at_peak: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+                let mut at_peak: PerTraceback = BTreeMap::new();
+                // Odd keys are native blocks, in their own domain at the peak.
+                let domain = |address: usize| match address & 1 {
+                    0 => 0,
+                    _ => crate::native::DOMAIN,
+                };
                 let sums = |live: &BTreeMap<usize, Trace>| {
-                    let mut out: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
-                    for t in live.values() {
+                    let mut out: PerTraceback = BTreeMap::new();
+                    for (&address, t) in live {
                         let (b, u) = charge(t.size);
-                        let e = out.entry(t.traceback).or_default();
+                        let e = out.entry((domain(address), t.traceback)).or_default();
                         e.0 += b;
                         e.1 += u;
                     }
@@ -808,7 +846,7 @@ mod tests {
                         .then(|| *live.keys().nth(rand(live.len() as u64) as usize).unwrap());
                     match (op, existing) {
                         (0..=44, _) | (_, None) => {
-                            let address = 16 * (1 + rand(1 << 20) as usize);
+                            let address = 16 * (1 + rand(1 << 20) as usize) + rand(2) as usize;
                             let trace = t(size, tb);
                             assert!(table.insert(address, trace));
                             live.insert(address, trace);
@@ -819,7 +857,7 @@ mod tests {
                         (80..=91, Some(address)) => {
                             // realloc: the old trace out, the new block in.
                             assert_eq!(table.remove(address), live.remove(&address));
-                            let new = 16 * (1 + rand(1 << 20) as usize);
+                            let new = 16 * (1 + rand(1 << 20) as usize) + rand(2) as usize;
                             check(&table, &live, &mut peak_total, &mut at_peak, &sums);
                             assert!(table.insert(new, t(size, tb)));
                             live.insert(new, t(size, tb));
@@ -842,12 +880,12 @@ mod tests {
                         }
                     }
                     check(&table, &live, &mut peak_total, &mut at_peak, &sums);
-                    let got: BTreeMap<u32, (u64, u64)> = table
+                    let got: PerTraceback = table
                         .at_peak(4000)
                         .into_iter()
-                        .map(|(k, b, u)| (k, (b, u)))
+                        .map(|(d, k, b, u)| ((d, k), (b, u)))
                         .collect();
-                    let want: BTreeMap<u32, (u64, u64)> = at_peak
+                    let want: PerTraceback = at_peak
                         .iter()
                         .filter(|(_, &v)| v != (0, 0))
                         .map(|(&k, &v)| (k, v))
@@ -859,8 +897,8 @@ mod tests {
             }
         }
 
-        /// `(bytes, count units)` per traceback.
-        type PerTraceback = BTreeMap<u32, (u64, u64)>;
+        /// `(bytes, count units)` per domain and traceback.
+        type PerTraceback = BTreeMap<(u32, u32), (u64, u64)>;
 
         /// The model's side of every operation: a new peak copies every traceback's sums.
         fn check(
@@ -878,6 +916,54 @@ mod tests {
             }
             assert_eq!(table.totals(), (total as usize, *peak_total as usize));
         }
+    }
+
+    #[test]
+    fn blocks_outside_the_map_keep_their_domain_at_the_peak() {
+        let table = TraceTable::new();
+        assert!(table.insert(0x1000, t(100, 1)));
+        assert!(table.account_outside(389_047, None, Some(t(5000, 1))));
+        assert!(table.insert(crate::tracer::native_key(0x2000), t(70, 2)));
+        let peak = table.at_peak(10);
+        table.remove(0x1000);
+        assert!(table.account_outside(389_047, Some(t(5000, 1)), None));
+        assert_eq!(table.totals(), (70, 5170));
+        assert_eq!(table.at_peak(10), peak);
+        // Native mode's space is the table's second, whether used or not.
+        assert_eq!(
+            peak,
+            vec![
+                (0, 1, 100, COUNT_SCALE),
+                (crate::native::DOMAIN, 2, 70, COUNT_SCALE),
+                (389_047, 1, 5000, COUNT_SCALE),
+            ]
+        );
+        // Domains past the limit are refused, changing nothing; known ones still work.
+        let taken = 3; // by 0, native's and 389047
+        let mut refused = 0;
+        for domain in 1..=crate::peak::MAX_DOMAINS as u32 {
+            if !table.account_outside(domain, None, Some(t(1, 3))) {
+                refused += 1;
+            }
+        }
+        assert_eq!(refused, taken);
+        assert_eq!(table.totals().0, 70 + crate::peak::MAX_DOMAINS - taken);
+        assert!(table.account_outside(389_047, None, Some(t(1, 3))));
+        assert!(
+            table.account_outside(1_000_000, None, None),
+            "nothing to charge"
+        );
+        table.clear();
+        assert!(
+            table.account_outside(1_000_000, None, Some(t(1, 3))),
+            "spaces given back"
+        );
+        assert!(table.insert(crate::tracer::native_key(0x2000), t(70, 2)));
+        assert_eq!(
+            table.at_peak(10)[0].0,
+            crate::native::DOMAIN,
+            "native's kept"
+        );
     }
 
     #[test]

@@ -533,6 +533,17 @@ pub(crate) fn record_tracked(address: usize, trace: Trace) -> bool {
     stored
 }
 
+/// Charges a block an extension tracks outside domain 0 (kept in `crate::tracked`'s map),
+/// replacing `old`; `false`, counted as dropped, if it cannot be (see
+/// [`TraceTable::account_outside`]).
+pub(crate) fn account_tracked(domain: u32, old: Option<Trace>, trace: Trace) -> bool {
+    let stored = table().account_outside(domain, old, Some(trace));
+    if !stored {
+        DROPPED.fetch_add(1, Relaxed);
+    }
+    stored
+}
+
 /// Forgets a block an extension untracks in domain 0.
 pub(crate) fn forget_tracked(address: usize) {
     if let Some(_guard) = ReentrancyGuard::enter() {
@@ -971,23 +982,37 @@ fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected
     Ok(out)
 }
 
-/// What each traceback held when the traced total last reached its peak (see
-/// [`crate::peak`]): one aggregate trace per traceback.
+/// What each traceback held in each domain when the traced total last reached its peak (see
+/// [`crate::peak`]): one aggregate trace per domain and traceback.
 fn collect_peak(py: Python<'_>) -> Result<Collected> {
     // SAFETY: the GIL is held and no borrow of the cell is live.
     let interned = unsafe { LIVE.get().as_ref().map_or(0, |live| live.interner.len()) };
+    // Domain 0's first, as `Collected::domain` expects.
     let at_peak = table().at_peak(interned);
-    let ids: Vec<TracebackId> = at_peak.iter().map(|&(id, _, _)| id).collect();
+    let mut dense: HashMap<TracebackId, u32> = HashMap::new();
+    let mut ids = Vec::new();
+    let mut traces = fallible::with_capacity(at_peak.len())?;
+    for &(_, traceback, bytes, _) in &at_peak {
+        fallible::map_room_for_one(&mut dense)?;
+        fallible::room_for_one(&mut ids)?;
+        let index = *dense.entry(traceback).or_insert_with(|| {
+            ids.push(traceback);
+            ids.len() as u32 - 1
+        });
+        traces.push((bytes as usize, index));
+    }
     Ok(Collected {
-        traces: (0..at_peak.len())
-            .map(|i| (at_peak[i].1 as usize, i as u32))
+        traces,
+        tracked_domains: at_peak
+            .iter()
+            .map(|&(domain, ..)| domain)
+            .filter(|&domain| domain != DEFAULT_DOMAIN)
             .collect(),
-        tracked_domains: Vec::new(),
         addresses: Vec::new(),
         blocks: Some(
             at_peak
                 .iter()
-                .map(|&(_, _, units)| count_from_units(units))
+                .map(|&(.., units)| count_from_units(units))
                 .collect(),
         ),
         stacks: resolve_stacks(py, &ids, true)?,
@@ -1082,9 +1107,9 @@ pub fn take_snapshot(py: Python<'_>, objects: bool, peak: bool) -> Result<Snapsh
                 }
             }
             Some(blocks) => {
-                for (&(size, stack), &n) in collected.traces.iter().zip(blocks) {
+                for (i, (&(size, stack), &n)) in collected.traces.iter().zip(blocks).enumerate() {
                     let traceback = tracebacks[stack as usize];
-                    builder.aggregate(DEFAULT_DOMAIN, size as u64, n, traceback);
+                    builder.aggregate(collected.domain(i), size as u64, n, traceback);
                 }
                 builder.aggregates();
             }

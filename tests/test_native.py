@@ -224,6 +224,24 @@ def test_snapshot_domain_filter_statistics_and_dump(stopped_tracer, ext, tmp_pat
         alloctrace.DomainFilter(True, "natve")
 
 
+def test_peak_snapshot_keeps_native_blocks_in_their_domain(stopped_tracer, ext):
+    alloctrace.start(1, native=True)
+    line = here() + 1
+    ptr = ext.malloc(6_000_000)
+    at_peak = alloctrace.take_snapshot()
+    ext.free(ptr)
+    peak = alloctrace.take_snapshot(peak=True)
+
+    def big(snapshot):
+        return [(t.domain, t.size, t.traceback[0].lineno) for t in snapshot.traces if t.size >= 1e6]
+
+    assert big(at_peak) == big(peak) == [(NATIVE, 6_000_000, line)]
+    native = peak.filter_traces([alloctrace.DomainFilter(True, "native")])
+    assert max(s.size for s in native.statistics("lineno")) == 6_000_000
+    without = peak.filter_traces([alloctrace.DomainFilter(False, "native")])
+    assert big(without) == []
+
+
 def test_trace_time_domain_filter_drops_native_blocks(stopped_tracer, ext):
     alloctrace.add_filter(alloctrace.DomainFilter(False, "native"))
     alloctrace.start(1, native=True)

@@ -86,6 +86,64 @@ def test_extension_imported_before_start(stopped_tracer, ext_before):
     assert consistent()
 
 
+def test_peak_snapshot_keeps_each_domain(stopped_tracer, ext_before, tmp_path):
+    """At the peak, tracked blocks are in the domain they were reported in, as in a snapshot
+    taken then: one traceback's blocks in two domains stay two traces."""
+    alloctrace.start(1)
+    line = here() + 1
+    ptrs = [(d, ext_before.alloc(d, 2_000_000 + d)) for d in (DOMAIN, DOMAIN + 1)]
+    big = here() + 1
+    ptr = ext_before.alloc(DOMAIN, 3_000_000)
+    at_peak = alloctrace.take_snapshot()
+    for domain, p in [*ptrs, (DOMAIN, ptr)]:
+        ext_before.release(domain, p)
+    assert traces_in(DOMAIN) == []
+    peak = alloctrace.take_snapshot(peak=True)
+    path = str(tmp_path / "peak.snap")
+    peak.dump(path)
+
+    def tracked(snapshot):
+        return sorted(
+            (t.domain, t.size, t.traceback[0].lineno) for t in snapshot.traces if t.domain != 0
+        )
+
+    want = [
+        (DOMAIN, 2_000_000 + DOMAIN, line),
+        (DOMAIN, 3_000_000, big),
+        (DOMAIN + 1, 2_000_000 + DOMAIN + 1, line),
+    ]
+    assert tracked(at_peak) == want
+    for snapshot in (peak, alloctrace.Snapshot.load(path)):
+        assert tracked(snapshot) == want
+        only = snapshot.filter_traces([alloctrace.DomainFilter(True, DOMAIN + 1)])
+        assert [(s.size, s.count) for s in only.statistics("lineno")] == [
+            (2_000_000 + DOMAIN + 1, 1)
+        ]
+        zero = snapshot.filter_traces([alloctrace.DomainFilter(True, 0)])
+        assert max(t.size for t in zero.traces) < 1_000_000
+    # Grouped across domains, as tracemalloc groups: one line, both tracked domains.
+    tracked_only = peak.filter_traces([alloctrace.DomainFilter(False, 0)])
+    (stat,) = [s for s in tracked_only.statistics("lineno") if s.traceback[0].lineno == line]
+    assert (stat.size, stat.count) == (4_000_000 + 2 * DOMAIN + 1, 2)
+
+
+def test_domains_past_the_limit_are_dropped_until_clear(stopped_tracer, ext_before):
+    """Each domain holding blocks has its own peak counters, 64 at most (0 and native's
+    among them) between two clear_traces(): a block of one more is refused and counted."""
+    alloctrace.start(1)
+    ptr = 0x7F30_0000_0000
+    codes = [ext_before.track(domain, ptr, 16) for domain in range(1000, 1070)]
+    assert codes == [0] * 62 + [-1] * 8
+    assert alloctrace._native.get_dropped_traces() == 8
+    assert len([t for t in alloctrace._get_traces() if t[0] >= 1000]) == 62
+    assert ext_before.track(1000, ptr + 16, 16) == 0, "a domain that has a space"
+    alloctrace.clear_traces()
+    assert ext_before.track(1069, ptr, 16) == 0
+    assert [t[0] for t in alloctrace._get_traces() if t[0] >= 1000] == [1069]
+    assert ext_before.untrack(1069, ptr) == 0
+    assert consistent()
+
+
 @pytest.mark.parametrize("link", sorted(LINKS))
 def test_extension_built_and_imported_after_start(stopped_tracer, tmp_path, link):
     alloctrace.start(1)

@@ -71,6 +71,34 @@ def test_numpy_domain_matches_tracemalloc():
         assert close(ours["lines"][key], size), (key, ours["lines"][key], size)
 
 
+def test_peak_snapshot_keeps_numpy_domain():
+    """numpy's recipe, DomainFilter(True, np.lib.tracemalloc_domain), finds the arrays that
+    were alive at the peak, not domain 0."""
+    script = textwrap.dedent(
+        """
+        import json, alloctrace
+        alloctrace.start(10)
+        import numpy as np
+        a = np.ones(10_000_000)
+        del a
+        peak = alloctrace.take_snapshot(peak=True)
+        D = np.lib.tracemalloc_domain
+        def big(snap):
+            return [(s.size, [f.lineno for f in s.traceback if f.filename == "<string>"])
+                    for s in snap.statistics("traceback") if s.size >= 1_000_000]
+        print(json.dumps({
+            "numpy": big(peak.filter_traces([alloctrace.DomainFilter(True, D)])),
+            "other": big(peak.filter_traces([alloctrace.DomainFilter(False, D)])),
+        }))
+        """
+    )
+    result = run_python(["-c", script])
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["numpy"] == [[80_000_000, [5]]], out
+    assert all(size < 10_000_000 for size, _ in out["other"]), out
+
+
 def test_import_is_light():
     """`import alloctrace` loads no Python module that `import tracemalloc` would not: a
     module it loaded before start() would be charged to nobody when the program imports it

@@ -139,13 +139,12 @@ unsafe fn track(domain: u32, ptr: usize, size: usize) -> c_int {
             -1
         };
     }
-    let table = tracer::table();
     let mut map = store().lock();
     if map.try_reserve(1).is_err() {
         return -1;
     }
     let old = map.get(&(domain, ptr)).copied();
-    if !table.account_outside(old, Some(trace)) {
+    if !tracer::account_tracked(domain, old, trace) {
         return -1;
     }
     map.insert((domain, ptr), trace);
@@ -161,7 +160,7 @@ fn untrack(domain: u32, ptr: usize) {
     let mut map = store().lock();
     if let Some(old) = map.remove(&(domain, ptr)) {
         // Nothing is added, so this cannot fail.
-        let _ = tracer::table().account_outside(Some(old), None);
+        let _ = tracer::table().account_outside(domain, Some(old), None);
     }
 }
 
