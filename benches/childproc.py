@@ -89,6 +89,12 @@ def geomean(values: Sequence[float]) -> float:
 _STARTED = time.monotonic()
 
 
+def memray_available(python: str) -> bool:
+    """True when *python* can import memray (the benches install it; tests do not)."""
+    probe = subprocess.run([python, "-c", "import memray"], capture_output=True)
+    return probe.returncode == 0
+
+
 def progress(message: str) -> None:
     """Progress goes to stderr so stdout carries nothing but the markdown report."""
     elapsed = int(time.monotonic() - _STARTED)

@@ -95,12 +95,6 @@ def modes(settings: Settings, with_alloctrace: bool, with_memray: bool) -> list[
     return result
 
 
-def memray_available(python: str) -> bool:
-    """True when *python* can run ``-m memray`` (the benches install it; tests do not)."""
-    probe = subprocess.run([python, "-c", "import memray"], capture_output=True)
-    return probe.returncode == 0
-
-
 def _power_of_two_floor(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
@@ -109,7 +103,7 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
     """Parent side: calibrate natively, then count every (benchmark, mode) under callgrind."""
     if shutil.which("valgrind") is None:
         raise SystemExit("the instructions part needs valgrind (apt-get install valgrind)")
-    with_memray = settings.memray and memray_available(python)
+    with_memray = settings.memray and childproc.memray_available(python)
     if not settings.memray:
         memray_absent = "left out (--no-memray)"
     else:

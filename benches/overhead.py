@@ -108,6 +108,9 @@ class Settings:
     budget: float = 60.0
     #: alloctrace sampled modes run beside the exact ones (see SAMPLED).
     sampled: tuple[tuple[int, int], ...] = SAMPLED
+    #: Side-by-side modes at one frame (run.py's --native and --memray): alloctrace's native
+    #: mode, memray's three (see tracers). Left out when their tracer cannot run.
+    extra: tuple[str, ...] = ()
 
 
 PRESETS = {
@@ -124,20 +127,38 @@ PRESETS = {
 }
 
 
+#: The side-by-side modes run.py's --native and --memray add.
+NATIVE_MODES = (tracers.mode("alloctrace", 1, native=True),)
+MEMRAY_MODES = tuple(tracers.memray_mode(option) for option in tracers.MEMRAY_OPTIONS)
+
+
 def modes(
-    nframes: tuple[int, ...], with_alloctrace: bool, sampled: tuple[tuple[int, int], ...] = ()
+    nframes: tuple[int, ...],
+    with_alloctrace: bool,
+    sampled: tuple[tuple[int, int], ...] = (),
+    extra: tuple[str, ...] = (),
+    with_memray: bool = False,
 ) -> list[str]:
     """All modes part 1 runs, untraced first."""
     result = [tracers.UNTRACED] + [tracers.mode("tracemalloc", n) for n in nframes]
     if with_alloctrace:
         result += [tracers.mode("alloctrace", n) for n in nframes]
         result += [tracers.mode("alloctrace", n, interval) for n, interval in sampled]
+    for spec in extra:
+        tracer, _ = tracers.parse(spec)
+        if (tracer == "alloctrace" and with_alloctrace) or (tracer == "memray" and with_memray):
+            result.append(spec)
     return result
 
 
 def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any]:
     """Parent side: calibrate, run every (benchmark, mode) child interleaved, take medians."""
-    all_modes = modes(settings.nframes, with_alloctrace, settings.sampled)
+    with_memray = any(spec.startswith("memray") for spec in settings.extra) and (
+        childproc.memray_available(python)
+    )
+    all_modes = modes(
+        settings.nframes, with_alloctrace, settings.sampled, settings.extra, with_memray
+    )
     loops: dict[str, dict[str, int]] = {}
     errors: dict[str, str] = {}
     for bench in settings.benchmarks:
@@ -210,6 +231,8 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
         "modes": all_modes,
         "nframes": list(settings.nframes),
         "sampled": [list(pair) for pair in settings.sampled] if with_alloctrace else [],
+        "extra": [spec for spec in settings.extra if spec in all_modes],
+        "extra_absent": [spec for spec in settings.extra if spec not in all_modes],
         "rows": rows,
         "errors": errors,
         "settings": {

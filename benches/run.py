@@ -92,6 +92,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="leave out the memray columns of the instructions part (memray is slow to start "
         "under valgrind)",
     )
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="also time alloctrace's native mode (start(1, native=True)) in the overhead part",
+    )
+    parser.add_argument(
+        "--memray",
+        action="store_true",
+        help="also time memray (its Tracker, as `memray run`, with no option, "
+        "--trace-python-allocators and --native) in the overhead part",
+    )
     parser.add_argument("--out", type=Path, help="also write the markdown to this file")
     parser.add_argument(
         "--cache",
@@ -171,6 +182,11 @@ def main(argv: list[str]) -> int:
             if opts.nframes and name == "overhead":
                 nframes = tuple(int(n) for n in opts.nframes.split(","))
                 settings = dataclasses.replace(settings, nframes=nframes)
+            if name == "overhead" and (opts.native or opts.memray):
+                side = (overhead.NATIVE_MODES if opts.native else ()) + (
+                    overhead.MEMRAY_MODES if opts.memray else ()
+                )
+                settings = dataclasses.replace(settings, extra=side)
             if opts.benchmarks and name in ("overhead", "instructions"):
                 chosen = opts.benchmarks.split(",")
                 benches = tuple(b for b in overhead.BENCHMARKS if b.name in chosen)

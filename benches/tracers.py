@@ -2,56 +2,102 @@
 
 Each benchmark runs the same workload untraced, under the standard ``tracemalloc`` and under
 ``alloctrace``.  A mode is written as a short string so that it can travel on a child's command
-line: ``none``, ``tracemalloc:25``, ``alloctrace:1``, or ``alloctrace:64@524288`` for alloctrace's
-sampled mode (one sample per 524288 bytes on average).  Keeping the start, stop and "is it really
-on?" logic here means every part of the suite treats the two tracers identically, and a result can
-never be reported for a tracer that silently failed to start.
+line: ``none``, ``tracemalloc:25``, ``alloctrace:1``, ``alloctrace:64@524288`` for alloctrace's
+sampled mode (one sample per 524288 bytes on average), ``alloctrace:1+native`` for its native
+mode, and, for side-by-side columns, ``memray``, ``memray+python-allocators`` and
+``memray+native``: memray's ``Tracker`` (what ``memray run`` runs the program under) with
+the options of ``memray run``, ``--trace-python-allocators`` and ``--native``, writing its
+capture file to a temporary directory.  Keeping the start, stop and "is it really on?" logic
+here means every part of the suite treats the tracers identically, and a result can never be
+reported for a tracer that silently failed to start.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
+import tempfile
 from types import ModuleType
+from typing import Any
 
 UNTRACED = "none"
 TRACERS = ("tracemalloc", "alloctrace")
+MEMRAY = "memray"
+#: memray's modes: the option after "+" -> the ``memray.Tracker`` keyword arguments (those of
+#: ``memray run`` and its ``--trace-python-allocators`` and ``--native`` flags).
+MEMRAY_OPTIONS: dict[str, dict[str, bool]] = {
+    "": {},
+    "python-allocators": {"trace_python_allocators": True},
+    "native": {"native_traces": True},
+}
+#: The running memray tracker and its temporary directory, between start() and stop().
+_memray: list[tuple[Any, str]] = []
 
 
-def mode(tracer: str, nframe: int, sample_interval: int | None = None) -> str:
+def mode(tracer: str, nframe: int, sample_interval: int | None = None, native: bool = False) -> str:
     """Return the mode string for *tracer* capturing *nframe* frames per allocation, every
-    allocation or (alloctrace only) one sample per *sample_interval* bytes."""
+    allocation or (alloctrace only) one sample per *sample_interval* bytes, with (alloctrace
+    only) its native mode."""
     if tracer not in TRACERS:
         raise ValueError(f"unknown tracer {tracer!r}; expected one of {TRACERS}")
+    if (sample_interval is not None or native) and tracer != "alloctrace":
+        raise ValueError(f"{tracer} has no sampled or native mode")
+    spec = f"{tracer}:{nframe}"
     if sample_interval is not None:
-        if tracer != "alloctrace":
-            raise ValueError(f"{tracer} has no sampled mode")
-        return f"{tracer}:{nframe}@{sample_interval}"
-    return f"{tracer}:{nframe}"
+        spec += f"@{sample_interval}"
+    return spec + ("+native" if native else "")
+
+
+def memray_mode(option: str = "") -> str:
+    """Return the mode string of memray with *option* (a key of MEMRAY_OPTIONS)."""
+    if option not in MEMRAY_OPTIONS:
+        known = list(MEMRAY_OPTIONS)
+        raise ValueError(f"unknown memray option {option!r}; expected one of {known}")
+    return MEMRAY + (f"+{option}" if option else "")
 
 
 def sample_interval(spec: str) -> int | None:
     """The sampling interval of a mode string, None for exact tracing."""
-    _, _, interval = spec.partition("@")
+    _, _, interval = spec.partition("+")[0].partition("@")
     return int(interval) if interval else None
 
 
+def is_native(spec: str) -> bool:
+    """Whether a mode string asks for alloctrace's native mode."""
+    return spec.startswith("alloctrace:") and spec.endswith("+native")
+
+
 def parse(spec: str) -> tuple[str | None, int]:
-    """Split a mode string into (tracer module name or None, nframe)."""
+    """Split a mode string into (tracer name or None, nframe); memray's nframe is 0 (it keeps
+    whole stacks)."""
     if spec == UNTRACED:
         return None, 0
-    spec, at, interval = spec.partition("@")
-    tracer, sep, nframe = spec.partition(":")
+    base, plus, option = spec.partition("+")
+    if base == MEMRAY:
+        if (plus and not option) or option not in MEMRAY_OPTIONS:
+            raise ValueError(f"bad memray mode {spec!r}; expected one of {_memray_modes()}")
+        return MEMRAY, 0
+    base, at, interval = base.partition("@")
+    tracer, sep, nframe = base.partition(":")
     if tracer not in TRACERS or not sep or not nframe.isdigit() or int(nframe) < 1:
         raise ValueError(f"bad tracing mode {spec!r}; expected 'none' or 'TRACER:NFRAME'")
     if at and (tracer != "alloctrace" or not interval.isdigit() or int(interval) < 1):
         raise ValueError(f"bad sampled mode {spec!r}; expected 'alloctrace:NFRAME@BYTES'")
+    if plus and (tracer != "alloctrace" or option != "native"):
+        raise ValueError(f"bad native mode {spec!r}; expected 'alloctrace:NFRAME+native'")
     return tracer, int(nframe)
 
 
+def _memray_modes() -> list[str]:
+    return [memray_mode(option) for option in MEMRAY_OPTIONS]
+
+
 def module(spec: str) -> ModuleType | None:
-    """Import and return the tracer module a mode uses (None when untraced)."""
+    """Import and return the tracer module a mode uses (None when untraced, and for memray,
+    which has no tracemalloc-like API to ask)."""
     tracer, _ = parse(spec)
-    return None if tracer is None else importlib.import_module(tracer)
+    return None if tracer in (None, MEMRAY) else importlib.import_module(tracer)
 
 
 def alloctrace_status() -> str | None:
@@ -83,13 +129,29 @@ def start(spec: str) -> None:
             raise RuntimeError(f"{name} was already tracing before mode {spec!r} started")
     if tracer is None:
         return
+    if tracer == MEMRAY:
+        _start_memray(spec)
+        check(spec)
+        return
     mod = importlib.import_module(tracer)
+    options: dict[str, Any] = {}
     interval = sample_interval(spec)
-    if interval is None:
-        mod.start(nframe)
-    else:
-        mod.start(nframe, sample_interval=interval)
+    if interval is not None:
+        options["sample_interval"] = interval
+    if is_native(spec):
+        options["native"] = True
+    mod.start(nframe, **options)
     check(spec)
+
+
+def _start_memray(spec: str) -> None:
+    import memray
+
+    option = spec.partition("+")[2]
+    directory = tempfile.mkdtemp(prefix="alloctrace-bench-memray-")
+    tracker = memray.Tracker(os.path.join(directory, "capture.bin"), **MEMRAY_OPTIONS[option])
+    tracker.__enter__()
+    _memray.append((tracker, directory))
 
 
 def check(spec: str) -> None:
@@ -110,10 +172,20 @@ def check(spec: str) -> None:
             interval = getattr(mod, "get_sample_interval", lambda: None)()
             if interval != sample_interval(spec):
                 raise RuntimeError(f"alloctrace samples every {interval} bytes under {spec!r}")
+            native = getattr(mod, "is_tracing_native", lambda: False)()
+            if native != is_native(spec):
+                raise RuntimeError(f"alloctrace native mode is {native} under {spec!r}")
+    if bool(_memray) != (tracer == MEMRAY):
+        state = "is not" if tracer == MEMRAY else "is unexpectedly"
+        raise RuntimeError(f"memray {state} tracking under {spec!r}")
 
 
 def stop(spec: str) -> None:
-    """Stop the mode's tracer (no-op when untraced)."""
+    """Stop the mode's tracer (no-op when untraced); memray's capture file is deleted."""
+    if _memray:
+        tracker, directory = _memray.pop()
+        tracker.__exit__(None, None, None)
+        shutil.rmtree(directory, ignore_errors=True)
     mod = module(spec)
     if mod is not None:
         mod.stop()
