@@ -198,3 +198,84 @@ def test_deep_memory_table_checks_issue_13_target() -> None:
     assert text.endswith("tracemalloc's RSS over untraced: PASS")
     part["medians"]["alloctrace"] = figures(150, 61)  # own memory above tracemalloc's 60 MiB
     assert "\n".join(deep_memory.table(part)).endswith("**MISS**")
+
+
+def _bench_module(name: str):  # noqa: ANN202 - a module loaded from benches/
+    sys.path.insert(0, str(RUN.parent))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(RUN.parent))
+
+
+@pytest.mark.parametrize(
+    ("spec", "parsed", "native", "interval"),
+    [
+        ("alloctrace:1+native", ("alloctrace", 1), True, None),
+        ("alloctrace:64@524288", ("alloctrace", 64), False, 524288),
+        ("memray", ("memray", 0), False, None),
+        ("memray+python-allocators", ("memray", 0), False, None),
+        ("memray+native", ("memray", 0), False, None),
+        ("tracemalloc:25", ("tracemalloc", 25), False, None),
+    ],
+)
+def test_mode_strings(spec: str, parsed: tuple, native: bool, interval: int | None) -> None:
+    tracers = _bench_module("tracers")
+    assert tracers.parse(spec) == parsed
+    assert tracers.is_native(spec) is native
+    assert tracers.sample_interval(spec) == interval
+
+
+@pytest.mark.parametrize(
+    "spec", ["tracemalloc:1+native", "memray+", "memray+bogus", "memray:1", "alloctrace:1+x"]
+)
+def test_bad_mode_strings_are_rejected(spec: str) -> None:
+    with pytest.raises(ValueError, match="bad"):
+        _bench_module("tracers").parse(spec)
+
+
+def test_side_by_side_table_reports_geomeans_and_native_target() -> None:
+    report = _bench_module("report")
+    modes = ["none", "tracemalloc:1", "alloctrace:1", "alloctrace:1+native", "memray+native"]
+    seconds = [
+        {"none": 1.0, "tracemalloc:1": 4.0, "alloctrace:1": 1.2, "alloctrace:1+native": 1.5,
+         "memray+native": 3.0},
+        {"none": 2.0, "tracemalloc:1": 2.0, "alloctrace:1": 2.4, "alloctrace:1+native": 4.0,
+         "memray+native": 8.0},
+        # A child that failed: left out of every mean.
+        {"none": 1.0, "tracemalloc:1": 9.0, "alloctrace:1": 9.0},
+    ]  # fmt: skip
+    part = {
+        "modes": modes,
+        "extra": ["alloctrace:1+native", "memray+native"],
+        "extra_absent": ["memray"],
+        "rows": [{"workload": f"w{i}", "seconds": s} for i, s in enumerate(seconds)],
+    }
+    lines = report.side_by_side(part)
+    text = "\n".join(lines)
+    assert "| benchmark | untraced | tracemalloc 1 | alloctrace 1 | alloctrace 1, native | " in text
+    assert "| w2 | 1 s | 9.00x | 9.00x | failed | failed |" in text
+    # Means over w0 and w1: sqrt(4 * 1) = 2, sqrt(1.2 * 1.2) = 1.2, sqrt(1.5 * 2), sqrt(3 * 4).
+    assert "| **geometric mean** of 2 |  | **2.00x** | **1.20x** | **1.73x** | **3.46x** |" in text
+    assert "memray: not measured" in text
+    assert "Native mode: geometric mean 1.73x, target ≤1.6x: **MISS**" in text
+    assert report.side_by_side({**part, "extra": []}) == []
+
+
+def test_native_side_by_side_smoke(pyperformance_path: str) -> None:
+    """--native and --memray: the native column is measured; memray's are measured or named
+    as absent (the tests do not install memray)."""
+    proc = _run(
+        ["--smoke", "--python", "current", "--only", "overhead", "--native", "--memray"],
+        pyperformance_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = proc.stdout
+    if importlib.util.find_spec("alloctrace") is None:
+        pytest.skip("alloctrace is not installed")
+    assert "| alloctrace 1, native |" in table, table
+    row = next(line for line in table.splitlines() if line.startswith("| json_loads | "))
+    cells = row.strip("| ").split(" | ")
+    assert cells[4].endswith("x"), row
+    have_memray = importlib.util.find_spec("memray") is not None
+    assert ("memray --native: not measured" in table) is not have_memray, table
