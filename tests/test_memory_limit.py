@@ -3,6 +3,7 @@ root), and real processes that cross a traced or resident limit or die of a Memo
 
 import os
 import textwrap
+import time
 
 import pytest
 
@@ -323,10 +324,16 @@ def test_start_with_a_memory_limit_in_code(tmp_path, capfd):
         peak = alloctrace.Snapshot.load(str(written)).peak
         # Written during the climb or after it: at least the limit was alive at the peak.
         assert sum(s.size for s in peak.statistics("filename")) >= 8 * MiB
+        # The watcher thread says so once the file is in place: wait for that too (it was
+        # once printed after this test had read its output, on a loaded machine).
+        message = f"(memory_limit='{8 * MiB}'): snapshot written to {written}"
+        err, deadline = "", time.monotonic() + 30
+        while message not in err and time.monotonic() < deadline:
+            time.sleep(0.01)
+            err += capfd.readouterr().err
     finally:
         alloctrace.stop()
-    err = capfd.readouterr().err
-    assert f"(memory_limit='{8 * MiB}'): snapshot written to {written}" in err
+    assert message in err
 
 
 @pytest.mark.parametrize(
