@@ -307,7 +307,7 @@ def test_raw_domain_from_threads_without_the_gil_keeps_totals_exact():
     """Many threads allocating in the RAW domain without the GIL."""
     code = textwrap.dedent(
         """
-        import ctypes, alloctrace, threading
+        import ctypes, alloctrace, threading, time
         lib = ctypes.CDLL(None)
         lib.PyMem_RawMalloc.restype = ctypes.c_void_p
         lib.PyMem_RawMalloc.argtypes = [ctypes.c_size_t]
@@ -324,8 +324,14 @@ def test_raw_domain_from_threads_without_the_gil_keeps_totals_exact():
         for t in ts: t.start()
         for t in ts: t.join()
         alloctrace.disable()
-        cur = alloctrace.get_traced_memory()[0]
-        total = sum(t[1] for t in alloctrace._get_traces())
+        # A joined thread may still be freeing its thread state (a RAW free, once seen
+        # between the two readings: 702,664 against 702,304): compare when nothing moved.
+        for _ in range(100):
+            cur = alloctrace.get_traced_memory()[0]
+            total = sum(t[1] for t in alloctrace._get_traces())
+            if alloctrace.get_traced_memory()[0] == cur:
+                break
+            time.sleep(0.01)
         assert cur == total, (cur, total)
         print("ok")
         """
