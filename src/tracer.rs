@@ -937,6 +937,27 @@ impl Collected {
     }
 }
 
+/// Distinct traceback ids in order of first use, each numbered densely: what a snapshot keeps
+/// of the interner's ids (their stacks are resolved once each, in that order).
+#[derive(Default)]
+struct DenseIds {
+    index: HashMap<TracebackId, u32>,
+    ids: Vec<TracebackId>,
+}
+
+impl DenseIds {
+    /// The dense number of `id`, numbering it if new; out of memory if it cannot be stored.
+    fn number(&mut self, id: TracebackId) -> Result<u32> {
+        fallible::map_room_for_one(&mut self.index)?;
+        fallible::room_for_one(&mut self.ids)?;
+        let ids = &mut self.ids;
+        Ok(*self.index.entry(id).or_insert_with(|| {
+            ids.push(id);
+            ids.len() as u32 - 1
+        }))
+    }
+}
+
 fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected> {
     let mut live = table().collect().ok_or(Error::OutOfMemory)?;
     // Tracked-domain traces go last: `Collected::domain` finds their domains by position.
@@ -962,23 +983,13 @@ fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected
             .extend(live.iter().map(|&(address, _)| address));
     }
     out.traces.try_reserve_exact(live.len())?;
-    let mut dense: HashMap<TracebackId, u32> = HashMap::new();
-    let mut ids = Vec::new();
+    let mut dense = DenseIds::default();
     for (_, trace) in &live {
-        let next = ids.len() as u32;
-        fallible::map_room_for_one(&mut dense)?;
-        let index = match dense.entry(trace.traceback) {
-            std::collections::hash_map::Entry::Occupied(found) => *found.get(),
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                ids.try_reserve(1)?;
-                ids.push(trace.traceback);
-                *slot.insert(next)
-            }
-        };
-        out.traces.push((trace.size, index));
+        out.traces
+            .push((trace.size, dense.number(trace.traceback)?));
     }
     drop(live);
-    out.stacks = resolve_stacks(py, &ids, functions)?;
+    out.stacks = resolve_stacks(py, &dense.ids, functions)?;
     Ok(out)
 }
 
@@ -989,17 +1000,10 @@ fn collect_peak(py: Python<'_>) -> Result<Collected> {
     let interned = unsafe { LIVE.get().as_ref().map_or(0, |live| live.interner.len()) };
     // Domain 0's first, as `Collected::domain` expects.
     let at_peak = table().at_peak(interned);
-    let mut dense: HashMap<TracebackId, u32> = HashMap::new();
-    let mut ids = Vec::new();
+    let mut dense = DenseIds::default();
     let mut traces = fallible::with_capacity(at_peak.len())?;
     for &(_, traceback, bytes, _) in &at_peak {
-        fallible::map_room_for_one(&mut dense)?;
-        fallible::room_for_one(&mut ids)?;
-        let index = *dense.entry(traceback).or_insert_with(|| {
-            ids.push(traceback);
-            ids.len() as u32 - 1
-        });
-        traces.push((bytes as usize, index));
+        traces.push((bytes as usize, dense.number(traceback)?));
     }
     Ok(Collected {
         traces,
@@ -1015,7 +1019,7 @@ fn collect_peak(py: Python<'_>) -> Result<Collected> {
                 .map(|&(.., units)| count_from_units(units))
                 .collect(),
         ),
-        stacks: resolve_stacks(py, &ids, true)?,
+        stacks: resolve_stacks(py, &dense.ids, true)?,
     })
 }
 
@@ -1274,20 +1278,15 @@ pub unsafe fn object_sites(py: Python<'_>, addrs: &[usize]) -> (Vec<Option<u32>>
         return (vec![None; addrs.len()], Vec::new());
     }
     let table = table();
-    let mut dense: HashMap<TracebackId, u32> = HashMap::new();
-    let mut ids = Vec::new();
+    let mut dense = DenseIds::default();
     let per_object: Vec<Option<u32>> = addrs
         .iter()
         .map(|&addr| {
             let trace = table.get(Current::object_block(addr as *mut ffi::PyObject))?;
-            let next = ids.len() as u32;
-            Some(*dense.entry(trace.traceback).or_insert_with(|| {
-                ids.push(trace.traceback);
-                next
-            }))
+            dense.number(trace.traceback).ok()
         })
         .collect();
-    let stacks = resolve_stacks(py, &ids, false).unwrap_or_default();
+    let stacks = resolve_stacks(py, &dense.ids, false).unwrap_or_default();
     let mut sites: Vec<Site> = Vec::new();
     // The resolver numbers filenames per code object: a comprehension or nested function
     // (its own code object) gets another number for the same file. A site is the file's
