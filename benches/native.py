@@ -89,7 +89,14 @@ def cpu_seconds(cmd: list[str], env: dict[str, str]) -> float:
 
 def instructions(cmd: list[str], env: dict[str, str], out_dir: Path) -> float:
     out = out_dir / "callgrind.out"
-    grind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--trace-children=no"]
+    # --smc-check=all: see instructions.py (alloctrace patches libpython's code at start()).
+    grind = [
+        "valgrind",
+        "--tool=callgrind",
+        "--smc-check=all",
+        f"--callgrind-out-file={out}",
+        "--trace-children=no",
+    ]
     result = subprocess.run([*grind, *cmd], env=env, capture_output=True, text=True, check=True)
     for line in result.stderr.splitlines():
         if "Collected :" in line:

@@ -53,7 +53,9 @@ case "$tool" in
         ;;
     callgrind)
         command -v valgrind >/dev/null || { echo "valgrind not found: apt-get install valgrind" >&2; exit 1; }
-        valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out" \
+        # --smc-check=all: alloctrace patches libpython's code at start() on 3.9-3.12, which
+        # valgrind would not otherwise see (benches/instructions.py says more).
+        valgrind --tool=callgrind --smc-check=all --callgrind-out-file="$out/callgrind.out" \
             "$python" "${child[@]}" 2> "$out/valgrind.log"
         callgrind_annotate --inclusive=no "$out/callgrind.out" > "$out/report.txt"
         ;;

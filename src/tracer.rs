@@ -162,16 +162,36 @@ unsafe fn current_traceback(
     gil_held: bool,
     domain: u32,
 ) -> std::result::Result<Option<TracebackId>, OutOfMemory> {
+    let tstate = Current::gil_thread_state(gil_held);
+    if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
+        return Ok(unknown_traceback(domain));
+    }
+    traceback_of(tstate, domain)
+}
+
+/// What a block of `domain` gets when the stack cannot be read: the `<unknown>` traceback,
+/// unless the filters reject it.
+#[inline(always)]
+fn unknown_traceback(domain: u32) -> Option<TracebackId> {
     let keep_unknown = match domain {
         crate::native::DOMAIN => &KEEP_UNKNOWN_NATIVE,
         _ => &KEEP_UNKNOWN,
     };
-    let unknown = || Ok(keep_unknown.load(Relaxed).then_some(UNKNOWN_TRACEBACK));
-    let tstate = Current::gil_thread_state(gil_held);
-    if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
-        return unknown();
-    }
-    // SAFETY: this thread holds the main interpreter's GIL (checked just above), and the
+    keep_unknown.load(Relaxed).then_some(UNKNOWN_TRACEBACK)
+}
+
+/// [`current_traceback`] for a caller that already has the thread state (re-attribution
+/// looks it up first, to leave blocks of other interpreters alone).
+///
+/// # Safety
+/// As [`current_traceback`]; `tstate` is this thread's, it holds the main interpreter's GIL.
+#[inline(always)]
+unsafe fn traceback_of(
+    tstate: *mut ffi::PyThreadState,
+    domain: u32,
+) -> std::result::Result<Option<TracebackId>, OutOfMemory> {
+    let unknown = || Ok(unknown_traceback(domain));
+    // SAFETY: this thread holds the main interpreter's GIL (the caller checked), and the
     // reentrancy guard rules out another borrow on this thread.
     let Some(live) = LIVE.get() else {
         return unknown();
@@ -307,7 +327,7 @@ pub unsafe fn on_reused_block(block: usize) {
     let Some(_guard) = ReentrancyGuard::enter() else {
         return;
     };
-    table.retrace(block, |old| match current_traceback(true, DEFAULT_DOMAIN) {
+    table.retrace(block, |old| match traceback_of(tstate, DEFAULT_DOMAIN) {
         Ok(new) => new,
         // No memory for a new traceback: the block keeps the one it has.
         Err(OutOfMemory) => Some(old.traceback),

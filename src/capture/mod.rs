@@ -258,7 +258,8 @@ fn push_code_point(out: &mut Vec<u8>, cp: u32) {
 #[allow(dead_code)]
 #[inline]
 unsafe fn preheader_size(obj: *mut ffi::PyObject, extra_flags: std::os::raw::c_ulong) -> usize {
-    let flags = ffi::PyType_GetFlags((*obj).ob_type);
+    // The field itself: `PyType_GetFlags` is a call into libpython, once per object created.
+    let flags = (*(*obj).ob_type).tp_flags;
     let mut size = 0;
     if flags & ffi::Py_TPFLAGS_HAVE_GC != 0 {
         size += layout::GC_HEAD_SIZE;
