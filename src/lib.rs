@@ -30,6 +30,7 @@ pub mod hooks;
 pub mod intern;
 pub mod memory_limit;
 pub mod native;
+pub mod nopark;
 pub mod peak;
 pub mod process_memory;
 pub mod py;

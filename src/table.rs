@@ -2,7 +2,10 @@
 //! peak totals.
 //!
 //! Hooks run on every allocating thread, and RAW-domain ones may run without the GIL, so the
-//! table is a lock-sharded map (dashmap): a hook takes exactly one shard lock. The totals are
+//! table is a lock-sharded map (dashmap): a hook takes exactly one shard lock. Shard locks are
+//! only ever taken through [`write`] and [`read`], which never park the waiting thread (see
+//! [`crate::nopark`]: the fork handlers hold every shard lock across `fork()`), never through
+//! dashmap's own `write()`/`read()` or the map's methods that lock shards. The totals are
 //! updated while that shard lock is held, and [`TraceTable::clear`] holds every shard lock while
 //! it empties the map and zeroes the totals; together that keeps "current == sum of the live
 //! traces' sizes" exact whenever no hook is half-way through.
@@ -31,9 +34,22 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::R
 use std::sync::OnceLock;
 
 use crate::analysis::sampling::{Weights, COUNT_SCALE};
+use crate::nopark;
 use crate::peak::{Counter, PeakCounters, Space};
 
-use dashmap::{DashMap, SharedValue};
+use dashmap::{DashMap, RwLock, RwLockReadGuard, RwLockWriteGuard, SharedValue};
+
+/// A shard's write lock, waited for without parking (see [`crate::nopark`]).
+#[inline(always)]
+fn write<T>(shard: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    nopark::acquire(|| shard.try_write())
+}
+
+/// A shard's read lock, waited for without parking (see [`crate::nopark`]).
+#[inline(always)]
+fn read<T>(shard: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    nopark::acquire(|| shard.try_read())
+}
 
 /// Interned traceback id (see [`crate::intern`]).
 pub type TracebackId = u32;
@@ -322,7 +338,7 @@ impl TraceTable {
         };
         let hash = self.hash(address as u64);
         let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
-        let mut shard = shard.write();
+        let mut shard = write(shard);
         if let Some(bucket) = shard.find(hash, |entry| entry.0 & ADDRESS_MASK == address as u64) {
             // SAFETY: the bucket was just found in this shard, whose write lock is held.
             let entry = unsafe { bucket.as_mut() };
@@ -349,7 +365,7 @@ impl TraceTable {
     pub fn remove(&self, address: usize) -> Option<Trace> {
         let hash = self.hash(address as u64);
         let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
-        let mut shard = shard.write();
+        let mut shard = write(shard);
         let bucket = shard.find(hash, |entry| entry.0 & ADDRESS_MASK == address as u64)?;
         // SAFETY: the bucket was just found in this shard, whose write lock is held.
         let ((key, value), _) = unsafe { shard.remove(bucket) };
@@ -393,7 +409,7 @@ impl TraceTable {
     ) -> bool {
         let hash = self.hash(address as u64);
         let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
-        let mut shard = shard.write();
+        let mut shard = write(shard);
         let Some(bucket) = shard.find(hash, |entry| entry.0 & ADDRESS_MASK == address as u64)
         else {
             return false;
@@ -460,7 +476,7 @@ impl TraceTable {
     pub fn get(&self, address: usize) -> Option<Trace> {
         let hash = self.hash(address as u64);
         let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
-        let shard = shard.read();
+        let shard = read(shard);
         let bucket = shard.find(hash, |entry| entry.0 & ADDRESS_MASK == address as u64)?;
         // SAFETY: the bucket was just found in this shard, whose read lock is held.
         let entry = unsafe { bucket.as_ref() };
@@ -490,11 +506,15 @@ impl TraceTable {
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.map
+            .shards()
+            .iter()
+            .map(|shard| read(shard).len())
+            .sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.map.shards().iter().all(|shard| read(shard).is_empty())
     }
 
     /// Copies every live trace out, shard by shard. Never calls back into Python, so it is
@@ -502,9 +522,9 @@ impl TraceTable {
     /// the copy cannot be had (the caller raises `MemoryError`).
     pub fn collect(&self) -> Option<Vec<(usize, Trace)>> {
         let mut out = Vec::new();
-        out.try_reserve_exact(self.map.len() + 64).ok()?;
+        out.try_reserve_exact(self.len() + 64).ok()?;
         for shard in self.map.shards() {
-            let shard = shard.read();
+            let shard = read(shard);
             out.try_reserve(shard.len()).ok()?;
             // SAFETY: the shard's read lock is held for the whole iteration.
             unsafe {
@@ -519,7 +539,7 @@ impl TraceTable {
 
     /// Empties the table and zeroes both totals, atomically with respect to hooks.
     pub fn clear(&self) {
-        let mut guards: Vec<_> = self.map.shards().iter().map(|s| s.write()).collect();
+        let mut guards: Vec<_> = self.map.shards().iter().map(|shard| write(shard)).collect();
         for guard in guards.iter_mut() {
             guard.clear();
         }
@@ -531,9 +551,11 @@ impl TraceTable {
                 counter.store(0, Relaxed);
             }
         }
-        drop(guards);
-        // Release the memory of a large table: a cleared tracer should cost nothing.
-        self.map.shrink_to_fit();
+        // Release the memory of a large table: a cleared tracer should cost nothing (each
+        // shard is empty: nothing to rehash).
+        for guard in guards.iter_mut() {
+            guard.shrink_to(0, |entry: &Packed| self.hash(entry.0 & ADDRESS_MASK));
+        }
     }
 
     /// Bytes the table itself holds: every bucket of every shard (16-byte entry + 1 control
@@ -543,7 +565,7 @@ impl TraceTable {
             .map
             .shards()
             .iter()
-            .map(|shard| buckets_for_capacity(shard.read().capacity()))
+            .map(|shard| buckets_for_capacity(read(shard).capacity()))
             .sum();
         let presence = match self.presence.load(Relaxed).is_null() {
             true => 0,
@@ -556,10 +578,12 @@ impl TraceTable {
     }
 
     /// Takes every shard's write lock and keeps it: called just before `fork()` so that the
-    /// child never inherits a lock held by a thread that does not exist there.
+    /// child never inherits a lock held by a thread that does not exist there. Threads that
+    /// want a shard meanwhile wait without parking (see [`crate::nopark`]), so releasing the
+    /// locks after `fork()` needs nothing from `parking_lot_core`.
     pub fn lock_all(&self) {
         for shard in self.map.shards() {
-            std::mem::forget(shard.write());
+            std::mem::forget(write(shard));
         }
     }
 

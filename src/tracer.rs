@@ -1254,7 +1254,11 @@ static LOCKED_FOR_FORK: AtomicBool = AtomicBool::new(false);
 
 /// Takes every shard lock so that the child never inherits one held mid-update by a thread
 /// that does not exist in the child. The guard keeps hooks on this thread (from other fork
-/// handlers' allocations) away from the locks we now hold.
+/// handlers' allocations) away from the locks we now hold. Hooks on other threads wait for
+/// the locks until [`after_fork`] without parking (see [`crate::nopark`]): a thread parked on
+/// a shard at the fork left the child a lock whose release went through `parking_lot_core`'s
+/// wait queue, locked in the child's copy by that thread, and the child hung in
+/// [`after_fork_child`].
 extern "C" fn before_fork() {
     let Some(table) = TABLE.get() else {
         return;

@@ -359,6 +359,48 @@ def test_fork_while_redirected(tmp_path):
     assert result.stdout.strip() == "[0, 0, 0, 0, 0]"
 
 
+def test_many_forks_while_threads_wait_for_the_table(tmp_path):
+    """Forks for two seconds while three threads churn malloc/free: each fork holds the
+    trace table's locks, so those threads wait for them at every fork. A waiter that parked
+    in parking_lot_core left some children hung in their after-fork handler (the rare hang of
+    test_fork_while_redirected). Each child gets 10 s; a hung one is killed and reported."""
+    path = build(tmp_path, "nativeext_forks")
+    script = textwrap.dedent(
+        f"""
+        import importlib.util, os, signal, threading, time
+        import alloctrace
+        spec = importlib.util.spec_from_file_location("nativeext_forks", {path!r})
+        ext = importlib.util.module_from_spec(spec); spec.loader.exec_module(ext)
+        alloctrace.start(1, native=True)
+        threads = [threading.Thread(target=ext.churn, args=(2.0,)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        forks = 0
+        while any(t.is_alive() for t in threads):
+            pid = os.fork()
+            if pid == 0:
+                ext.free(ext.malloc(4097))
+                os._exit(0)
+            forks += 1
+            deadline = time.monotonic() + 10
+            while (status := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    print("child hung after", forks, "forks", flush=True)
+                    os._exit(1)
+                time.sleep(0.001)
+            assert os.waitstatus_to_exitcode(status[1]) == 0, status
+        for t in threads:
+            t.join()
+        print("forks", forks)
+        """
+    )
+    result = run_python(["-W", "ignore::DeprecationWarning", "-c", script])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert int(result.stdout.split()[-1]) > 0
+
+
 def test_startup_variable(tmp_path):
     path = build(tmp_path, "nativeext_env")
     script = textwrap.dedent(

@@ -42,7 +42,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Once, OnceLock};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use pyo3::ffi;
 
 use crate::table::{buckets_for_capacity, Trace, TraceTable};
@@ -57,9 +57,21 @@ extern "C" {
 }
 
 /// The traces of every domain but 0, by `(domain, address)`.
-fn store() -> &'static Mutex<HashMap<(u32, usize), Trace>> {
+fn store_lock() -> &'static Mutex<HashMap<(u32, usize), Trace>> {
     static STORE: OnceLock<Mutex<HashMap<(u32, usize), Trace>>> = OnceLock::new();
     STORE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// [`store_lock`], locked (see [`lock`]).
+fn store() -> MutexGuard<'static, HashMap<(u32, usize), Trace>> {
+    lock(store_lock())
+}
+
+/// Both locks here are held across `fork()` by [`before_fork`], so they are only ever taken
+/// without parking (see [`crate::nopark`]): a thread parked on one at the fork would make the
+/// child's release wait for `parking_lot_core` state that a thread of the parent held.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    crate::nopark::acquire(|| mutex.try_lock())
 }
 
 /// Serialises rewriting (start, stop, and `dlopen` on any thread); `true` while the slots
@@ -108,7 +120,7 @@ unsafe extern "C" fn untrack_hook(domain: c_uint, ptr: usize) -> c_int {
 unsafe extern "C" fn dlopen_hook(filename: *const c_char, flags: c_int) -> *mut c_void {
     let handle = libc::dlopen(filename, flags);
     if !handle.is_null() {
-        let on = PATCHING.lock();
+        let on = lock(&PATCHING);
         if *on {
             redirect();
         }
@@ -139,7 +151,7 @@ unsafe fn track(domain: u32, ptr: usize, size: usize) -> c_int {
             -1
         };
     }
-    let mut map = store().lock();
+    let mut map = store();
     if map.try_reserve(1).is_err() {
         return -1;
     }
@@ -157,7 +169,7 @@ fn untrack(domain: u32, ptr: usize) {
         tracer::forget_tracked(ptr);
         return;
     }
-    let mut map = store().lock();
+    let mut map = store();
     if let Some(old) = map.remove(&(domain, ptr)) {
         // Nothing is added, so this cannot fail.
         let _ = tracer::table().account_outside(domain, Some(old), None);
@@ -167,7 +179,7 @@ fn untrack(domain: u32, ptr: usize) {
 /// Empties the table (with `clear`) and the tracked blocks together, so that no tracked
 /// block is charged to totals that `clear` then zeroes.
 pub fn clear_with(table: &TraceTable, clear: impl FnOnce(&TraceTable)) {
-    let mut map = store().lock();
+    let mut map = store();
     clear(table);
     map.clear();
     map.shrink_to_fit();
@@ -176,7 +188,6 @@ pub fn clear_with(table: &TraceTable, clear: impl FnOnce(&TraceTable)) {
 /// Every tracked block outside domain 0: `(domain, address, trace)`.
 pub fn collect() -> Vec<(u32, usize, Trace)> {
     store()
-        .lock()
         .iter()
         .map(|(&(domain, address), &trace)| (domain, address, trace))
         .collect()
@@ -185,7 +196,7 @@ pub fn collect() -> Vec<(u32, usize, Trace)> {
 /// Bytes the map of tracked blocks holds (every bucket, empty or not, as the trace table
 /// counts its own), for `get_tracemalloc_memory()`: numpy can track many blocks at once.
 pub fn memory_usage() -> usize {
-    let buckets = buckets_for_capacity(store().lock().capacity());
+    let buckets = buckets_for_capacity(store().capacity());
     buckets * (std::mem::size_of::<((u32, usize), Trace)>() + 1)
 }
 
@@ -285,7 +296,7 @@ fn restore() {
 /// Starts redirecting (from `start()`, GIL held).
 pub fn enable() {
     register_fork_handlers();
-    let mut on = PATCHING.lock();
+    let mut on = lock(&PATCHING);
     *on = true;
     redirect();
 }
@@ -293,7 +304,7 @@ pub fn enable() {
 /// Stops redirecting (from `stop()`, GIL held). A thread already inside one of our functions
 /// finishes in them: they stay loaded, and find tracing off.
 pub fn disable() {
-    let mut on = PATCHING.lock();
+    let mut on = lock(&PATCHING);
     if *on {
         *on = false;
         restore();
@@ -301,7 +312,9 @@ pub fn disable() {
 }
 
 /// A fork while another thread holds one of our locks would leave the child a lock nobody
-/// can release: the forking thread takes both first, and both processes release them.
+/// can release: the forking thread takes both first, and both processes release them. Other
+/// threads wait for them meanwhile without parking (see [`lock`]), so the release is a plain
+/// compare-and-swap in both processes.
 fn register_fork_handlers() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -311,14 +324,14 @@ fn register_fork_handlers() {
 }
 
 extern "C" fn before_fork() {
-    std::mem::forget(PATCHING.lock());
-    std::mem::forget(store().lock());
+    std::mem::forget(lock(&PATCHING));
+    std::mem::forget(store());
 }
 
 extern "C" fn after_fork() {
     // SAFETY: `before_fork` locked both on this (the forking) thread.
     unsafe {
-        store().force_unlock();
+        store_lock().force_unlock();
         PATCHING.force_unlock();
     }
 }
