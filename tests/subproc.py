@@ -6,6 +6,7 @@ exactly the settings it depends on.
 """
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -21,12 +22,24 @@ def clean_env(**extra):
 
 
 def run_python(args, cwd=None, **env):
-    """Runs ``python ARGS`` with :func:`clean_env` plus *env*; output captured as text."""
-    return subprocess.run(
+    """Runs ``python ARGS`` with :func:`clean_env` plus *env*; output captured as text.
+
+    The child leads a process group of its own, and a timeout kills the whole group: a hung
+    grandchild (a forked child of a fork test) would otherwise keep the output pipes open, and
+    ``subprocess.run`` would wait for them for ever after killing only the child."""
+    with subprocess.Popen(
         [sys.executable, *args],
         env=clean_env(**env),
         cwd=cwd,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=TIMEOUT,
-    )
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(proc.args, TIMEOUT, out, err) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
