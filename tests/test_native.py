@@ -33,6 +33,18 @@ def build(directory, name, flags=()):
 load = cext.load
 
 
+def child_script(path, name, body):
+    """A child's script: alloctrace imported, then the extension built at *path* loaded as
+    ``ext`` under module name *name*, then *body* (dedented)."""
+    return (
+        "import importlib.util\n"
+        "import alloctrace\n"
+        f"spec = importlib.util.spec_from_file_location({name!r}, {path!r})\n"
+        "ext = importlib.util.module_from_spec(spec); spec.loader.exec_module(ext)\n"
+        + textwrap.dedent(body)
+    )
+
+
 @pytest.fixture(scope="module")
 def ext(tmp_path_factory):
     """An extension imported before any test starts tracing."""
@@ -327,12 +339,11 @@ def test_stop_while_other_threads_are_inside_malloc(stopped_tracer, ext):
 
 def test_fork_while_redirected(tmp_path):
     path = build(tmp_path, "nativeext_fork")
-    script = textwrap.dedent(
-        f"""
-        import importlib.util, os, threading
-        import alloctrace
-        spec = importlib.util.spec_from_file_location("nativeext_fork", {path!r})
-        ext = importlib.util.module_from_spec(spec); spec.loader.exec_module(ext)
+    script = child_script(
+        path,
+        "nativeext_fork",
+        """
+        import os, threading
         alloctrace.start(1, native=True)
         t = threading.Thread(target=ext.churn, args=(1.0,)); t.start()
         native = lambda: [tr[1] for tr in alloctrace._get_traces()
@@ -352,7 +363,7 @@ def test_fork_while_redirected(tmp_path):
         p = ext.malloc(4097)
         assert native() == [4097]
         print(codes)
-        """
+        """,
     )
     result = run_python(["-c", script])
     assert result.returncode == 0, result.stderr
@@ -365,12 +376,11 @@ def test_many_forks_while_threads_wait_for_the_table(tmp_path):
     in parking_lot_core left some children hung in their after-fork handler (the rare hang of
     test_fork_while_redirected). Each child gets 10 s; a hung one is killed and reported."""
     path = build(tmp_path, "nativeext_forks")
-    script = textwrap.dedent(
-        f"""
-        import importlib.util, os, signal, threading, time
-        import alloctrace
-        spec = importlib.util.spec_from_file_location("nativeext_forks", {path!r})
-        ext = importlib.util.module_from_spec(spec); spec.loader.exec_module(ext)
+    script = child_script(
+        path,
+        "nativeext_forks",
+        """
+        import os, signal, threading, time
         alloctrace.start(1, native=True)
         threads = [threading.Thread(target=ext.churn, args=(2.0,)) for _ in range(3)]
         for t in threads:
@@ -394,7 +404,7 @@ def test_many_forks_while_threads_wait_for_the_table(tmp_path):
         for t in threads:
             t.join()
         print("forks", forks)
-        """
+        """,
     )
     result = run_python(["-W", "ignore::DeprecationWarning", "-c", script])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -403,16 +413,15 @@ def test_many_forks_while_threads_wait_for_the_table(tmp_path):
 
 def test_startup_variable(tmp_path):
     path = build(tmp_path, "nativeext_env")
-    script = textwrap.dedent(
-        f"""
-        import importlib.util, alloctrace
-        spec = importlib.util.spec_from_file_location("nativeext_env", {path!r})
-        ext = importlib.util.module_from_spec(spec); spec.loader.exec_module(ext)
+    script = child_script(
+        path,
+        "nativeext_env",
+        """
         p = ext.malloc(65432)
         print(alloctrace.is_tracing_native(),
               [t[0] == alloctrace.NATIVE_DOMAIN for t in alloctrace._get_traces()
                if t[1] == 65432])
-        """
+        """,
     )
     on = run_python(["-c", script], ALLOCTRACE="1", ALLOCTRACE_NATIVE="1")
     assert on.returncode == 0, on.stderr
