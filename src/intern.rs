@@ -223,8 +223,9 @@ pub struct Interner {
     /// One-frame stacks (the default `nframe`) recently interned or found, by frame. With one
     /// frame, consecutive allocations of a loop body come from different lines, so one
     /// remembered stack rarely matches (objects re-attributed from free lists, a float per
-    /// arithmetic operation, hit it 27% of the time in a float loop); any of the last few dozen lines is
-    /// found here with one comparison, without hashing the stack and walking the trie.
+    /// arithmetic operation, hit it 27% of the time in a float loop); any of the last few
+    /// dozen lines is found here with one comparison, without hashing the stack and walking
+    /// the trie.
     recent: Box<[Recent; RECENT]>,
 }
 
