@@ -144,14 +144,20 @@ fn normalize_pyc(name: &[u8]) -> &[u8] {
 /// Compiled patterns are shared: filters are rebuilt on every `filter_traces` call and the
 /// tracer's filters may be set repeatedly with the same few patterns. Bounded so that a
 /// program generating patterns cannot grow it without limit.
+///
+/// Only ever try-locked, and never held while compiling: a cache someone else holds is
+/// skipped (the pattern is compiled uncached). A forked child inherits the lock as it was at
+/// the fork, held by a thread that does not exist there if one was inside; waiting for it
+/// would hang the child's first filter, and parking on it would leave `parking_lot_core`
+/// state behind (see [`crate::nopark`]).
 static PATTERN_CACHE: Mutex<Option<HashMap<Vec<u8>, Arc<Pattern>>>> = Mutex::new(None);
 const PATTERN_CACHE_MAX: usize = 256;
 
 fn compile_pattern(pattern: &[u8]) -> Result<Arc<Pattern>> {
-    let mut cache = PATTERN_CACHE.lock();
-    let cache = cache.get_or_insert_with(HashMap::new);
-    if let Some(p) = cache.get(pattern) {
-        return Ok(p.clone());
+    if let Some(mut cache) = PATTERN_CACHE.try_lock() {
+        if let Some(p) = cache.get_or_insert_with(HashMap::new).get(pattern) {
+            return Ok(p.clone());
+        }
     }
     let tokens = parse_fnmatch(normalize_pyc(pattern));
     let glob = match glob_from_tokens(&tokens) {
@@ -176,10 +182,13 @@ fn compile_pattern(pattern: &[u8]) -> Result<Arc<Pattern>> {
         glob_exact_for_any_name: tokens.iter().all(|t| matches!(t, Tok::Lit(_) | Tok::Star)),
         tokens,
     });
-    if cache.len() >= PATTERN_CACHE_MAX {
-        cache.clear();
+    if let Some(mut cache) = PATTERN_CACHE.try_lock() {
+        let cache = cache.get_or_insert_with(HashMap::new);
+        if cache.len() >= PATTERN_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(pattern.to_vec(), compiled.clone());
     }
-    cache.insert(pattern.to_vec(), compiled.clone());
     Ok(compiled)
 }
 
@@ -765,6 +774,21 @@ pub fn compact(snapshot: Snapshot) -> Result<Snapshot> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn patterns_compile_while_the_cache_is_held_elsewhere() {
+        // As in a forked child whose parent had a thread inside the cache at the fork.
+        let held = PATTERN_CACHE.lock();
+        let (sent, answer) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = sent.send(
+                compile_pattern(b"*/held_cache_*.py").map(|p| p.is_match(b"a/held_cache_x.py")),
+            );
+        });
+        let got = answer.recv_timeout(std::time::Duration::from_secs(20));
+        drop(held);
+        assert!(matches!(got, Ok(Ok(true))), "{got:?}");
+    }
 
     fn glob_match(pattern: &str, name: &str) -> bool {
         let spec = FilterSpec::Filename {
