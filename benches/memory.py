@@ -1,7 +1,8 @@
 """Part 3: how much memory the tracer keeps per live traced block.
 
 A generated function with a few hundred distinct lines, each appending a fresh ``bytes`` object
-to a list, is run until one million blocks are alive, under nframe 1.  The tracer's own account
+to a list, is run until one million (then, in a fresh child, ten million) blocks are alive,
+under nframe 1.  The tracer's own account
 (growth of ``get_tracemalloc_memory()``) is divided by the number of blocks created, and checked
 against what the operating system saw: the growth of the process's resident set size, minus the
 growth of an untraced child doing the same work.
@@ -28,16 +29,16 @@ DISTINCT_LINES = 300
 
 @dataclass(frozen=True)
 class Settings:
-    """Live blocks to create (a multiple of the number of distinct lines) and rounds."""
+    """Live block counts to measure at (multiples of the number of distinct lines), rounds."""
 
-    blocks: int
+    blocks: tuple[int, ...]
     rounds: int
 
 
 PRESETS = {
-    "full": Settings(blocks=1_000_200, rounds=2),
-    "quick": Settings(blocks=1_000_200, rounds=1),
-    "smoke": Settings(blocks=30_000, rounds=1),
+    "full": Settings(blocks=(1_000_200, 10_000_200), rounds=2),
+    "quick": Settings(blocks=(1_000_200, 10_000_200), rounds=1),
+    "smoke": Settings(blocks=(30_000,), rounds=1),
 }
 
 
@@ -50,26 +51,31 @@ def modes(with_alloctrace: bool) -> list[str]:
 
 
 def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any]:
-    """Parent side: one child per mode and round, interleaved; medians of each figure."""
+    """Parent side: per block count, one child per mode and round, interleaved; medians."""
     all_modes = modes(with_alloctrace)
-    samples: dict[str, list[dict[str, int]]] = {}
+    counts = []
     errors: dict[str, str] = {}
-    for round_index in range(settings.rounds):
-        for spec in childproc.rotated(all_modes, round_index):
-            childproc.progress(f"[memory] round {round_index + 1}/{settings.rounds} {spec}")
-            try:
-                answer = childproc.run_child(
-                    python, "memory", ["--mode", spec, "--blocks", str(settings.blocks)]
+    for blocks in settings.blocks:
+        samples: dict[str, list[dict[str, int]]] = {}
+        for round_index in range(settings.rounds):
+            for spec in childproc.rotated(all_modes, round_index):
+                childproc.progress(
+                    f"[memory] {blocks:,} blocks, round {round_index + 1}/{settings.rounds} {spec}"
                 )
-            except childproc.ChildFailed as exc:
-                errors[spec] = str(exc)
-                continue
-            samples.setdefault(spec, []).append(answer)
-    figures = {
-        spec: {key: childproc.median([s[key] for s in runs]) for key in runs[0]}
-        for spec, runs in samples.items()
-    }
-    return {"modes": all_modes, "figures": figures, "errors": errors, "blocks": settings.blocks}
+                try:
+                    answer = childproc.run_child(
+                        python, "memory", ["--mode", spec, "--blocks", str(blocks)]
+                    )
+                except childproc.ChildFailed as exc:
+                    errors[f"{spec} at {blocks:,} blocks"] = str(exc)
+                    continue
+                samples.setdefault(spec, []).append(answer)
+        figures = {
+            spec: {key: childproc.median([s[key] for s in runs]) for key in runs[0]}
+            for spec, runs in samples.items()
+        }
+        counts.append({"blocks": blocks, "figures": figures})
+    return {"modes": all_modes, "counts": counts, "errors": errors}
 
 
 def make_builder() -> Callable[[list[bytes], int, bytes], None]:

@@ -344,7 +344,14 @@ def hook_rows(part: dict[str, Any], have_at: bool) -> list[str]:
 
 def memory_rows(part: dict[str, Any], have_at: bool) -> list[str]:
     """Part 3 rows: tracer memory per live block, as reported and as the OS saw it."""
-    figures, blocks = part["figures"], part["blocks"]
+    rows = []
+    for count in part["counts"]:
+        rows += _memory_rows_at(count["figures"], count["blocks"], have_at)
+    return rows
+
+
+def _memory_rows_at(figures: dict[str, Any], blocks: int, have_at: bool) -> list[str]:
+    """The two memory rows at one live block count."""
     tm, at = figures.get("tracemalloc:1"), figures.get("alloctrace:1")
     base = figures.get("none")
     label = f"{blocks:,} live blocks from 300 lines"

@@ -29,6 +29,7 @@
 //! takes the normal shard-locked path. A counter that reaches its maximum stays there (only
 //! costs false positives) until the table is cleared.
 
+use std::cell::UnsafeCell;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
@@ -38,6 +39,7 @@ use crate::nopark;
 use crate::peak::{Counter, PeakCounters, Space};
 
 use dashmap::{DashMap, RwLock, RwLockReadGuard, RwLockWriteGuard, SharedValue};
+use hashbrown::HashMap;
 
 /// A shard's write lock, waited for without parking (see [`crate::nopark`]).
 #[inline(always)]
@@ -97,19 +99,25 @@ impl BuildHasher for BuildAddressHasher {
     }
 }
 
-/// A table entry: `(key, value)`, 16 bytes instead of the 24 an address, a `usize` size and a
-/// 32-bit id would take with padding.
+/// A table entry, 12 bytes: `([low, high], traceback id)`, 4-byte aligned, where `high:low`
+/// is the block's address in its low 47 bits (x86-64 user space is below 2^47) and its size
+/// in the 17 bits above. Twelve bytes rather than the 24 an address, a `usize` size and an id
+/// take with padding (or 16 for a packed pair of `u64`s): the entries are most of the
+/// tracer's memory, one per live block.
 ///
-/// - `key`: the block's address in the low 48 bits (x86-64 user space is below 2^47), the high
-///   16 bits of its size above it;
-/// - `value`: the low 32 bits of its size, then the traceback id.
+/// A size of [`SIZE_ELSEWHERE`] bytes or more (128 KiB) does not fit: its field holds that
+/// value and the size itself is kept in the shard's [`BigSizes`]. Such blocks are few (a heap
+/// of small objects has none), and each costs far more to allocate than the second lookup.
 ///
-/// Lookups hash and compare the address bits only. A block whose address or size does not fit
-/// (an address above 2^48, a block of 256 TiB) is not stored and is counted as dropped, never
-/// recorded wrongly.
-type Packed = (u64, SharedValue<u64>);
+/// Lookups hash and compare the address bits only. A block above 2^47 is not stored and is
+/// counted as dropped, never recorded wrongly.
+type Packed = (Key, SharedValue<TracebackId>);
+type Key = [u32; 2];
 
-const ADDRESS_MASK: u64 = (1 << 48) - 1;
+const ADDRESS_BITS: u32 = 47;
+const ADDRESS_MASK: u64 = (1 << ADDRESS_BITS) - 1;
+/// The size field's largest value, meaning "see [`BigSizes`]".
+const SIZE_ELSEWHERE: u64 = (1 << (64 - ADDRESS_BITS)) - 1;
 
 /// hashbrown's bucket count for a table of `capacity`: a power of two, filled to 7/8 at most
 /// (to all but one bucket below 8).
@@ -121,25 +129,80 @@ pub(crate) fn buckets_for_capacity(capacity: usize) -> usize {
     }
 }
 
+/// The entry of a block, `None` if its address does not fit.
 #[inline(always)]
-fn pack(address: usize, trace: Trace) -> Option<(u64, u64)> {
-    let (address, size) = (address as u64, trace.size as u64);
-    if address > ADDRESS_MASK || size >> 48 != 0 {
+fn pack(address: usize, trace: Trace) -> Option<Packed> {
+    let address = address as u64;
+    if address > ADDRESS_MASK {
         return None;
     }
-    let key = address | (size >> 32) << 48;
-    let value = (size & 0xffff_ffff) | u64::from(trace.traceback) << 32;
-    Some((key, value))
+    let bits = address | (trace.size as u64).min(SIZE_ELSEWHERE) << ADDRESS_BITS;
+    Some((
+        [bits as u32, (bits >> 32) as u32],
+        SharedValue::new(trace.traceback),
+    ))
 }
 
 #[inline(always)]
-fn unpack(key: u64, value: u64) -> (usize, Trace) {
-    let size = (key >> 48) << 32 | (value & 0xffff_ffff);
-    let trace = Trace {
-        size: size as usize,
-        traceback: (value >> 32) as TracebackId,
-    };
-    ((key & ADDRESS_MASK) as usize, trace)
+fn key_bits(key: &Key) -> u64 {
+    u64::from(key[1]) << 32 | u64::from(key[0])
+}
+
+#[inline(always)]
+fn address_of(key: &Key) -> u64 {
+    key_bits(key) & ADDRESS_MASK
+}
+
+/// The entry's size, if it is kept in the entry (else it is in [`BigSizes`]).
+#[inline(always)]
+fn inline_size(key: &Key) -> Option<usize> {
+    let field = key_bits(key) >> ADDRESS_BITS;
+    (field != SIZE_ELSEWHERE).then_some(field as usize)
+}
+
+/// Sizes that do not fit an entry, by address: one map per shard, only ever touched while
+/// that shard's lock is held (read to read, write to change), so it needs no lock of its own
+/// and the fork handlers' locking covers it.
+struct BigSizes(UnsafeCell<HashMap<u64, usize, BuildAddressHasher>>);
+
+// SAFETY: every access goes through `TraceTable::big`/`big_mut`, whose callers hold the
+// matching shard's lock, which serialises writers against everyone else.
+unsafe impl Sync for BigSizes {}
+
+/// Number of shards: fixed rather than dashmap's (four per core), so that the tracer's
+/// memory for a given heap is the same on every machine, and enough for the staggering
+/// below to average out.
+const SHARDS: usize = 64;
+/// Resolution of the shard choice (see [`TraceTable::locate`]).
+const SHARD_CHOICE_BITS: u32 = 10;
+
+/// Which shard each value of a hash's choice bits goes to: shard `i` gets a share of the
+/// blocks proportional to 2^(i/SHARDS). hashbrown doubles a table when it is 7/8 full, so a
+/// shard's load cycles between 7/16 and 7/8 as blocks are added; with equal shards they all
+/// double at once, and right after that every entry costs twice its size (1M blocks was
+/// 35.7 bytes each with 16-byte entries). Shares spread over one doubling keep shards at
+/// every phase of that cycle at any heap size, so the table as a whole stays near the
+/// average load (~0.63): 20-23 bytes per block at any count (see docs/tracer-memory.md).
+fn shard_choices() -> [u8; 1 << SHARD_CHOICE_BITS] {
+    let weights: Vec<f64> = (0..SHARDS)
+        .map(|i| (i as f64 / SHARDS as f64).exp2())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let slots = 1usize << SHARD_CHOICE_BITS;
+    let mut choices = Vec::with_capacity(slots);
+    let mut cumulative = 0.0;
+    for (shard, weight) in weights.iter().enumerate() {
+        cumulative += weight / total;
+        let end = if shard + 1 == SHARDS {
+            slots
+        } else {
+            (cumulative * slots as f64).round() as usize
+        };
+        choices.resize(end.max(choices.len()), shard as u8);
+    }
+    choices
+        .try_into()
+        .expect("one choice per value of the choice bits")
 }
 
 /// Presence filter slots: 2^16 one-byte counters, 64 KiB (small enough to stay in cache on
@@ -160,11 +223,17 @@ fn presence_slot(address: usize) -> usize {
 /// free path stays one comparison more on average, and the factor between the shrink
 /// threshold and the new size keeps a table hovering at one size from rebuilding over again.
 const SHRINK_BELOW: usize = 8;
-/// Shards this small (~70 KB of buckets) are left alone.
-const SHRINK_MIN: usize = 4096;
+/// Shards this small (1024 buckets, 13 KB; 850 KB over all shards) are left alone.
+const SHRINK_MIN: usize = 1024;
+/// Big sizes' maps this small (~1 KB) are left alone.
+const BIG_SHRINK_MIN: usize = 56;
 
 pub struct TraceTable {
-    map: DashMap<u64, u64, BuildAddressHasher>,
+    map: DashMap<Key, TracebackId, BuildAddressHasher>,
+    /// Per shard, the sizes its entries cannot hold.
+    big: Box<[BigSizes; SHARDS]>,
+    /// See [`shard_choices`]; in place, being read on every hook.
+    shard_of: [u8; 1 << SHARD_CHOICE_BITS],
     current: AtomicUsize,
     peak: AtomicUsize,
     /// Per domain and traceback, bytes and blocks now and at the peak (see [`crate::peak`]).
@@ -192,7 +261,11 @@ impl TraceTable {
             .space_of(crate::native::DOMAIN)
             .expect("new counters have room for a second domain");
         Self {
-            map: DashMap::with_hasher(BuildAddressHasher),
+            map: DashMap::with_hasher_and_shard_amount(BuildAddressHasher, SHARDS),
+            big: Box::new(std::array::from_fn(|_| {
+                BigSizes(UnsafeCell::new(HashMap::with_hasher(BuildAddressHasher)))
+            })),
+            shard_of: shard_choices(),
             current: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
             counters,
@@ -327,56 +400,139 @@ impl TraceTable {
     #[inline]
     #[must_use = "a `false` insert is a dropped trace, to be counted"]
     pub fn insert(&self, address: usize, trace: Trace) -> bool {
-        let Some((key, value)) = pack(address, trace) else {
+        let Some(entry) = pack(address, trace) else {
             return false;
         };
         // Its counter must exist before the trace enters (the only step that may allocate
-        // besides the map's own growth).
+        // besides the map's and the big sizes' own growth).
         let space = self.space(address);
         let Some(counter) = self.counters.counter(space, trace.traceback) else {
             return false;
         };
-        let hash = self.hash(address as u64);
-        let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
-        let mut shard = write(shard);
-        if let Some(bucket) = shard.find(hash, |entry| entry.0 & ADDRESS_MASK == address as u64) {
+        let (index, hash) = self.locate(address as u64);
+        let mut shard = write(&self.map.shards()[index]);
+        // SAFETY (of every use of the big sizes below): the shard's write lock is held until
+        // the end.
+        let is_big = inline_size(&entry.0).is_none();
+        if is_big && unsafe { self.big_mut(index) }.try_reserve(1).is_err() {
+            return false;
+        }
+        let address = address as u64;
+        if let Some(bucket) = shard.find(hash, |e| address_of(&e.0) == address) {
             // SAFETY: the bucket was just found in this shard, whose write lock is held.
-            let entry = unsafe { bucket.as_mut() };
-            let (_, old) = unpack(entry.0, *entry.1.get());
-            *entry = (key, SharedValue::new(value));
+            let slot = unsafe { bucket.as_mut() };
+            let old = unsafe { self.take_trace(index, slot) };
+            *slot = entry;
+            if is_big {
+                // Room reserved above: does not allocate.
+                unsafe { self.big_mut(index) }.insert(address, trace.size);
+            }
             self.account(space, old, None);
             self.account(space, trace, Some(counter));
             return true;
         }
-        let rehash = |entry: &Packed| self.hash(entry.0 & ADDRESS_MASK);
+        let rehash = |e: &Packed| self.locate(address_of(&e.0)).1;
         if shard.try_reserve(1, rehash).is_err() {
             return false;
         }
         // SAFETY: room for one more entry was reserved just above, under the same lock.
-        unsafe { shard.insert_no_grow(hash, (key, SharedValue::new(value))) };
-        self.presence_add(address);
+        unsafe { shard.insert_no_grow(hash, entry) };
+        if is_big {
+            unsafe { self.big_mut(index) }.insert(address, trace.size);
+        }
+        self.presence_add(address as usize);
         self.account(space, trace, Some(counter));
         true
+    }
+
+    /// The trace of an entry of shard `index` that leaves the table, taking a large block's
+    /// size out of the shard's big sizes (entries that stay are read with `Self::trace_of`).
+    ///
+    /// # Safety
+    /// The caller holds that shard's write lock.
+    #[inline(always)]
+    unsafe fn take_trace(&self, index: usize, entry: &Packed) -> Trace {
+        let size = match inline_size(&entry.0) {
+            Some(size) => size,
+            None => self
+                .big_mut(index)
+                .remove(&address_of(&entry.0))
+                .unwrap_or(0),
+        };
+        Trace {
+            size,
+            traceback: *entry.1.get(),
+        }
+    }
+
+    /// The trace of an entry of shard `index`.
+    ///
+    /// # Safety
+    /// The caller holds that shard's read or write lock.
+    #[inline(always)]
+    unsafe fn trace_of(&self, index: usize, entry: &Packed) -> Trace {
+        let size = match inline_size(&entry.0) {
+            Some(size) => size,
+            None => self
+                .big(index)
+                .get(&address_of(&entry.0))
+                .copied()
+                .unwrap_or(0),
+        };
+        Trace {
+            size,
+            traceback: *entry.1.get(),
+        }
+    }
+
+    /// The big sizes of shard `index`, to read.
+    ///
+    /// # Safety
+    /// The caller holds that shard's read or write lock for as long as it uses the result.
+    #[inline(always)]
+    unsafe fn big(&self, index: usize) -> &HashMap<u64, usize, BuildAddressHasher> {
+        &*self.big[index & (SHARDS - 1)].0.get()
+    }
+
+    /// The big sizes of shard `index`, to change.
+    ///
+    /// # Safety
+    /// The caller holds that shard's write lock for as long as it uses the result.
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    unsafe fn big_mut(&self, index: usize) -> &mut HashMap<u64, usize, BuildAddressHasher> {
+        &mut *self.big[index & (SHARDS - 1)].0.get()
     }
 
     /// Forgets a block, returning what was recorded for it. Never allocates (dashmap's
     /// `entry()` would reserve room for an insert first, and abort if that failed).
     #[inline]
     pub fn remove(&self, address: usize) -> Option<Trace> {
-        let hash = self.hash(address as u64);
-        let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
-        let mut shard = write(shard);
-        let bucket = shard.find(hash, |entry| entry.0 & ADDRESS_MASK == address as u64)?;
-        // SAFETY: the bucket was just found in this shard, whose write lock is held.
-        let ((key, value), _) = unsafe { shard.remove(bucket) };
-        let (_, trace) = unpack(key, value.into_inner());
+        let (index, hash) = self.locate(address as u64);
+        let mut shard = write(&self.map.shards()[index]);
+        let bucket = shard.find(hash, |e| address_of(&e.0) == address as u64)?;
+        // SAFETY: the bucket was just found in this shard, whose write lock is held (until
+        // the end, for the big sizes too).
+        let (entry, _) = unsafe { shard.remove(bucket) };
+        let trace = unsafe { self.take_trace(index, &entry) };
+        if inline_size(&entry.0).is_none() {
+            let big = unsafe { self.big_mut(index) };
+            if big.len() < big.capacity() / SHRINK_BELOW && big.capacity() > BIG_SHRINK_MIN {
+                // After a burst of large blocks, as for the shard below.
+                let mut smaller = HashMap::with_hasher(BuildAddressHasher);
+                if smaller.try_reserve(big.len() * 2).is_ok() {
+                    smaller.extend(big.drain());
+                    *big = smaller;
+                }
+            }
+        }
         self.presence_remove(address);
         self.account(self.space(address), trace, None);
         if shard.len() < shard.capacity() / SHRINK_BELOW && shard.capacity() > SHRINK_MIN {
             // Rebuilt at twice its entries, or left as it is if the smaller table cannot be
             // had: a free hook must not fail, nor abort for memory (hashbrown's own
             // `shrink_to` aborts on a failed allocation). Entries are copied as they are.
-            let rehash = |entry: &Packed| self.hash(entry.0 & ADDRESS_MASK);
+            let rehash = |e: &Packed| self.locate(address_of(&e.0)).1;
             let old = std::mem::take(&mut *shard);
             if shard.try_reserve(old.len() * 2, rehash).is_ok() {
                 // SAFETY: iterating a table we own; room for every entry was reserved above.
@@ -407,16 +563,15 @@ impl TraceTable {
         address: usize,
         traceback: impl FnOnce(Trace) -> Option<TracebackId>,
     ) -> bool {
-        let hash = self.hash(address as u64);
-        let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
-        let mut shard = write(shard);
-        let Some(bucket) = shard.find(hash, |entry| entry.0 & ADDRESS_MASK == address as u64)
-        else {
+        let (index, hash) = self.locate(address as u64);
+        let mut shard = write(&self.map.shards()[index]);
+        let Some(bucket) = shard.find(hash, |e| address_of(&e.0) == address as u64) else {
             return false;
         };
-        // SAFETY: the bucket was just found in this shard, whose write lock is held.
+        // SAFETY: the bucket was just found in this shard, whose write lock is held (until
+        // the end, for the big sizes too).
         let entry = unsafe { bucket.as_mut() };
-        let (_, old) = unpack(entry.0, *entry.1.get());
+        let old = unsafe { self.trace_of(index, entry) };
         let space = self.space(address);
         match traceback(old) {
             Some(id) if id == old.traceback => {}
@@ -424,14 +579,15 @@ impl TraceTable {
                 // Without memory for the new traceback's counter, the block keeps its
                 // traceback.
                 if let Some(counter) = self.counters.counter(space, id) {
-                    // Same address and size: only the traceback half of the value changes.
-                    *entry.1.get_mut() = (*entry.1.get() & 0xffff_ffff) | u64::from(id) << 32;
+                    // Same address and size: only the id changes.
+                    *entry.1.get_mut() = id;
                     self.account_move(space, old, counter);
                 }
             }
             None => {
                 // SAFETY: as above; the bucket is not used after its removal.
-                unsafe { shard.remove(bucket) };
+                let (entry, _) = unsafe { shard.remove(bucket) };
+                unsafe { self.take_trace(index, &entry) };
                 self.presence_remove(address);
                 self.account(space, old, None);
             }
@@ -474,18 +630,24 @@ impl TraceTable {
     }
 
     pub fn get(&self, address: usize) -> Option<Trace> {
-        let hash = self.hash(address as u64);
-        let shard = &self.map.shards()[self.map.determine_shard(hash as usize)];
-        let shard = read(shard);
-        let bucket = shard.find(hash, |entry| entry.0 & ADDRESS_MASK == address as u64)?;
-        // SAFETY: the bucket was just found in this shard, whose read lock is held.
+        let (index, hash) = self.locate(address as u64);
+        let shard = read(&self.map.shards()[index]);
+        let bucket = shard.find(hash, |e| address_of(&e.0) == address as u64)?;
+        // SAFETY: the bucket was just found in this shard, whose read lock is held (as long
+        // as the big sizes are read too).
         let entry = unsafe { bucket.as_ref() };
-        Some(unpack(entry.0, *entry.1.get()).1)
+        Some(unsafe { self.trace_of(index, entry) })
     }
 
+    /// The shard of a block's address and the hash its shard files it under. The shard is
+    /// picked from bits of the hash that hashbrown does not use at these table sizes (it
+    /// takes buckets from the low bits and tags from the top seven), unevenly: see
+    /// [`shard_choices`].
     #[inline(always)]
-    fn hash(&self, address: u64) -> u64 {
-        self.map.hash_usize(&address) as u64
+    fn locate(&self, address: u64) -> (usize, u64) {
+        let hash = self.map.hash_usize(&address) as u64;
+        let choice = (hash >> 40) as usize & ((1 << SHARD_CHOICE_BITS) - 1);
+        (usize::from(self.shard_of[choice]), hash)
     }
 
     /// `(current, peak)` in bytes.
@@ -523,14 +685,14 @@ impl TraceTable {
     pub fn collect(&self) -> Option<Vec<(usize, Trace)>> {
         let mut out = Vec::new();
         out.try_reserve_exact(self.len() + 64).ok()?;
-        for shard in self.map.shards() {
+        for (index, shard) in self.map.shards().iter().enumerate() {
             let shard = read(shard);
             out.try_reserve(shard.len()).ok()?;
             // SAFETY: the shard's read lock is held for the whole iteration.
             unsafe {
                 for bucket in shard.iter() {
-                    let (key, value) = bucket.as_ref();
-                    out.push(unpack(*key, *value.get()));
+                    let entry = bucket.as_ref();
+                    out.push((address_of(&entry.0) as usize, self.trace_of(index, entry)));
                 }
             }
         }
@@ -540,8 +702,10 @@ impl TraceTable {
     /// Empties the table and zeroes both totals, atomically with respect to hooks.
     pub fn clear(&self) {
         let mut guards: Vec<_> = self.map.shards().iter().map(|shard| write(shard)).collect();
-        for guard in guards.iter_mut() {
+        for (index, guard) in guards.iter_mut().enumerate() {
             guard.clear();
+            // SAFETY: every shard's write lock is held.
+            unsafe { *self.big_mut(index) = HashMap::with_hasher(BuildAddressHasher) };
         }
         self.current.store(0, Relaxed);
         self.peak.store(0, Relaxed);
@@ -554,25 +718,29 @@ impl TraceTable {
         // Release the memory of a large table: a cleared tracer should cost nothing (each
         // shard is empty: nothing to rehash).
         for guard in guards.iter_mut() {
-            guard.shrink_to(0, |entry: &Packed| self.hash(entry.0 & ADDRESS_MASK));
+            guard.shrink_to(0, |e: &Packed| self.locate(address_of(&e.0)).1);
         }
     }
 
-    /// Bytes the table itself holds: every bucket of every shard (16-byte entry + 1 control
-    /// byte, empty or not), plus the shard array.
+    /// Bytes the table itself holds: every bucket of every shard (12-byte entry + 1 control
+    /// byte, empty or not), the big sizes' buckets, the shard array and the presence filter.
     pub fn memory_usage(&self) -> usize {
-        let buckets: usize = self
-            .map
-            .shards()
-            .iter()
-            .map(|shard| buckets_for_capacity(read(shard).capacity()))
-            .sum();
+        let mut bytes = 0;
+        for (index, shard) in self.map.shards().iter().enumerate() {
+            let shard = read(shard);
+            // SAFETY: the shard's read lock is held.
+            let big = unsafe { self.big(index) };
+            bytes += buckets_for_capacity(shard.capacity()) * (std::mem::size_of::<Packed>() + 1)
+                + buckets_for_capacity(big.capacity()) * (std::mem::size_of::<(u64, usize)>() + 1);
+        }
         let presence = match self.presence.load(Relaxed).is_null() {
             true => 0,
             false => (1 << PRESENCE_BITS) * std::mem::size_of::<AtomicU8>(),
         };
-        buckets * (std::mem::size_of::<Packed>() + 1)
+        bytes
             + std::mem::size_of_val(self.map.shards())
+            + std::mem::size_of_val(&*self.big)
+            + self.shard_of.len()
             + presence
             + self.counters.memory_usage()
     }
@@ -728,36 +896,113 @@ mod tests {
     }
 
     #[test]
-    fn entries_are_16_bytes_and_pack_round_trips() {
-        assert_eq!(std::mem::size_of::<Packed>(), 16);
+    fn entries_are_12_bytes_and_sizes_round_trip() {
+        assert_eq!(std::mem::size_of::<Packed>(), 12);
+        let big = SIZE_ELSEWHERE as usize;
         // (address, size, traceback, fits)
         let cases: &[(usize, usize, u32, bool)] = &[
             (0x7fff_ffff_fff0, 1, 0, true),
-            (16, 0, u32::MAX, true),
-            (0x5555_0000_0010, 0xffff_ffff, 7, true),
-            (0x5555_0000_0010, 0x1_0000_0000, 7, true),
-            (0x5555_0000_0010, (1 << 48) - 1, 3, true),
-            (0x5555_0000_0010, 1 << 48, 3, false),
-            (1 << 48, 8, 3, false),
+            (0x7fff_ffff_ffff, 0, 1000, true),
+            (16, 0, 999, true),
+            (0x5555_0000_0011, big - 1, 7, true),
+            (0x5555_0000_0020, big, 7, true),
+            (0x5555_0000_0030, big + 1, 7, true),
+            (0x5555_0000_0040, 0xffff_ffff, 7, true),
+            (0x5555_0000_0050, 5 << 40, 3, true),
+            (0x5555_0000_0060, 1 << 50, 3, true),
+            (1 << 47, 8, 3, false),
         ];
+        assert!(pack(16, t(0, u32::MAX)).is_some());
+        let table = TraceTable::new();
         for &(address, size, traceback, fits) in cases {
             let trace = t(size, traceback);
-            match pack(address, trace) {
-                Some((key, value)) => {
-                    assert!(fits, "{address:#x} {size:#x} should not fit");
-                    assert_eq!(unpack(key, value), (address, trace));
-                }
-                None => assert!(!fits, "{address:#x} {size:#x} should fit"),
+            assert_eq!(pack(address, trace).is_some(), fits, "{address:#x}");
+            assert_eq!(table.insert(address, trace), fits, "{address:#x}");
+            if fits {
+                assert_eq!(table.get(address), Some(trace), "{address:#x} {size:#x}");
             }
         }
+        let mut all = table.collect().unwrap();
+        all.sort_by_key(|&(address, _)| address);
+        let want: Vec<_> = {
+            let mut want: Vec<_> = cases
+                .iter()
+                .filter(|case| case.3)
+                .map(|&(address, size, traceback, _)| (address, t(size, traceback)))
+                .collect();
+            want.sort_by_key(|&(address, _)| address);
+            want
+        };
+        assert_eq!(all, want);
+    }
+
+    #[test]
+    fn big_sizes_follow_replacement_retrace_and_removal() {
         let table = TraceTable::new();
-        assert!(table.insert(0x1000, t(5 << 40, 9)));
-        assert_eq!(table.get(0x1000), Some(t(5 << 40, 9)));
-        assert!(
-            !table.insert(0x2000, t(1 << 50, 9)),
-            "oversized blocks are dropped"
-        );
-        assert_eq!(table.totals().0, 5 << 40);
+        let big = SIZE_ELSEWHERE as usize;
+        let (a, b) = (0x1000, 0x2000);
+        assert!(table.insert(a, t(big * 3, 1)));
+        assert!(table.insert(b, t(big * 5, 2)));
+        // Replaced by a small block, then by a big one again.
+        assert!(table.insert(a, t(10, 1)));
+        assert_eq!(table.get(a), Some(t(10, 1)));
+        assert!(table.insert(a, t(big * 7, 4)));
+        // Retraced: the size stays.
+        assert!(table.retrace(b, |_| Some(9)));
+        assert_eq!(table.get(b), Some(t(big * 5, 9)));
+        assert_eq!(table.totals().0, big * 12);
+        assert_eq!(table.remove(a), Some(t(big * 7, 4)));
+        // Retraced away (a trace-time filter rejects the new stack).
+        assert!(table.retrace(b, |_| None));
+        assert_eq!(table.get(b), None);
+        assert_eq!(table.totals().0, 0);
+        for index in 0..SHARDS {
+            assert!(unsafe { table.big(index) }.is_empty(), "shard {index}");
+        }
+        // Many big blocks, freed: their sizes' map is given back.
+        for i in 0..10_000 {
+            assert!(table.insert(0x10_0000 + i * 16, t(big + i, 1)));
+        }
+        for i in 0..10_000 {
+            assert_eq!(table.remove(0x10_0000 + i * 16), Some(t(big + i, 1)));
+        }
+        for index in 0..SHARDS {
+            let capacity = unsafe { table.big(index) }.capacity();
+            assert!(capacity <= BIG_SHRINK_MIN, "shard {index}: {capacity}");
+        }
+    }
+
+    #[test]
+    fn shard_choices_spread_one_doubling_over_the_shards() {
+        let choices = shard_choices();
+        assert_eq!(choices.len(), 1 << SHARD_CHOICE_BITS);
+        let mut counts = [0usize; SHARDS];
+        for &shard in choices.iter() {
+            counts[usize::from(shard)] += 1;
+        }
+        assert!(choices.windows(2).all(|w| w[0] <= w[1]));
+        assert!(counts.iter().all(|&n| n > 0), "{counts:?}");
+        // The last shard gets about twice the first's share.
+        let ratio = counts[SHARDS - 1] as f64 / counts[0] as f64;
+        assert!((1.6..2.5).contains(&ratio), "{counts:?}");
+    }
+
+    #[test]
+    fn memory_per_block_stays_near_the_average_load() {
+        // 12-byte entries plus a control byte at hashbrown's load (7/16 to 7/8): without the
+        // staggered shards, 29.7 bytes per block just after the shards double.
+        let table = TraceTable::new();
+        let mut worst: f64 = 0.0;
+        let mut address = 0x7f00_0000_0000usize;
+        for count in 1..=1_200_000usize {
+            assert!(table.insert(address, t(32, 1)));
+            address += 16;
+            if count >= 100_000 && count % 25_000 == 0 {
+                let per_block = table.memory_usage() as f64 / count as f64;
+                worst = worst.max(per_block);
+            }
+        }
+        assert!(worst < 24.0, "{worst:.1} bytes per block");
     }
 
     #[test]

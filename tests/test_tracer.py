@@ -435,6 +435,20 @@ def test_tracer_memory_is_reported_and_released():
     gc.collect()
 
 
+def test_tracer_memory_per_live_block_stays_under_24_bytes():
+    # The trace table's cost per block depends on where the heap is in the table's growth
+    # cycle (see docs/tracer-memory.md), so it is read at several counts, not one.
+    alloctrace.start(1)
+    base = alloctrace.get_tracemalloc_memory()
+    part = b"x"
+    keep = []
+    per_block = {}
+    for count in range(250_000, 1_000_001, 125_000):
+        keep.extend(part * 2 for _ in range(count - len(keep)))
+        per_block[count] = (alloctrace.get_tracemalloc_memory() - base) / count
+    assert max(per_block.values()) <= 24, per_block
+
+
 def _allocate_in_other_file(tmp_path, name, size):
     """Allocate `size` bytes from code whose co_filename is `tmp_path/name`."""
     path = tmp_path / name
