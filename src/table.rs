@@ -421,7 +421,7 @@ impl TraceTable {
         if let Some(bucket) = shard.find(hash, |e| address_of(&e.0) == address) {
             // SAFETY: the bucket was just found in this shard, whose write lock is held.
             let slot = unsafe { bucket.as_mut() };
-            let old = unsafe { self.take_trace(index, slot) };
+            let old = unsafe { self.trace_of(index, slot, true) };
             *slot = entry;
             if is_big {
                 // Room reserved above: does not allocate.
@@ -445,40 +445,20 @@ impl TraceTable {
         true
     }
 
-    /// The trace of an entry of shard `index` that leaves the table, taking a large block's
-    /// size out of the shard's big sizes (entries that stay are read with `Self::trace_of`).
+    /// The trace of an entry of shard `index`. A large block's size is read from the shard's
+    /// big sizes, and taken out of them if the entry is `leaving` the table (it must not be
+    /// for an entry that stays).
     ///
     /// # Safety
-    /// The caller holds that shard's write lock.
+    /// The caller holds that shard's lock: the write lock if `leaving`.
     #[inline(always)]
-    unsafe fn take_trace(&self, index: usize, entry: &Packed) -> Trace {
+    unsafe fn trace_of(&self, index: usize, entry: &Packed, leaving: bool) -> Trace {
         let size = match inline_size(&entry.0) {
-            Some(size) => size,
-            None => self
-                .big_mut(index)
-                .remove(&address_of(&entry.0))
-                .unwrap_or(0),
-        };
-        Trace {
-            size,
-            traceback: *entry.1.get(),
+            Some(size) => Some(size),
+            None if leaving => self.big_mut(index).remove(&address_of(&entry.0)),
+            None => self.big(index).get(&address_of(&entry.0)).copied(),
         }
-    }
-
-    /// The trace of an entry of shard `index`.
-    ///
-    /// # Safety
-    /// The caller holds that shard's read or write lock.
-    #[inline(always)]
-    unsafe fn trace_of(&self, index: usize, entry: &Packed) -> Trace {
-        let size = match inline_size(&entry.0) {
-            Some(size) => size,
-            None => self
-                .big(index)
-                .get(&address_of(&entry.0))
-                .copied()
-                .unwrap_or(0),
-        };
+        .unwrap_or(0);
         Trace {
             size,
             traceback: *entry.1.get(),
@@ -514,7 +494,7 @@ impl TraceTable {
         // SAFETY: the bucket was just found in this shard, whose write lock is held (until
         // the end, for the big sizes too).
         let (entry, _) = unsafe { shard.remove(bucket) };
-        let trace = unsafe { self.take_trace(index, &entry) };
+        let trace = unsafe { self.trace_of(index, &entry, true) };
         if inline_size(&entry.0).is_none() {
             let big = unsafe { self.big_mut(index) };
             if big.len() < big.capacity() / SHRINK_BELOW && big.capacity() > BIG_SHRINK_MIN {
@@ -571,7 +551,7 @@ impl TraceTable {
         // SAFETY: the bucket was just found in this shard, whose write lock is held (until
         // the end, for the big sizes too).
         let entry = unsafe { bucket.as_mut() };
-        let old = unsafe { self.trace_of(index, entry) };
+        let old = unsafe { self.trace_of(index, entry, false) };
         let space = self.space(address);
         match traceback(old) {
             Some(id) if id == old.traceback => {}
@@ -587,7 +567,7 @@ impl TraceTable {
             None => {
                 // SAFETY: as above; the bucket is not used after its removal.
                 let (entry, _) = unsafe { shard.remove(bucket) };
-                unsafe { self.take_trace(index, &entry) };
+                unsafe { self.trace_of(index, &entry, true) };
                 self.presence_remove(address);
                 self.account(space, old, None);
             }
@@ -636,7 +616,7 @@ impl TraceTable {
         // SAFETY: the bucket was just found in this shard, whose read lock is held (as long
         // as the big sizes are read too).
         let entry = unsafe { bucket.as_ref() };
-        Some(unsafe { self.trace_of(index, entry) })
+        Some(unsafe { self.trace_of(index, entry, false) })
     }
 
     /// The shard of a block's address and the hash its shard files it under. The shard is
@@ -692,7 +672,10 @@ impl TraceTable {
             unsafe {
                 for bucket in shard.iter() {
                     let entry = bucket.as_ref();
-                    out.push((address_of(&entry.0) as usize, self.trace_of(index, entry)));
+                    out.push((
+                        address_of(&entry.0) as usize,
+                        self.trace_of(index, entry, false),
+                    ));
                 }
             }
         }
