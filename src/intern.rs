@@ -56,7 +56,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
-use crate::capture::RawFrame;
+use crate::capture::{Current, Interpreter, RawFrame};
 use crate::table::{BuildAddressHasher, TracebackId};
 
 /// The id of the `('<unknown>', 0)` traceback, used where no stack could be read.
@@ -670,9 +670,37 @@ impl Resolver {
     /// `frame.code` is a live code object and the GIL is held.
     unsafe fn line(&mut self, frame: RawFrame) -> u32 {
         *self.lines.entry(frame).or_insert_with(|| {
-            let line = ffi::PyCode_Addr2Line(frame.code as *mut ffi::PyCodeObject, frame.offset);
-            line.max(0) as u32
+            let mut line = Vec::with_capacity(1);
+            Current::lines(frame.code as *mut ffi::PyObject, &[frame.offset], &mut line);
+            line[0].max(0) as u32
         })
+    }
+
+    /// Whether `frame` names a live code object whose line at that offset is not known yet.
+    pub fn wants_line(&self, frame: &RawFrame) -> bool {
+        frame.code != 0 && frame.code & 1 == 0 && !self.lines.contains_key(frame)
+    }
+
+    /// Resolves and keeps the lines of `frames` (live code objects only), reading each code
+    /// object's line table once for all its offsets rather than once per offset (see
+    /// [`crate::capture::Interpreter::lines`]).
+    ///
+    /// # Safety
+    /// Every code object `frames` names is alive and the GIL is held.
+    pub unsafe fn cache_lines(&mut self, mut frames: Vec<RawFrame>) {
+        frames.sort_unstable_by_key(|frame| (frame.code, frame.offset));
+        frames.dedup();
+        let mut offsets = Vec::new();
+        let mut lines = Vec::new();
+        for group in frames.chunk_by(|a, b| a.code == b.code) {
+            offsets.clear();
+            offsets.extend(group.iter().map(|frame| frame.offset));
+            lines.clear();
+            Current::lines(group[0].code as *mut ffi::PyObject, &offsets, &mut lines);
+            for (&frame, &line) in group.iter().zip(&lines) {
+                self.lines.insert(frame, line.max(0) as u32);
+            }
+        }
     }
 
     /// Resolves everything the interner's nodes need from each dying code object (filename,
@@ -687,18 +715,18 @@ impl Resolver {
             .iter()
             .map(|dying| {
                 let record = self.code(py, dying.code);
-                let lines = dying
+                let frames: Vec<RawFrame> = dying
                     .offsets()
-                    .map(|offset| {
-                        let frame = RawFrame {
-                            code: dying.code,
-                            offset,
-                        };
-                        let line = self.line(frame);
-                        self.lines.remove(&frame);
-                        line
+                    .map(|offset| RawFrame {
+                        code: dying.code,
+                        offset,
                     })
                     .collect();
+                self.cache_lines(frames.clone());
+                let lines = frames.iter().map(|&frame| self.line(frame)).collect();
+                for frame in &frames {
+                    self.lines.remove(frame);
+                }
                 self.by_code.remove(&dying.code);
                 self.buried.push(record);
                 Burial {

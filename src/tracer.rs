@@ -22,7 +22,7 @@
 //! be stored is left untraced and counted in [`dropped_traces`].
 
 use std::cell::{Cell, UnsafeCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Once, OnceLock};
@@ -892,6 +892,24 @@ fn resolve_stacks(
     let mut out = Vec::new();
     out.try_reserve_exact(ids.len())?;
     let mut frames = Vec::new();
+    // Lines first, for all the stacks at once, so that each code object's line table is read
+    // once however many of its offsets the stacks use.
+    let mut wanted = HashSet::new();
+    for &id in ids {
+        // SAFETY: the GIL is held; neither borrow outlives this block, which calls no Python.
+        let (Some(live), Some(resolver)) = (unsafe { LIVE.get() }, unsafe { RESOLVER.get() })
+        else {
+            return Ok(Vec::new());
+        };
+        live.interner
+            .frames(id, &mut frames)
+            .ok_or(Error::OutOfMemory)?;
+        wanted.extend(frames.iter().filter(|frame| resolver.wants_line(frame)));
+    }
+    if let Some(resolver) = unsafe { RESOLVER.get() } {
+        // SAFETY: every live code object named by the live interner is pinned.
+        unsafe { resolver.cache_lines(wanted.into_iter().collect()) };
+    }
     for &id in ids {
         // SAFETY: the GIL is held; the interner borrow ends before any Python call.
         let total = match unsafe { LIVE.get() } {

@@ -126,6 +126,56 @@ def test_a_new_code_object_at_a_dead_ones_address_is_not_confused_with_it(tracin
         assert (tb[0].filename, tb[0].lineno) == (GENERATED.format(i), 3), i
 
 
+def many_lines_source(n):
+    """A function allocating a ``bytes`` of a size of its own at each of *n* lines, with a loop
+    (a backward jump) and a statement over three lines among them: many offsets of one code
+    object, for the line lookups that read its line table once for all of them. Sizes are
+    odd (33 + an even length), so no list buffer (a multiple of 8) shares one."""
+    lines = ["def run(keep):"]
+    for i in range(n):
+        if i == n // 2:
+            lines += ["    for j in range(3):", "        keep.append(bytes(90000 + 2 * j))"]
+        if i == n // 3:
+            lines += ["    keep.append(", "        bytes(", "            80000))"]
+        lines.append(f"    keep.append(bytes({1000 + 2 * i}))")
+    return "\n".join(lines) + "\n"
+
+
+def lines_by_size(tracer, code_dies):
+    """``{block size: line}`` of the generated function's blocks under *tracer*; with
+    *code_dies*, the function (and its code) is dropped before the snapshot."""
+    namespace = {}
+    exec(compile(many_lines_source(300), "<many-lines>", "exec"), namespace)
+    keep = []
+    gc.collect()
+    tracer.start(1)
+    try:
+        namespace["run"](keep)
+        if code_dies:
+            namespace.clear()
+            gc.collect()
+        snapshot = tracer.take_snapshot()
+        one = tracer.get_object_traceback(keep[150])
+    finally:
+        tracer.stop()
+    sizes = {sys.getsizeof(block) for block in keep}
+    found = {}
+    for trace in snapshot.traces:
+        frame = trace.traceback[0]
+        if frame.filename == "<many-lines>" and trace.size in sizes:
+            found[trace.size] = frame.lineno
+    assert len(found) == len(keep)
+    return found, (one[0].filename, one[0].lineno)
+
+
+@pytest.mark.parametrize("code_dies", [False, True], ids=["live code", "dead code"])
+def test_lines_of_many_offsets_in_one_code_object_agree_with_tracemalloc(code_dies):
+    import tracemalloc
+
+    expected = lines_by_size(tracemalloc, code_dies=False)
+    assert lines_by_size(alloctrace, code_dies) == expected
+
+
 #: 10 renders of a template compiled afresh each time (jinja2 with its cache off), then the
 #: traced growth over 200 more, under the tracer named by argv[1], in a child of its own.
 JINJA2_RENDERS = textwrap.dedent(

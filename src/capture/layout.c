@@ -114,6 +114,18 @@ int main(void) {
     OFF("LONG_TAG", PyLongObject, long_value.lv_tag);
     printf("pub const LONG_NON_SIZE_BITS: usize = %d;\n", _PyLong_NON_SIZE_BITS);
 #endif
+    /* src/capture/lines.rs: a code object's first line, and (3.10+) the cursor that
+     * `_PyCode_CheckLineNumber` moves over its line table. */
+    OFF("CODE_FIRSTLINENO", PyCodeObject, co_firstlineno);
+#if PY_VERSION_HEX >= 0x030A0000
+    printf("pub const ADDRESS_RANGE_SIZE: usize = %zu;\n", sizeof(PyCodeAddressRange));
+    OFF("ADDRESS_RANGE_START", PyCodeAddressRange, ar_start);
+    OFF("ADDRESS_RANGE_END", PyCodeAddressRange, ar_end);
+    OFF("ADDRESS_RANGE_LINE", PyCodeAddressRange, ar_line);
+    OFF("ADDRESS_RANGE_COMPUTED_LINE", PyCodeAddressRange, opaque.computed_line);
+    OFF("ADDRESS_RANGE_NEXT", PyCodeAddressRange, opaque.lo_next);
+    OFF("ADDRESS_RANGE_LIMIT", PyCodeAddressRange, opaque.limit);
+#endif
     /* src/freelist/patch.rs: where `_Py_NewReference` reads tracemalloc's tracing flag. */
 #if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
     OFF("TRACEMALLOC_TRACING", _PyRuntimeState, tracemalloc.config.tracing);

@@ -20,6 +20,7 @@ pub(crate) mod layout {
     include!(concat!(env!("OUT_DIR"), "/layout.rs"));
 }
 
+mod lines;
 #[cfg(all(Py_3_10, not(Py_3_11)))]
 mod v3_10;
 #[cfg(all(Py_3_11, not(Py_3_12)))]
@@ -95,6 +96,14 @@ pub trait Interpreter {
     /// # Safety
     /// `obj` is a live object and the GIL is held.
     unsafe fn object_block(obj: *mut ffi::PyObject) -> usize;
+
+    /// Appends to `out` the line of each byte offset in `offsets` of the code object `code`,
+    /// as `PyCode_Addr2Line` gives it (-1 where there is none). Offsets in ascending order
+    /// are answered in one reading of the line table ([`lines`] says why that matters).
+    ///
+    /// # Safety
+    /// `code` is a live code object and the GIL is held.
+    unsafe fn lines(code: *mut ffi::PyObject, offsets: &[i32], out: &mut Vec<i32>);
 }
 
 /// The interpreter a thread state belongs to (to tell the main interpreter's threads apart).

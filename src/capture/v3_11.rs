@@ -30,4 +30,8 @@ impl Interpreter for Python311 {
     unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {
         obj as usize - super::preheader_size(obj, MANAGED_DICT)
     }
+
+    unsafe fn lines(code: *mut ffi::PyObject, offsets: &[i32], out: &mut Vec<i32>) {
+        super::lines::by_address_ranges(code, offsets, out)
+    }
 }

@@ -21,4 +21,8 @@ impl Interpreter for Python39 {
     unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {
         obj as usize - super::preheader_size(obj, 0)
     }
+
+    unsafe fn lines(code: *mut ffi::PyObject, offsets: &[i32], out: &mut Vec<i32>) {
+        super::lines::by_lnotab(code, offsets, out)
+    }
 }
