@@ -218,9 +218,7 @@ pub struct Interner {
     /// The last stack of more than [`DEEP_MAX`] frames (or none) interned or found, flat: a
     /// loop allocating on one line repeats it, and comparing is cheaper than hashing and
     /// probing.
-    last: TracebackId,
-    last_frames: Vec<RawFrame>,
-    last_total: u16,
+    last: Flat,
     /// One-frame stacks (the default `nframe`) recently interned or found, by frame. With one
     /// frame, consecutive allocations of a loop body come from different lines, so one
     /// remembered stack rarely matches (objects re-attributed from free lists, a float per
@@ -234,7 +232,7 @@ pub struct Interner {
     /// stack, so `last` rarely matches; finding a stack by hashing its frames and walking its
     /// nodes cost ~500 instructions at 25 frames (a quarter of all the instructions of
     /// pyperformance's raytrace traced at 25 frames), comparing a flat copy a few dozen.
-    deep: Vec<Deep>,
+    deep: Vec<Flat>,
 }
 
 /// Slots of [`Interner::deep`].
@@ -242,12 +240,42 @@ const DEEP_SLOTS: usize = 256;
 /// The deepest stack [`Interner::deep`] keeps (1 KiB a slot); deeper ones use `last`.
 const DEEP_MAX: usize = 64;
 
-/// A stack and its id; `total_nframe == 0` is an empty slot.
+/// A flat copy of a stack and its id (`total_nframe == 0`: none), compared in a few words.
 #[derive(Default)]
-struct Deep {
+struct Flat {
     frames: Vec<RawFrame>,
     total_nframe: u16,
     id: TracebackId,
+}
+
+impl Flat {
+    #[inline(always)]
+    fn find(&self, frames: &[RawFrame], total_nframe: u16) -> Option<TracebackId> {
+        (self.total_nframe == total_nframe && self.frames.as_slice() == frames).then_some(self.id)
+    }
+
+    /// Keeps a copy of `frames`. Called from hooks, so the memory is reserved fallibly;
+    /// without it the copy is left empty.
+    fn keep(&mut self, frames: &[RawFrame], total_nframe: u16, id: TracebackId) {
+        self.frames.clear();
+        if self.frames.try_reserve(frames.len()).is_ok() {
+            self.frames.extend_from_slice(frames);
+            self.total_nframe = total_nframe;
+            self.id = id;
+        } else {
+            self.total_nframe = 0;
+        }
+    }
+
+    /// Empties it (its code objects are being released), keeping the memory.
+    fn forget(&mut self) {
+        self.frames.clear();
+        self.total_nframe = 0;
+    }
+
+    fn memory_usage(&self) -> usize {
+        self.frames.capacity() * std::mem::size_of::<RawFrame>()
+    }
 }
 
 /// The slot of a stack of two or more frames in [`Interner::deep`].
@@ -296,9 +324,7 @@ impl Interner {
             pins: hashbrown::HashMap::with_hasher(BuildAddressHasher),
             pins_since_sweep: 0,
             pins_at_sweep: 0,
-            last: UNKNOWN_TRACEBACK,
-            last_frames: Vec::new(),
-            last_total: 0,
+            last: Flat::default(),
             recent: Box::new([Recent::default(); RECENT]),
             deep: Vec::new(),
         };
@@ -338,32 +364,26 @@ impl Interner {
         }
         if (2..=DEEP_MAX).contains(&frames.len()) {
             let slot = deep_slot(frames, total_nframe);
-            if let Some(seen) = self.deep.get(slot) {
-                if seen.total_nframe == total_nframe && seen.frames.as_slice() == frames {
-                    return Some(seen.id);
-                }
+            if let Some(id) = self
+                .deep
+                .get(slot)
+                .and_then(|seen| seen.find(frames, total_nframe))
+            {
+                return Some(id);
             }
             return self.intern_deep(slot, frames, total_nframe);
         }
-        if self.last_total == total_nframe && self.last_frames.as_slice() == frames {
-            return Some(self.last);
+        if let Some(id) = self.last.find(frames, total_nframe) {
+            return Some(id);
         }
         let id = self.lookup_or_insert(frames, total_nframe)?;
-        self.last_frames.clear();
-        if self.last_frames.try_reserve(frames.len()).is_ok() {
-            self.last_frames.extend_from_slice(frames);
-            self.last = id;
-            self.last_total = total_nframe;
-        } else {
-            self.last_total = 0;
-        }
+        self.last.keep(frames, total_nframe, id);
         Some(id)
     }
 
     /// [`Interner::intern`] for a stack not in its [`Interner::deep`] slot: finds or stores
-    /// it, then keeps a flat copy in the slot. Called from hooks, so the copy's memory is
-    /// reserved fallibly; without it the slot is left empty. Out of line, so that the hit
-    /// path inlined into the hooks stays small.
+    /// it, then keeps a flat copy in the slot. Out of line, so that the hit path inlined
+    /// into the hooks stays small.
     ///
     /// # Safety
     /// As [`Interner::intern`].
@@ -379,17 +399,9 @@ impl Interner {
             if self.deep.try_reserve_exact(DEEP_SLOTS).is_err() {
                 return Some(id);
             }
-            self.deep.resize_with(DEEP_SLOTS, Deep::default);
+            self.deep.resize_with(DEEP_SLOTS, Flat::default);
         }
-        let seen = &mut self.deep[slot];
-        seen.frames.clear();
-        if seen.frames.try_reserve(frames.len()).is_ok() {
-            seen.frames.extend_from_slice(frames);
-            seen.total_nframe = total;
-            seen.id = id;
-        } else {
-            seen.total_nframe = 0;
-        }
+        self.deep[slot].keep(frames, total, id);
         Some(id)
     }
 
@@ -612,13 +624,9 @@ impl Interner {
             released.push(code.code);
         }
         // The flat copies of recent stacks may name a code object being released.
-        self.last_frames.clear();
-        self.last_total = 0;
+        self.last.forget();
         self.recent.fill(Recent::default());
-        for seen in &mut self.deep {
-            seen.frames.clear();
-            seen.total_nframe = 0;
-        }
+        self.deep.iter_mut().for_each(Flat::forget);
         released
     }
 
@@ -635,14 +643,10 @@ impl Interner {
             + self.node_index.capacity() * (std::mem::size_of::<u32>() + 1)
             + self.index.capacity() * (std::mem::size_of::<TracebackId>() + 1)
             + self.pins.capacity() * (std::mem::size_of::<(usize, u32)>() + 1)
-            + self.last_frames.capacity() * std::mem::size_of::<RawFrame>()
+            + self.last.memory_usage()
             + std::mem::size_of::<[Recent; RECENT]>()
-            + self.deep.capacity() * std::mem::size_of::<Deep>()
-            + self
-                .deep
-                .iter()
-                .map(|seen| seen.frames.capacity() * std::mem::size_of::<RawFrame>())
-                .sum::<usize>()
+            + self.deep.capacity() * std::mem::size_of::<Flat>()
+            + self.deep.iter().map(Flat::memory_usage).sum::<usize>()
     }
 }
 
