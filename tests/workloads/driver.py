@@ -1,6 +1,7 @@
-"""Runs one workload under one tracer at one frame and prints its per-line sizes as JSON.
+"""Runs one workload under one tracer and prints its sizes per line (one frame, the default)
+or per traceback (NFRAME frames, grouped by the whole stack) as JSON.
 
-    python driver.py {alloctrace|tracemalloc} WORKLOAD.py
+    python driver.py {alloctrace|tracemalloc} WORKLOAD.py [NFRAME]
 
 The workload's ``setup()`` (imports, first use) runs untraced; the free lists are emptied
 (a full collection does) so that both tracers start from the same state; then ``run()`` is
@@ -21,6 +22,7 @@ import sys
 
 def main():
     tracer_name, path = sys.argv[1:3]
+    nframe = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     if tracer_name == "alloctrace":
         import alloctrace as tracer
     else:
@@ -33,7 +35,7 @@ def main():
     collect = getattr(workload, "COLLECT_BEFORE_SNAPSHOT", False)
     if collect:
         gc.disable()
-    tracer.start(1)
+    tracer.start(nframe)
     kept = workload.run()
     if collect:
         gc.collect()
@@ -41,9 +43,9 @@ def main():
     tracer.stop()
     own = (os.path.dirname(tracer.__file__), __file__, "tracemalloc.py")
     sizes = {
-        f"{frame.filename}:{frame.lineno}": stat.size
-        for stat in snapshot.statistics("lineno")
-        for frame in [stat.traceback[0]]
+        " < ".join(f"{frame.filename}:{frame.lineno}" for frame in stat.traceback): stat.size
+        for stat in snapshot.statistics("lineno" if nframe == 1 else "traceback")
+        for frame in [stat.traceback[-1]]  # the most recent frame
         if not frame.filename.startswith(own[:2]) and not frame.filename.endswith(own[2])
     }
     json.dump(sizes, sys.stdout)
