@@ -757,11 +757,10 @@ impl Resolver {
     /// # Safety
     /// `frame.code` is a live code object and the GIL is held.
     unsafe fn line(&mut self, frame: RawFrame) -> u32 {
-        *self.lines.entry(frame).or_insert_with(|| {
-            let mut line = Vec::with_capacity(1);
-            Current::lines(frame.code as *mut ffi::PyObject, &[frame.offset], &mut line);
-            line[0].max(0) as u32
-        })
+        if !self.lines.contains_key(&frame) {
+            self.cache_lines(vec![frame]);
+        }
+        self.lines[&frame]
     }
 
     /// Whether `frame` names a live code object whose line at that offset is not known yet.
