@@ -635,6 +635,14 @@ impl TraceTable {
         (self.current.load(Relaxed), self.peak.load(Relaxed))
     }
 
+    /// Whether recording `size` more bytes may make a new peak (always when sampling, where a
+    /// trace is charged its estimate). A hint: other threads may change the total meanwhile.
+    #[inline(always)]
+    pub fn may_reach_peak(&self, size: usize) -> bool {
+        self.interval.load(Relaxed) != 0
+            || self.current.load(Relaxed).saturating_add(size) > self.peak.load(Relaxed)
+    }
+
     pub fn reset_peak(&self) {
         self.peak.store(self.current.load(Relaxed), Relaxed);
         self.counters.new_peak();

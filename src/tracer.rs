@@ -36,6 +36,7 @@ use crate::analysis::snapshot::{FrameId, Metadata, Snapshot, SnapshotBuilder};
 use crate::capture::{self, Current, Interpreter, RawFrame, MAX_NFRAME};
 use crate::error::{Error, Result};
 use crate::fallible;
+use crate::freelist::deferred;
 use crate::hooks;
 use crate::intern::{Interner, Resolver, UNKNOWN_TRACEBACK};
 use crate::process_memory::ProcessMemory;
@@ -151,9 +152,11 @@ pub(crate) fn table() -> &'static TraceTable {
     TABLE.get_or_init(TraceTable::new)
 }
 
-/// The interned traceback of the calling thread's current stack: `Ok(None)` if the
-/// trace-time filters reject it, `Err(OutOfMemory)` if it is new and there is no memory to
-/// intern it.
+/// The interned traceback of the calling thread's current stack, for a block of `size` bytes
+/// about to be recorded: `Ok(None)` if the trace-time filters reject it, `Err(OutOfMemory)`
+/// if it is new and there is no memory to intern it. On a thread holding the main
+/// interpreter's GIL, re-attributions still waiting ([`deferred`]) reach the table first if
+/// that block may make a new peak.
 ///
 /// # Safety
 /// Called from a hook, inside a [`ReentrancyGuard`].
@@ -161,11 +164,13 @@ pub(crate) fn table() -> &'static TraceTable {
 unsafe fn current_traceback(
     gil_held: bool,
     domain: u32,
+    size: usize,
 ) -> std::result::Result<Option<TracebackId>, OutOfMemory> {
     let tstate = Current::gil_thread_state(gil_held);
     if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
         return Ok(unknown_traceback(domain));
     }
+    deferred::before_insert(size);
     traceback_of(tstate, domain)
 }
 
@@ -268,6 +273,7 @@ struct OutOfMemory;
 /// own allocation already succeeded and must not fail (or abort) because ours did.
 #[inline(always)]
 fn record(address: usize, trace: Trace) {
+    deferred::forget(address);
     if !table().insert(address, trace) {
         DROPPED.fetch_add(1, Relaxed);
     }
@@ -279,7 +285,7 @@ fn record(address: usize, trace: Trace) {
 /// Called from a hook, inside a [`ReentrancyGuard`].
 #[inline(always)]
 unsafe fn record_current(address: usize, size: usize, gil_held: bool) {
-    match current_traceback(gil_held, DEFAULT_DOMAIN) {
+    match current_traceback(gil_held, DEFAULT_DOMAIN, size) {
         Ok(Some(traceback)) => record(address, Trace { size, traceback }),
         Ok(None) => {}
         Err(OutOfMemory) => {
@@ -327,6 +333,18 @@ pub unsafe fn on_reused_block(block: usize) {
     let Some(_guard) = ReentrancyGuard::enter() else {
         return;
     };
+    // SAFETY: the GIL is held and no other borrow of the cell is live.
+    if FILTERS.get().set.is_none() {
+        // Without filters every stack is kept (`Ok(None)` does not happen); without memory
+        // for a new traceback the block keeps the one it has.
+        if let Ok(Some(new)) = traceback_of(tstate, DEFAULT_DOMAIN) {
+            deferred::defer(block, new);
+        }
+        return;
+    }
+    // The filters may reject the new stack, and forget the block: decided now, in the table,
+    // replacing any re-attribution still waiting for this block.
+    deferred::forget(block);
     table.retrace(block, |old| match traceback_of(tstate, DEFAULT_DOMAIN) {
         Ok(new) => new,
         // No memory for a new traceback: the block keeps the one it has.
@@ -360,7 +378,13 @@ pub fn on_realloc_start(address: usize) -> Option<Trace> {
         return None;
     }
     let _guard = ReentrancyGuard::enter()?;
-    table.remove(address)
+    let mut trace = table.remove(address)?;
+    // `_PyTuple_Resize` reallocates an object's block: a re-attribution still waiting for it
+    // goes with its trace (kept if the realloc fails, or while recording is disabled).
+    if let Some(traceback) = deferred::take(address) {
+        trace.traceback = traceback;
+    }
+    Some(trace)
 }
 
 /// A reallocation finished: `new` is null if it failed, in which case the old block is intact
@@ -431,7 +455,7 @@ pub(crate) unsafe fn on_native_alloc(address: usize, size: usize, scope: &sample
 /// Inside a [`ReentrancyGuard`].
 #[inline(always)]
 unsafe fn record_native(key: usize, size: usize) {
-    match current_traceback(false, crate::native::DOMAIN) {
+    match current_traceback(false, crate::native::DOMAIN, size) {
         Ok(Some(traceback)) => record(key, Trace { size, traceback }),
         Ok(None) => {}
         Err(OutOfMemory) => {
@@ -535,7 +559,7 @@ pub(crate) unsafe fn tracked_traceback(
     let Some(_guard) = ReentrancyGuard::enter() else {
         return Ok(None);
     };
-    current_traceback(true, domain).map_err(|OutOfMemory| {
+    current_traceback(true, domain, size).map_err(|OutOfMemory| {
         DROPPED.fetch_add(1, Relaxed);
     })
 }
@@ -546,6 +570,7 @@ pub(crate) fn record_tracked(address: usize, trace: Trace) -> bool {
     let Some(_guard) = ReentrancyGuard::enter() else {
         return true;
     };
+    deferred::forget(address);
     let stored = table().insert(address, trace);
     if !stored {
         DROPPED.fetch_add(1, Relaxed);
@@ -662,6 +687,8 @@ pub fn start(py: Python<'_>, nframe: i64, sampling: Sampling, native: Option<boo
     }
     register_fork_handlers();
     tracked::clear_with(table(), TraceTable::clear);
+    // SAFETY: the GIL is held.
+    unsafe { deferred::discard() };
     let interval = interval.unwrap_or(0);
     table().set_sampling(interval);
     sampler::configure(interval, sampling.seed);
@@ -704,6 +731,8 @@ pub fn stop(py: Python<'_>) {
     tracked::disable();
     crate::native::set_enabled(false);
     tracked::clear_with(table(), TraceTable::clear);
+    // SAFETY: the GIL is held.
+    unsafe { deferred::discard() };
     // SAFETY: the GIL is held; hooks on this thread are off (TRACING is false) and no borrow
     // of the cells is live here.
     let (live, resolver) = unsafe { (LIVE.get().take(), RESOLVER.get().take()) };
@@ -728,6 +757,7 @@ pub fn clear_traces(py: Python<'_>) {
         let live = LIVE.get().replace(fresh_live);
         let resolver = RESOLVER.get().replace(fresh_resolver);
         tracked::clear_with(table(), TraceTable::clear);
+        deferred::discard();
         DROPPED.store(0, Relaxed);
         (live, resolver)
     };
@@ -852,6 +882,8 @@ pub fn dropped_traces() -> usize {
 
 pub fn reset_peak() {
     if is_tracing() {
+        // SAFETY: called from Python with the GIL held, outside any hook.
+        unsafe { deferred::settle() };
         table().reset_peak();
     }
 }
@@ -859,7 +891,8 @@ pub fn reset_peak() {
 /// Bytes the tracer itself uses: the table, the tracked-domain map, the interned tracebacks
 /// and the resolution caches.
 pub fn tracer_memory() -> usize {
-    let mut total = table().memory_usage() + crate::tracked::memory_usage();
+    let mut total =
+        table().memory_usage() + crate::tracked::memory_usage() + deferred::MEMORY_USAGE;
     // SAFETY: the GIL is held and no borrow is live.
     unsafe {
         if let Some(live) = LIVE.get() {
@@ -997,6 +1030,8 @@ impl DenseIds {
 }
 
 fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected> {
+    // SAFETY: the GIL is held (`py`), outside any hook.
+    unsafe { deferred::settle() };
     let mut live = table().collect().ok_or(Error::OutOfMemory)?;
     // Tracked-domain traces go last: `Collected::domain` finds their domains by position.
     let mut tracked = tracked::collect();
@@ -1034,6 +1069,10 @@ fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected
 /// What each traceback held in each domain when the traced total last reached its peak (see
 /// [`crate::peak`]): one aggregate trace per domain and traceback.
 fn collect_peak(py: Python<'_>) -> Result<Collected> {
+    // Re-attributions made since the peak (any made before it were settled then) change the
+    // current values only, as they would have when made.
+    // SAFETY: the GIL is held (`py`), outside any hook.
+    unsafe { deferred::settle() };
     // SAFETY: the GIL is held and no borrow of the cell is live.
     let interned = unsafe { LIVE.get().as_ref().map_or(0, |live| live.interner.len()) };
     // Domain 0's first, as `Collected::domain` expects.
@@ -1247,6 +1286,8 @@ pub fn object_traceback<'py>(
     }
     // SAFETY: `obj` is alive for the call and the GIL is held.
     let address = unsafe { Current::object_block(obj.as_ptr()) };
+    // SAFETY: the GIL is held (`py`), outside any hook.
+    unsafe { deferred::settle() };
     let Some(trace) = table().get(address) else {
         return Ok(None);
     };
@@ -1319,6 +1360,7 @@ pub unsafe fn object_sites(py: Python<'_>, addrs: &[usize]) -> (Vec<Option<u32>>
     if !is_tracing() {
         return (vec![None; addrs.len()], Vec::new());
     }
+    deferred::settle();
     let table = table();
     let mut dense = DenseIds::default();
     let per_object: Vec<Option<u32>> = addrs

@@ -208,3 +208,82 @@ def test_reftracer_replaced_after_start(stopped_tracer, counting_tracer):
     finally:
         alloctrace.stop()
     assert current() == counting.tracer_address(), "stop() leaves a tracer that replaced ours"
+
+
+# Floats made, reused from the free list, and made again (docs/freelists.md, "Deferred").
+# At most 80, fewer than any supported version's float free list holds.
+STAGES = """\
+def made(n):
+    return [i + 0.5 for i in range(n)]
+def reused(n):
+    return [i + 0.25 for i in range(n)]
+def successor(n):
+    return [i + 0.75 for i in range(n)]
+"""
+MADE_LINE, REUSED_LINE, SUCCESSOR_LINE = 2, 4, 6
+FLOATS = 80
+
+
+def compile_stages():
+    filename = "<freelist-stages>"
+    namespace = {}
+    exec(compile(STAGES, filename, "exec"), namespace)
+    return filename, namespace
+
+
+def warm_up(stages):
+    # Each stage once before tracing (3.9 keeps a frame per code object from its first call),
+    # then the free lists emptied.
+    for stage in ("made", "reused", "successor"):
+        stages[stage](FLOATS)
+    gc.collect()
+
+
+def test_waiting_reattribution_does_not_reach_a_new_block_at_its_address(stopped_tracer):
+    # Holds without re-attribution too (Debian's static 3.11): nothing there moves blocks.
+    filename, stages = compile_stages()
+    warm_up(stages)
+    alloctrace.start(1)
+    try:
+        # A high peak first, so that nothing below makes a new one (which would write the
+        # waiting re-attributions into the table before the blocks are freed).
+        big = bytearray(16 * 1024 * 1024)
+        del big
+        floats = stages["made"](FLOATS)
+        del floats  # to the free list
+        floats = stages["reused"](FLOATS)  # re-attributed, waiting
+        del floats
+        gc.collect()  # empties the free lists: the blocks are freed
+        kept = stages["successor"](FLOATS)  # new blocks, many at the same addresses
+        counts = counts_by_line(alloctrace.take_snapshot(), filename)
+    finally:
+        alloctrace.stop()
+    assert counts.get(SUCCESSOR_LINE, 0) >= FLOATS, counts
+    assert counts.get(REUSED_LINE, 0) == 0, counts
+    assert counts.get(MADE_LINE, 0) == 0, counts
+    del kept
+
+
+@unfixed
+def test_reattributions_made_before_the_peak_are_in_the_peak_snapshot(stopped_tracer):
+    filename, stages = compile_stages()
+    warm_up(stages)
+    alloctrace.start(1)
+    try:
+        floats = stages["made"](FLOATS)
+        del floats  # to the free list
+        kept = stages["reused"](FLOATS)  # re-attributed, waiting
+        big = bytearray(16 * 1024 * 1024)  # the peak, while they are alive
+        del big
+        del kept
+        again = stages["successor"](FLOATS)  # the same blocks re-attributed after the peak
+        at_peak = counts_by_line(alloctrace.take_snapshot(peak=True), filename)
+        now = counts_by_line(alloctrace.take_snapshot(), filename)
+    finally:
+        alloctrace.stop()
+    assert at_peak.get(REUSED_LINE, 0) >= FLOATS, at_peak
+    assert at_peak.get(MADE_LINE, 0) == 0, at_peak
+    assert at_peak.get(SUCCESSOR_LINE, 0) == 0, at_peak
+    assert now.get(SUCCESSOR_LINE, 0) >= FLOATS, now
+    assert now.get(REUSED_LINE, 0) == 0, now
+    del again

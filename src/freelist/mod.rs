@@ -30,6 +30,7 @@ use pyo3::ffi;
 
 use crate::capture::{Current, Interpreter};
 
+pub(crate) mod deferred;
 #[cfg(not(Py_3_13))]
 mod patch;
 #[cfg(Py_3_13)]
