@@ -231,6 +231,13 @@ def compile_stages():
     return filename, namespace
 
 
+def assert_all_on(counts, line):
+    """The floats are all on *line* (with their list), none on the other stages' lines."""
+    assert counts.get(line, 0) >= FLOATS, (line, counts)
+    for other in {MADE_LINE, REUSED_LINE, SUCCESSOR_LINE} - {line}:
+        assert counts.get(other, 0) == 0, (line, counts)
+
+
 def warm_up(stages):
     # Each stage once before tracing (3.9 keeps a frame per code object from its first call),
     # then the free lists emptied.
@@ -258,9 +265,7 @@ def test_waiting_reattribution_does_not_reach_a_new_block_at_its_address(stopped
         counts = counts_by_line(alloctrace.take_snapshot(), filename)
     finally:
         alloctrace.stop()
-    assert counts.get(SUCCESSOR_LINE, 0) >= FLOATS, counts
-    assert counts.get(REUSED_LINE, 0) == 0, counts
-    assert counts.get(MADE_LINE, 0) == 0, counts
+    assert_all_on(counts, SUCCESSOR_LINE)
     del kept
 
 
@@ -281,9 +286,6 @@ def test_reattributions_made_before_the_peak_are_in_the_peak_snapshot(stopped_tr
         now = counts_by_line(alloctrace.take_snapshot(), filename)
     finally:
         alloctrace.stop()
-    assert at_peak.get(REUSED_LINE, 0) >= FLOATS, at_peak
-    assert at_peak.get(MADE_LINE, 0) == 0, at_peak
-    assert at_peak.get(SUCCESSOR_LINE, 0) == 0, at_peak
-    assert now.get(SUCCESSOR_LINE, 0) >= FLOATS, now
-    assert now.get(REUSED_LINE, 0) == 0, now
+    assert_all_on(at_peak, REUSED_LINE)
+    assert_all_on(now, SUCCESSOR_LINE)
     del again
