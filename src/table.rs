@@ -66,8 +66,9 @@ pub struct Trace {
 /// Hashes a block address, keeping neighbours together. Allocators hand out consecutive
 /// blocks in runs (pymalloc carves each pool into equal blocks, in address order), and with a
 /// hash that scatters every address, each allocation and each free of a large heap missed the
-/// cache twice in the table (control byte, then entry): those misses were two thirds of the
-/// tracer's time keeping a million `str` objects alive. So the address is split into a
+/// cache twice in the table (control byte, then entry): the table's insert and remove, mostly
+/// waiting on those loads, took two thirds of a traced loop keeping a million `str` objects
+/// alive. So the address is split into a
 /// 256-byte granule, scrambled (a folded 128-bit multiply, whose bits spread over both ends:
 /// hashbrown indexes buckets with the low bits, dashmap picks shards with the high ones), and
 /// the block's 16-byte slot within it, which becomes the bucket's offset in a run of 32
