@@ -119,13 +119,7 @@ pub unsafe fn defer(block: usize, traceback: TracebackId) {
 /// block that was there before is dropped. Any thread, any hook.
 #[inline(always)]
 pub fn forget(address: usize) {
-    if ANY.load(Relaxed) == 0 {
-        return;
-    }
-    let slot = &WAITING[slot_of(address)];
-    if slot.block.load(Relaxed) == address {
-        slot.block.store(0, Relaxed);
-    }
+    take(address);
 }
 
 /// Writes every waiting re-attribution into the table, before traces are read or the peak is
