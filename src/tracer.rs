@@ -319,13 +319,11 @@ pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool, scope: &samp
 /// recording is disabled it keeps its traceback, since no new block is recorded then.
 ///
 /// # Safety
-/// Called from [`crate::freelist`] with the GIL held.
+/// Called from [`crate::freelist`] with the GIL held, for a block that
+/// [`may_be_reused_traced`] (a check apart, for callers to inline).
 #[inline]
 pub unsafe fn on_reused_block(block: usize) {
     let table = table();
-    if !RECORDING.load(Relaxed) || !table.may_contain(block) {
-        return;
-    }
     let tstate = Current::gil_thread_state(true);
     if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
         return;
@@ -350,6 +348,14 @@ pub unsafe fn on_reused_block(block: usize) {
         // No memory for a new traceback: the block keeps the one it has.
         Err(OutOfMemory) => Some(old.traceback),
     });
+}
+
+/// Whether [`on_reused_block`] may have something to do for `block`: false while recording
+/// is disabled and for a block certainly not traced (sampled mode; one load).
+#[inline(always)]
+pub fn may_be_reused_traced(block: usize) -> bool {
+    // No table yet: nothing was ever traced (and no call to create one on this path).
+    RECORDING.load(Relaxed) && TABLE.get().is_some_and(|table| table.may_contain(block))
 }
 
 /// A block is about to be freed.

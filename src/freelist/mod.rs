@@ -24,6 +24,7 @@
 //! notes the last block it recorded while holding the GIL ([`note_allocated`]), and an object
 //! in that block costs one comparison here.
 
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use pyo3::ffi;
@@ -66,20 +67,31 @@ fn claim_just_allocated(block: usize) -> bool {
     }
 }
 
-/// An object is being created (`_Py_NewReference`), with the GIL held.
+/// An object is being created (`_Py_NewReference`), with the GIL held. Returns 0, what the
+/// interpreter expects of its tracemalloc call and of a `PyRefTracer`.
+///
+/// The checks that dismiss most objects (just allocated; in sampled mode, not sampled) are
+/// inlined into the caller, and the rest is its tail call: that way the caller saves no
+/// registers of its own, a third of the instructions an object costs in sampled mode.
 ///
 /// # Safety
 /// `op` is the object being initialised: its type is set, and the GIL is held.
 #[inline(always)]
-unsafe fn on_new_object(op: *mut ffi::PyObject) {
+unsafe fn on_new_object(op: *mut ffi::PyObject) -> c_int {
     if !crate::tracer::is_tracing() {
-        return;
+        return 0;
     }
     let block = Current::object_block(op);
-    if claim_just_allocated(block) {
-        return;
+    if claim_just_allocated(block) || !crate::tracer::may_be_reused_traced(block) {
+        return 0;
     }
+    reused(block)
+}
+
+#[inline(never)]
+unsafe fn reused(block: usize) -> c_int {
     crate::tracer::on_reused_block(block);
+    0
 }
 
 /// Starts receiving object creations (from `start()`, GIL held). `false` if this interpreter

@@ -66,17 +66,22 @@ static REAL_FLAG: AtomicUsize = AtomicUsize::new(0);
 
 /// What `_Py_NewReference` now calls instead of `_PyTraceMalloc_NewReference`.
 unsafe extern "C" fn new_reference(op: *mut ffi::PyObject) -> c_int {
-    super::on_new_object(op);
     // SAFETY: REAL_FLAG is the address of the interpreter's `int tracing`, set before the
     // patch that makes this function reachable.
     if *(REAL_FLAG.load(Relaxed) as *const c_int) != 0 {
-        let callee = ORIGINAL_CALLEE.load(Relaxed);
-        // SAFETY: the original target of the patched call, which takes the object.
-        return std::mem::transmute::<usize, unsafe extern "C" fn(*mut ffi::PyObject) -> c_int>(
-            callee,
-        )(op);
+        return forward(op);
     }
-    0
+    super::on_new_object(op)
+}
+
+/// The standard module traces too: the object is re-attributed in both tables.
+#[cold]
+#[inline(never)]
+unsafe fn forward(op: *mut ffi::PyObject) -> c_int {
+    super::on_new_object(op);
+    let callee = ORIGINAL_CALLEE.load(Relaxed);
+    // SAFETY: the original target of the patched call, which takes the object.
+    std::mem::transmute::<usize, unsafe extern "C" fn(*mut ffi::PyObject) -> c_int>(callee)(op)
 }
 
 unsafe fn symbol(name: &CStr) -> usize {

@@ -30,19 +30,29 @@ extern "C" {
 static PREVIOUS: AtomicUsize = AtomicUsize::new(0);
 static PREVIOUS_DATA: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
-unsafe extern "C" fn tracer(op: *mut ffi::PyObject, event: c_int, _data: *mut c_void) -> c_int {
+unsafe extern "C" fn tracer(op: *mut ffi::PyObject, event: c_int, data: *mut c_void) -> c_int {
+    if PREVIOUS.load(Relaxed) != 0 {
+        return chained(op, event, data);
+    }
+    if event == CREATE {
+        return super::on_new_object(op);
+    }
+    0
+}
+
+/// A tracer held the slot before ours: it sees every event after we have.
+#[cold]
+#[inline(never)]
+unsafe fn chained(op: *mut ffi::PyObject, event: c_int, _data: *mut c_void) -> c_int {
     if event == CREATE {
         super::on_new_object(op);
     }
-    match PREVIOUS.load(Relaxed) {
-        0 => 0,
-        // SAFETY: a non-zero PREVIOUS is a `RefTracer` we read from the slot.
-        previous => std::mem::transmute::<usize, RefTracer>(previous)(
-            op,
-            event,
-            PREVIOUS_DATA.load(Relaxed),
-        ),
-    }
+    // SAFETY: a non-zero PREVIOUS is a `RefTracer` we read from the slot.
+    std::mem::transmute::<usize, RefTracer>(PREVIOUS.load(Relaxed))(
+        op,
+        event,
+        PREVIOUS_DATA.load(Relaxed),
+    )
 }
 
 fn ours() -> usize {
