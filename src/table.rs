@@ -47,6 +47,18 @@ fn write<T>(shard: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     nopark::acquire(|| shard.try_write())
 }
 
+/// After a burst of large blocks, the big sizes of a shard rebuilt at twice their entries
+/// (as [`TraceTable::shrink_shard`] does for the shard), if the memory can be had.
+#[cold]
+#[inline(never)]
+fn shrink_big(big: &mut HashMap<u64, usize, BuildAddressHasher>) {
+    let mut smaller = HashMap::with_hasher(BuildAddressHasher);
+    if smaller.try_reserve(big.len() * 2).is_ok() {
+        smaller.extend(big.drain());
+        *big = smaller;
+    }
+}
+
 /// A shard's read lock, waited for without parking (see [`crate::nopark`]).
 #[inline(always)]
 fn read<T>(shard: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -130,6 +142,8 @@ impl BuildHasher for BuildAddressHasher {
 /// Lookups hash and compare the address bits only. A block above 2^47 is not stored and is
 /// counted as dropped, never recorded wrongly.
 type Packed = (Key, SharedValue<TracebackId>);
+/// One shard of the map, as dashmap keeps it under its lock.
+type Shard = dashmap_hashbrown::raw::RawTable<Packed>;
 type Key = [u32; 2];
 
 const ADDRESS_BITS: u32 = 47;
@@ -530,36 +544,39 @@ impl TraceTable {
         if inline_size(&entry.0).is_none() {
             let big = unsafe { self.big_mut(index) };
             if big.len() < big.capacity() / SHRINK_BELOW && big.capacity() > BIG_SHRINK_MIN {
-                // After a burst of large blocks, as for the shard below.
-                let mut smaller = HashMap::with_hasher(BuildAddressHasher);
-                if smaller.try_reserve(big.len() * 2).is_ok() {
-                    smaller.extend(big.drain());
-                    *big = smaller;
-                }
+                shrink_big(big);
             }
         }
         self.presence_remove(address);
         self.account(self.space(address), trace, None);
         if shard.len() < shard.capacity() / SHRINK_BELOW && shard.capacity() > SHRINK_MIN {
-            // Rebuilt at twice its entries, or left as it is if the smaller table cannot be
-            // had: a free hook must not fail, nor abort for memory (hashbrown's own
-            // `shrink_to` aborts on a failed allocation). Entries are copied as they are.
-            let rehash = |e: &Packed| self.locate(address_of(&e.0)).1;
-            let old = std::mem::take(&mut *shard);
-            if shard.try_reserve(old.len() * 2, rehash).is_ok() {
-                // SAFETY: iterating a table we own; room for every entry was reserved above.
-                unsafe {
-                    for bucket in old.iter() {
-                        let (key, value) = bucket.as_ref();
-                        let entry = (*key, SharedValue::new(*value.get()));
-                        shard.insert_no_grow(rehash(&entry), entry);
-                    }
-                }
-            } else {
-                *shard = old;
-            }
+            self.shrink_shard(&mut shard);
         }
         Some(trace)
+    }
+
+    /// Rebuilds a shard that [`TraceTable::remove`] left mostly empty at twice its entries,
+    /// or leaves it as it is if the smaller table cannot be had: a free hook must not fail,
+    /// nor abort for memory (hashbrown's own `shrink_to` aborts on a failed allocation).
+    /// Entries are copied as they are. Out of line and cold, so that `remove` keeps fewer
+    /// registers to save on every call.
+    #[cold]
+    #[inline(never)]
+    fn shrink_shard(&self, shard: &mut Shard) {
+        let rehash = |e: &Packed| self.locate(address_of(&e.0)).1;
+        let old = std::mem::take(shard);
+        if shard.try_reserve(old.len() * 2, rehash).is_ok() {
+            // SAFETY: iterating a table we own; room for every entry was reserved above.
+            unsafe {
+                for bucket in old.iter() {
+                    let (key, value) = bucket.as_ref();
+                    let entry = (*key, SharedValue::new(*value.get()));
+                    shard.insert_no_grow(rehash(&entry), entry);
+                }
+            }
+        } else {
+            *shard = old;
+        }
     }
 
     /// Gives the block at `address`, if traced, a new traceback: `traceback` is called with

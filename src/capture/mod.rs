@@ -169,20 +169,30 @@ unsafe fn walk_frame_objects(
 ) -> (usize, u16) {
     let mut frame = read_ptr(tstate.cast(), layout::TSTATE_FRAME);
     let mut n = 0;
-    let mut total: u16 = 0;
-    while !frame.is_null() {
-        if n < out.len() {
-            let lasti = *(frame.cast::<u8>().add(layout::FRAME_LASTI) as *const i32);
-            out[n] = RawFrame {
-                code: read_ptr(frame, layout::FRAME_CODE) as usize,
-                offset: lasti.wrapping_mul(lasti_unit),
-            };
-            n += 1;
-        }
-        total = total.saturating_add(1);
+    while !frame.is_null() && n < out.len() {
+        let lasti = *(frame.cast::<u8>().add(layout::FRAME_LASTI) as *const i32);
+        out[n] = RawFrame {
+            code: read_ptr(frame, layout::FRAME_CODE) as usize,
+            offset: lasti.wrapping_mul(lasti_unit),
+        };
+        n += 1;
         frame = read_ptr(frame, layout::FRAME_BACK);
     }
-    (n, total)
+    let mut below = 0usize;
+    while !frame.is_null() {
+        below += 1;
+        frame = read_ptr(frame, layout::FRAME_BACK);
+    }
+    (n, total_nframe(n, below))
+}
+
+/// `total_nframe` of `n` captured frames and `below` more: tracemalloc stops counting at
+/// `u16::MAX`. Clamped once here rather than on every frame of the walk's tail loop, which
+/// then is a load, an add and a branch per frame.
+#[inline(always)]
+fn total_nframe(n: usize, below: usize) -> u16 {
+    // No overflow: both count frames in memory.
+    (n + below).min(usize::from(u16::MAX)) as u16
 }
 
 /// Where a raw frame points, read straight from the code object: its filename as lossless
@@ -310,7 +320,6 @@ unsafe fn walk_interpreter_frames(
         return false;
     };
     let mut n = 0;
-    let mut total: u16 = 0;
     while !frame.is_null() && n < out.len() {
         let owner = *(frame.cast::<u8>().add(layout::IFRAME_OWNER));
         let next = read_ptr(frame, layout::IFRAME_PREVIOUS);
@@ -327,23 +336,37 @@ unsafe fn walk_interpreter_frames(
                     offset: instr.wrapping_sub(start) as isize as i32,
                 };
                 n += 1;
-                total += 1;
             }
         }
         frame = next;
     }
+    let mut below = 0usize;
     while !frame.is_null() {
-        if !is_shim(*(frame.cast::<u8>().add(layout::IFRAME_OWNER))) {
-            total = total.saturating_add(1);
-        }
+        below += usize::from(!is_shim(*(frame.cast::<u8>().add(layout::IFRAME_OWNER))));
         frame = read_ptr(frame, layout::IFRAME_PREVIOUS);
     }
-    (n, total)
+    (n, total_nframe(n, below))
 }
 
 #[cfg(test)]
 mod tests {
     use super::push_code_point;
+
+    #[test]
+    fn total_nframe_stops_at_u16_max() {
+        // (captured, below, tracemalloc's total_nframe)
+        let cases = [
+            (0, 0, 0),
+            (1, 0, 1),
+            (1, 24, 25),
+            (25, 65_510, 65_535),
+            (25, 65_511, 65_535),
+            (1, 1 << 40, 65_535),
+        ];
+        for (n, below, expected) in cases {
+            assert_eq!(super::total_nframe(n, below), expected, "{n} + {below}");
+        }
+    }
 
     #[test]
     fn code_points_encode_like_surrogatepass() {
