@@ -558,8 +558,8 @@ impl TraceTable {
     /// Rebuilds a shard that [`TraceTable::remove`] left mostly empty at twice its entries,
     /// or leaves it as it is if the smaller table cannot be had: a free hook must not fail,
     /// nor abort for memory (hashbrown's own `shrink_to` aborts on a failed allocation).
-    /// Entries are copied as they are. Out of line and cold, so that `remove` keeps fewer
-    /// registers to save on every call.
+    /// Entries are copied as they are. Out of line and cold, so that `remove`, run on every
+    /// free, keeps its code small (the saved registers are the same).
     #[cold]
     #[inline(never)]
     fn shrink_shard(&self, shard: &mut Shard) {
