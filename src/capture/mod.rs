@@ -85,6 +85,9 @@ pub trait Interpreter {
     /// skipping incomplete frames as `tracemalloc` does. Returns how many were written and the
     /// stack's full depth (capped at [`MAX_NFRAME`]).
     ///
+    /// Implementations are `#[inline(always)]`: the allocation hook is its one hot caller,
+    /// and a call there cost a set of saved registers on every allocation.
+    ///
     /// # Safety
     /// `tstate` comes from [`Interpreter::gil_thread_state`] on this thread, and the GIL is
     /// still held.

@@ -14,6 +14,7 @@ impl Interpreter for Python310 {
         super::gil_holder_if_this_thread(gil_held)
     }
 
+    #[inline(always)]
     unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
         super::walk_frame_objects(tstate, out, 2)
     }

@@ -18,6 +18,7 @@ impl Interpreter for Python311 {
         super::gil_holder_if_this_thread(gil_held)
     }
 
+    #[inline(always)]
     unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
         let cframe = read_ptr(tstate.cast(), layout::TSTATE_CFRAME);
         if cframe.is_null() {

@@ -23,6 +23,7 @@ impl Interpreter for Python312 {
         _PyThreadState_UncheckedGet()
     }
 
+    #[inline(always)]
     unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
         let cframe = read_ptr(tstate.cast(), layout::TSTATE_CFRAME);
         if cframe.is_null() {

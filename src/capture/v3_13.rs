@@ -22,6 +22,7 @@ impl Interpreter for Python313 {
         PyThreadState_GetUnchecked()
     }
 
+    #[inline(always)]
     unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
         let frame = read_ptr(tstate.cast(), layout::TSTATE_CURRENT_FRAME);
         super::walk_interpreter_frames(frame, out, true)
