@@ -88,6 +88,7 @@ unsafe fn on_new_object(op: *mut ffi::PyObject) -> c_int {
     reused(block)
 }
 
+/// The part of [`on_new_object`] for a block that may be traced, out of line.
 #[inline(never)]
 unsafe fn reused(block: usize) -> c_int {
     crate::tracer::on_reused_block(block);

@@ -30,9 +30,9 @@ extern "C" {
 static PREVIOUS: AtomicUsize = AtomicUsize::new(0);
 static PREVIOUS_DATA: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
-unsafe extern "C" fn tracer(op: *mut ffi::PyObject, event: c_int, data: *mut c_void) -> c_int {
+unsafe extern "C" fn tracer(op: *mut ffi::PyObject, event: c_int, _data: *mut c_void) -> c_int {
     if PREVIOUS.load(Relaxed) != 0 {
-        return chained(op, event, data);
+        return chained(op, event);
     }
     if event == CREATE {
         return super::on_new_object(op);
@@ -43,7 +43,7 @@ unsafe extern "C" fn tracer(op: *mut ffi::PyObject, event: c_int, data: *mut c_v
 /// A tracer held the slot before ours: it sees every event after we have.
 #[cold]
 #[inline(never)]
-unsafe fn chained(op: *mut ffi::PyObject, event: c_int, _data: *mut c_void) -> c_int {
+unsafe fn chained(op: *mut ffi::PyObject, event: c_int) -> c_int {
     if event == CREATE {
         super::on_new_object(op);
     }
