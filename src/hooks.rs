@@ -79,7 +79,7 @@ extern "C" fn hook_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *
         // The old trace is removed before the block can be freed by realloc: once freed, another
         // thread may get the same address and record it, and removing afterwards would delete
         // that thread's trace.
-        let old = tracer::on_realloc_start(ptr as usize);
+        let old = tracer::on_realloc_start(ptr as usize, hook.gil_held);
         let scope = sampler::Scope::enter();
         let new = (orig.realloc.unwrap_unchecked())(orig.ctx, ptr, size);
         tracer::on_realloc_end(ptr as usize, new as usize, size, old, hook.gil_held, &scope);
@@ -90,10 +90,11 @@ extern "C" fn hook_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *
 extern "C" fn hook_free(ctx: *mut c_void, ptr: *mut c_void) {
     // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
     unsafe {
-        let orig = &hook(ctx).original;
+        let hook = hook(ctx);
+        let orig = &hook.original;
         if !ptr.is_null() {
             // Forget before freeing, for the same reason as in realloc.
-            tracer::on_free(ptr as usize);
+            tracer::on_free(ptr as usize, hook.gil_held);
         }
         (orig.free.unwrap_unchecked())(orig.ctx, ptr)
     }

@@ -39,6 +39,7 @@ pub mod sigterm_retry;
 pub mod table;
 pub mod tracer;
 pub mod tracked;
+pub mod young;
 
 #[global_allocator]
 static ALLOCATOR: allocator::Allocator = allocator::Allocator;

@@ -371,7 +371,7 @@ impl TraceTable {
     /// What a trace of `size` adds to the totals: its size and one block, or its estimated
     /// bytes and blocks (count units) when sampling.
     #[inline(always)]
-    fn charge(&self, size: usize) -> (usize, u64) {
+    fn weigh(&self, size: usize) -> (usize, u64) {
         match self.interval.load(Relaxed) {
             0 => (size, COUNT_SCALE),
             interval => {
@@ -394,7 +394,7 @@ impl TraceTable {
     /// anything.
     #[inline(always)]
     fn account(&self, space: Space, trace: Trace, entering: Option<&Counter>) {
-        let (bytes, blocks) = self.charge(trace.size);
+        let (bytes, blocks) = self.weigh(trace.size);
         if let Some(counter) = entering {
             self.counters.enter(counter, bytes as u64, blocks);
             let now = self.current.fetch_add(bytes, Relaxed).wrapping_add(bytes);
@@ -416,7 +416,7 @@ impl TraceTable {
     /// are worth a second entry point.
     #[inline(always)]
     fn account_move(&self, space: Space, trace: Trace, to: &Counter) {
-        let (bytes, blocks) = self.charge(trace.size);
+        let (bytes, blocks) = self.weigh(trace.size);
         self.counters
             .leave(space, trace.traceback, bytes as u64, blocks);
         self.counters.enter(to, bytes as u64, blocks);
@@ -432,15 +432,30 @@ impl TraceTable {
     #[inline]
     #[must_use = "a `false` insert is a dropped trace, to be counted"]
     pub fn insert(&self, address: usize, trace: Trace) -> bool {
+        // Its counter must exist before the trace enters (the only step that may allocate
+        // besides the map's and the big sizes' own growth).
+        let Some(counter) = self.counters.counter(self.space(address), trace.traceback) else {
+            return false;
+        };
+        self.put(address, trace, Some(counter))
+    }
+
+    /// Files a trace that [`TraceTable::charge`] already counted in the totals (a block that
+    /// waited in [`crate::young`]). Returns `false`, leaving the map unchanged, when the map
+    /// cannot get memory to grow: the caller then takes the charge back.
+    #[must_use = "a `false` file is a dropped trace, whose charge is to be taken back"]
+    pub fn file_charged(&self, address: usize, trace: Trace) -> bool {
+        self.put(address, trace, None)
+    }
+
+    /// [`TraceTable::insert`]'s work once the counter is had: `entering` is `None` for a trace
+    /// already charged. A replaced entry's charge leaves either way.
+    #[inline(always)]
+    fn put(&self, address: usize, trace: Trace, entering: Option<&Counter>) -> bool {
         let Some(entry) = pack(address, trace) else {
             return false;
         };
-        // Its counter must exist before the trace enters (the only step that may allocate
-        // besides the map's and the big sizes' own growth).
         let space = self.space(address);
-        let Some(counter) = self.counters.counter(space, trace.traceback) else {
-            return false;
-        };
         let (index, hash) = self.locate(address as u64);
         let mut shard = write(&self.map.shards()[index]);
         // SAFETY (of every use of the big sizes below): the shard's write lock is held until
@@ -476,7 +491,9 @@ impl TraceTable {
                     unsafe { self.big_mut(index) }.insert(address, trace.size);
                 }
                 self.account(space, old, None);
-                self.account(space, trace, Some(counter));
+                if entering.is_some() {
+                    self.account(space, trace, entering);
+                }
                 return true;
             }
             Err(slot) => slot,
@@ -487,8 +504,45 @@ impl TraceTable {
             unsafe { self.big_mut(index) }.insert(address, trace.size);
         }
         self.presence_add(address as usize);
-        self.account(space, trace, Some(counter));
+        if entering.is_some() {
+            self.account(space, trace, entering);
+        }
         true
+    }
+
+    /// Counts a trace in the totals and its traceback's counter without filing it in the map
+    /// (see [`crate::young`]); `false`, changing nothing, without memory for the counter.
+    #[inline(always)]
+    pub fn charge(&self, address: usize, trace: Trace) -> bool {
+        let space = self.space(address);
+        match self.counters.counter(space, trace.traceback) {
+            Some(counter) => {
+                self.account(space, trace, Some(counter));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes back what [`TraceTable::charge`] counted, for a block that leaves without having
+    /// been filed.
+    #[inline(always)]
+    pub fn discharge(&self, address: usize, trace: Trace) {
+        self.account(self.space(address), trace, None);
+    }
+
+    /// Moves a charged but unfiled block from `old`'s traceback to `to` (see
+    /// [`TraceTable::retrace`]); `false`, changing nothing, without memory for `to`'s counter.
+    #[inline(always)]
+    pub fn recharge(&self, address: usize, old: Trace, to: TracebackId) -> bool {
+        let space = self.space(address);
+        match self.counters.counter(space, to) {
+            Some(counter) => {
+                self.account_move(space, old, counter);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The trace of an entry of shard `index`. A large block's size is read from the shard's

@@ -44,6 +44,7 @@ use crate::py::objects;
 use crate::sampler;
 use crate::table::{Trace, TraceTable, TracebackId};
 use crate::tracked;
+use crate::young;
 
 /// All PEP 445 allocations land in tracemalloc's default domain 0.
 pub const DEFAULT_DOMAIN: u32 = 0;
@@ -266,6 +267,16 @@ pub fn set_trace_filters(specs: &[FilterSpec]) -> Result<()> {
     Ok(())
 }
 
+/// Brings the table up to date before its entries are read: waiting re-attributions
+/// ([`deferred`]) and young blocks ([`young`]) are written to it.
+///
+/// # Safety
+/// The main interpreter's GIL is held, outside any hook.
+unsafe fn settle() {
+    deferred::settle();
+    young::file_all(table());
+}
+
 /// The tracer could not get memory for a trace or a new traceback.
 struct OutOfMemory;
 
@@ -275,21 +286,34 @@ struct OutOfMemory;
 fn record(address: usize, trace: Trace) {
     deferred::forget(address);
     if !table().insert(address, trace) {
-        DROPPED.fetch_add(1, Relaxed);
+        count_dropped();
     }
 }
 
-/// Records a block with the current traceback, unless the trace-time filters reject it.
+/// Counts a block left untraced for lack of memory (see [`DROPPED`]).
+pub(crate) fn count_dropped() {
+    DROPPED.fetch_add(1, Relaxed);
+}
+
+/// Records a block with the current traceback, unless the trace-time filters reject it. A
+/// block of the MEM or OBJ domains whose stack was read (so the thread holds the main
+/// interpreter's GIL) waits among the [`young`] blocks; others go to the table at once.
 ///
 /// # Safety
 /// Called from a hook, inside a [`ReentrancyGuard`].
 #[inline(always)]
 unsafe fn record_current(address: usize, size: usize, gil_held: bool) {
     match current_traceback(gil_held, DEFAULT_DOMAIN, size) {
+        Ok(Some(traceback)) if gil_held && traceback != UNKNOWN_TRACEBACK => {
+            deferred::forget(address);
+            if !young::record(table(), address, Trace { size, traceback }) {
+                count_dropped();
+            }
+        }
         Ok(Some(traceback)) => record(address, Trace { size, traceback }),
         Ok(None) => {}
         Err(OutOfMemory) => {
-            DROPPED.fetch_add(1, Relaxed);
+            count_dropped();
         }
     }
 }
@@ -340,14 +364,17 @@ pub unsafe fn on_reused_block(block: usize) {
         }
         return;
     }
-    // The filters may reject the new stack, and forget the block: decided now, in the table,
-    // replacing any re-attribution still waiting for this block.
+    // The filters may reject the new stack, and forget the block: decided now, in the table
+    // (or among the young blocks), replacing any re-attribution still waiting for this block.
     deferred::forget(block);
-    table.retrace(block, |old| match traceback_of(tstate, DEFAULT_DOMAIN) {
+    let retrace = |old: Trace| match traceback_of(tstate, DEFAULT_DOMAIN) {
         Ok(new) => new,
         // No memory for a new traceback: the block keeps the one it has.
         Err(OutOfMemory) => Some(old.traceback),
-    });
+    };
+    if let Err(retrace) = young::retrace(table, block, retrace) {
+        table.retrace(block, retrace);
+    }
 }
 
 /// Whether [`on_reused_block`] may have something to do for `block`: false while recording
@@ -358,33 +385,44 @@ pub fn may_be_reused_traced(block: usize) -> bool {
     RECORDING.load(Relaxed) && TABLE.get().is_some_and(|table| table.may_contain(block))
 }
 
-/// A block is about to be freed.
+/// A block is about to be freed; `gil_held` for the MEM and OBJ domains, whose blocks may be
+/// among the [`young`] ones.
 #[inline(always)]
-pub fn on_free(address: usize) {
+pub fn on_free(address: usize, gil_held: bool) {
     if !TRACING.load(Relaxed) {
         return;
     }
     let table = table();
-    if !table.may_contain(address) {
+    let young = gil_held && young::holds(address);
+    if !young && !table.may_contain(address) {
         return;
     }
     if let Some(_guard) = ReentrancyGuard::enter() {
-        table.remove(address);
+        if young && young::take(table, address).is_some() {
+            return;
+        }
+        if table.may_contain(address) {
+            table.remove(address);
+        }
     }
 }
 
 /// A block is about to be reallocated: its trace is taken out (see the hook for why).
 #[inline(always)]
-pub fn on_realloc_start(address: usize) -> Option<Trace> {
+pub fn on_realloc_start(address: usize, gil_held: bool) -> Option<Trace> {
     if address == 0 || !TRACING.load(Relaxed) {
         return None;
     }
     let table = table();
-    if !table.may_contain(address) {
+    let young = gil_held && young::holds(address);
+    if !young && !table.may_contain(address) {
         return None;
     }
     let _guard = ReentrancyGuard::enter()?;
-    let mut trace = table.remove(address)?;
+    let mut trace = match young.then(|| young::take(table, address)).flatten() {
+        Some(trace) => trace,
+        None => table.remove(address)?,
+    };
     // `_PyTuple_Resize` reallocates an object's block: a re-attribution still waiting for it
     // goes with its trace (kept if the realloc fails, or while recording is disabled).
     if let Some(traceback) = deferred::take(address) {
@@ -465,7 +503,7 @@ unsafe fn record_native(key: usize, size: usize) {
         Ok(Some(traceback)) => record(key, Trace { size, traceback }),
         Ok(None) => {}
         Err(OutOfMemory) => {
-            DROPPED.fetch_add(1, Relaxed);
+            count_dropped();
         }
     }
 }
@@ -566,7 +604,7 @@ pub(crate) unsafe fn tracked_traceback(
         return Ok(None);
     };
     current_traceback(true, domain, size).map_err(|OutOfMemory| {
-        DROPPED.fetch_add(1, Relaxed);
+        count_dropped();
     })
 }
 
@@ -577,11 +615,31 @@ pub(crate) fn record_tracked(address: usize, trace: Trace) -> bool {
         return true;
     };
     deferred::forget(address);
-    let stored = table().insert(address, trace);
+    let table = table();
+    take_young_if_gil(table, address);
+    let stored = table.insert(address, trace);
     if !stored {
-        DROPPED.fetch_add(1, Relaxed);
+        count_dropped();
     }
     stored
+}
+
+/// Takes a block out of the [`young`] ones, for a caller that may run without the GIL (an
+/// extension's `PyTraceMalloc_Track` and `_Untrack` calls): only a thread holding the main
+/// interpreter's GIL may touch the slots, and only such a thread can have put the block there.
+///
+/// Called inside the reentrancy guard.
+fn take_young_if_gil(table: &TraceTable, address: usize) {
+    if !young::holds(address) {
+        return;
+    }
+    // SAFETY: reading this thread's state, and comparing pointers, has no effect.
+    let tstate = unsafe { Current::gil_thread_state(false) };
+    if !tstate.is_null()
+        && unsafe { capture::interpreter_of(tstate) } == MAIN_INTERPRETER.load(Relaxed)
+    {
+        young::take(table, address);
+    }
 }
 
 /// Charges a block an extension tracks outside domain 0 (kept in `crate::tracked`'s map),
@@ -590,7 +648,7 @@ pub(crate) fn record_tracked(address: usize, trace: Trace) -> bool {
 pub(crate) fn account_tracked(domain: u32, old: Option<Trace>, trace: Trace) -> bool {
     let stored = table().account_outside(domain, old, Some(trace));
     if !stored {
-        DROPPED.fetch_add(1, Relaxed);
+        count_dropped();
     }
     stored
 }
@@ -598,7 +656,9 @@ pub(crate) fn account_tracked(domain: u32, old: Option<Trace>, trace: Trace) -> 
 /// Forgets a block an extension untracks in domain 0.
 pub(crate) fn forget_tracked(address: usize) {
     if let Some(_guard) = ReentrancyGuard::enter() {
-        table().remove(address);
+        let table = table();
+        take_young_if_gil(table, address);
+        table.remove(address);
     }
 }
 
@@ -694,9 +754,13 @@ pub fn start(py: Python<'_>, nframe: i64, sampling: Sampling, native: Option<boo
     register_fork_handlers();
     tracked::clear_with(table(), TraceTable::clear);
     // SAFETY: the GIL is held.
-    unsafe { deferred::discard() };
+    unsafe {
+        deferred::discard();
+        young::discard();
+    }
     let interval = interval.unwrap_or(0);
     table().set_sampling(interval);
+    young::set_enabled(interval == 0);
     sampler::configure(interval, sampling.seed);
     DROPPED.store(0, Relaxed);
     // SAFETY: the GIL is held and no hook is recording yet (TRACING is false), so nothing else
@@ -738,7 +802,10 @@ pub fn stop(py: Python<'_>) {
     crate::native::set_enabled(false);
     tracked::clear_with(table(), TraceTable::clear);
     // SAFETY: the GIL is held.
-    unsafe { deferred::discard() };
+    unsafe {
+        deferred::discard();
+        young::discard();
+    }
     // SAFETY: the GIL is held; hooks on this thread are off (TRACING is false) and no borrow
     // of the cells is live here.
     let (live, resolver) = unsafe { (LIVE.get().take(), RESOLVER.get().take()) };
@@ -764,6 +831,7 @@ pub fn clear_traces(py: Python<'_>) {
         let resolver = RESOLVER.get().replace(fresh_resolver);
         tracked::clear_with(table(), TraceTable::clear);
         deferred::discard();
+        young::discard();
         DROPPED.store(0, Relaxed);
         (live, resolver)
     };
@@ -897,8 +965,10 @@ pub fn reset_peak() {
 /// Bytes the tracer itself uses: the table, the tracked-domain map, the interned tracebacks
 /// and the resolution caches.
 pub fn tracer_memory() -> usize {
-    let mut total =
-        table().memory_usage() + crate::tracked::memory_usage() + deferred::MEMORY_USAGE;
+    let mut total = table().memory_usage()
+        + crate::tracked::memory_usage()
+        + deferred::MEMORY_USAGE
+        + young::MEMORY_USAGE;
     // SAFETY: the GIL is held and no borrow is live.
     unsafe {
         if let Some(live) = LIVE.get() {
@@ -1037,7 +1107,7 @@ impl DenseIds {
 
 fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected> {
     // SAFETY: the GIL is held (`py`), outside any hook.
-    unsafe { deferred::settle() };
+    unsafe { settle() };
     let mut live = table().collect().ok_or(Error::OutOfMemory)?;
     // Tracked-domain traces go last: `Collected::domain` finds their domains by position.
     let mut tracked = tracked::collect();
@@ -1293,7 +1363,7 @@ pub fn object_traceback<'py>(
     // SAFETY: `obj` is alive for the call and the GIL is held.
     let address = unsafe { Current::object_block(obj.as_ptr()) };
     // SAFETY: the GIL is held (`py`), outside any hook.
-    unsafe { deferred::settle() };
+    unsafe { settle() };
     let Some(trace) = table().get(address) else {
         return Ok(None);
     };
@@ -1366,7 +1436,7 @@ pub unsafe fn object_sites(py: Python<'_>, addrs: &[usize]) -> (Vec<Option<u32>>
     if !is_tracing() {
         return (vec![None; addrs.len()], Vec::new());
     }
-    deferred::settle();
+    settle();
     let table = table();
     let mut dense = DenseIds::default();
     let per_object: Vec<Option<u32>> = addrs

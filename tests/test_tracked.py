@@ -226,6 +226,27 @@ def test_domain_zero_is_the_hooks_domain(stopped_tracer, ext_before):
     assert consistent()
 
 
+def test_domain_zero_calls_on_a_block_just_allocated(stopped_tracer, ext_before):
+    """Track(0, ..) and Untrack(0, ..) of a block the hooks recorded a moment ago, with
+    nothing read in between (the tracer files such a block in its table late): the call
+    replaces or removes the hooks' trace, never leaving a second one."""
+    alloctrace.start(1)
+    before = alloctrace.get_traced_memory()[0]
+    data = bytearray(100_000)
+    buffer_ptr = ctypes.addressof(ctypes.c_char.from_buffer(data))
+    assert ext_before.untrack(0, buffer_ptr) == 0
+    assert alloctrace.get_traced_memory()[0] < before + 50_000
+    assert not [t for t in traces_in(0) if t[1] >= 100_000]
+    other = bytearray(200_000)
+    other_ptr = ctypes.addressof(ctypes.c_char.from_buffer(other))
+    assert ext_before.track(0, other_ptr, 4321) == 0
+    assert alloctrace.get_traced_memory()[0] < before + 50_000
+    assert [t[1] for t in traces_in(0) if t[1] in (4321, 200_000)] == [4321]
+    assert ext_before.untrack(0, other_ptr) == 0
+    del data, other
+    assert consistent()
+
+
 def test_blocks_from_before_start_and_after_stop(stopped_tracer, ext_before):
     old = ext_before.alloc(DOMAIN, 500)  # not tracing: CPython's function ignores it
     alloctrace.start(1)

@@ -80,11 +80,18 @@ fn slot_of(block: usize) -> usize {
 pub const MEMORY_USAGE: usize =
     std::mem::size_of::<[Slot; SLOTS]>() + std::mem::size_of::<Filled>();
 
-/// Writes one waiting re-attribution into the table. A block no longer traced (freed, or
-/// never traced) is left alone.
+/// Writes one waiting re-attribution into the table, or into the block's slot among the
+/// [`crate::young`] blocks if it waits there. A block no longer traced (freed, or never
+/// traced) is left alone.
+///
+/// # Safety
+/// The main interpreter's GIL is held, inside the reentrancy guard or outside any hook.
 #[inline(always)]
-fn apply(block: usize, traceback: TracebackId) {
-    table().retrace(block, |_| Some(traceback));
+unsafe fn apply(block: usize, traceback: TracebackId) {
+    let table = table();
+    if let Err(retrace) = crate::young::retrace(table, block, |_| Some(traceback)) {
+        table.retrace(block, retrace);
+    }
 }
 
 /// `block` (an object's block, reused from a free list) now belongs to `traceback`; the
@@ -147,8 +154,10 @@ pub unsafe fn before_insert(size: usize) {
     }
 }
 
+/// # Safety
+/// As [`settle`].
 #[inline(never)]
-fn settle_filled(filled: &mut Filled) {
+unsafe fn settle_filled(filled: &mut Filled) {
     for &index in &filled.slots[..filled.len] {
         let slot = &WAITING[usize::from(index)];
         let block = slot.block.load(Relaxed);

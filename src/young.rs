@@ -1,0 +1,273 @@
+//! Young blocks: traces not yet filed in the trace table.
+//!
+//! Most blocks a Python program allocates die young: a temporary string, a match object, the
+//! list a comprehension builds before `join` consumes it. pymalloc hands a freed block to the
+//! next request of its size class, so a loop cycles through a few addresses. Filing each such
+//! block in the table and taking it out again costs two shard locks, two hashed probes into a
+//! table of every live block, and the cache misses that go with them. So a block allocated by
+//! a thread holding the main interpreter's GIL waits here, in a slot chosen by its address,
+//! and is filed only when another block wants the slot, or when someone may look:
+//!
+//! - its size counts in the totals, the peak and its traceback's counter at once
+//!   ([`TraceTable::charge`]): `get_traced_memory()` and the per-traceback values at the peak
+//!   are exact whether a block waits here or not;
+//! - a block freed (or reallocated) while it waits leaves from here, without touching the
+//!   table;
+//! - before the table's entries are read (snapshots, `get_object_traceback`, the per-line
+//!   object sites) every waiting block is filed ([`file_all`]); a re-attribution of a waiting
+//!   block (an object reused from a free list) changes it here ([`retrace`]);
+//! - [`discard`] empties the slots when the traces are cleared.
+//!
+//! Threads: only a thread holding the main interpreter's GIL fills, files or changes a slot,
+//! and only for a block of the MEM or OBJ domains, which CPython requires to be freed with
+//! the GIL held too; so a slot is touched by one thread at a time, and its fields are atomics
+//! read and written relaxed, without read-modify-write (as [`crate::freelist::deferred`]'s). A
+//! free hook of another thread, or of the RAW domain, finds a slot holding another address and
+//! leaves it alone. Sampled mode does not use the slots: its few recorded blocks gain little.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
+
+use crate::table::{Trace, TraceTable, TracebackId};
+
+/// Slots, 12 KiB: enough that the blocks a loop cycles through rarely share one, few enough
+/// that filing them all before a snapshot costs nothing measurable.
+const SLOTS: usize = 512;
+
+struct Slot {
+    /// The block's address, 0 for an empty slot.
+    block: AtomicUsize,
+    size: AtomicUsize,
+    traceback: AtomicU32,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Slot = Slot {
+    block: AtomicUsize::new(0),
+    size: AtomicUsize::new(0),
+    traceback: AtomicU32::new(0),
+};
+
+static WAITING: [Slot; SLOTS] = [EMPTY; SLOTS];
+
+/// Whether new blocks may wait here: exact mode only, set by `start()`.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// The slots, counted in the tracer's own memory (they are static).
+pub const MEMORY_USAGE: usize = std::mem::size_of::<[Slot; SLOTS]>();
+
+/// pymalloc's blocks are 16-byte aligned: the bits above those pick the slot.
+#[inline(always)]
+fn slot_of(block: usize) -> &'static Slot {
+    let index =
+        (block as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SLOTS.trailing_zeros());
+    &WAITING[index as usize]
+}
+
+#[inline(always)]
+fn trace_in(slot: &Slot) -> Trace {
+    Trace {
+        size: slot.size.load(Relaxed),
+        traceback: slot.traceback.load(Relaxed),
+    }
+}
+
+/// Lets blocks wait here (exact mode) or not (sampled mode, where `may_contain` must find
+/// every recorded block in the table). Called by `start()` with the GIL held, on empty slots.
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Relaxed);
+}
+
+/// Records a block allocated in the MEM or OBJ domain by a thread holding the main
+/// interpreter's GIL. Returns `false`, changing nothing, without memory for its traceback's
+/// counter (the caller counts the trace as dropped). Without slots (sampled mode) the block
+/// goes to the table directly.
+///
+/// # Safety
+/// The main interpreter's GIL is held, inside the tracer's reentrancy guard.
+#[inline(always)]
+pub unsafe fn record(table: &TraceTable, address: usize, trace: Trace) -> bool {
+    if !ENABLED.load(Relaxed) {
+        return table.insert(address, trace);
+    }
+    if !table.charge(address, trace) {
+        return false;
+    }
+    let slot = slot_of(address);
+    let there = slot.block.load(Relaxed);
+    if there != 0 {
+        make_room(table, slot, there, address);
+    }
+    slot.block.store(address, Relaxed);
+    slot.size.store(trace.size, Relaxed);
+    slot.traceback.store(trace.traceback, Relaxed);
+    true
+}
+
+/// The slot `address` wants holds the block `there`: filed, or, if it is the same address (a
+/// block freed without our free hook seeing it, e.g. by an allocator installed over ours),
+/// forgotten as the table forgets an entry it replaces.
+#[inline(never)]
+fn make_room(table: &TraceTable, slot: &Slot, there: usize, address: usize) {
+    let old = trace_in(slot);
+    if there == address {
+        table.discharge(there, old);
+    } else {
+        file(table, there, old);
+    }
+}
+
+/// Files a waiting block; without memory for the table's growth, the block is left untraced
+/// and counted as dropped, as a block the table could not take when it was allocated.
+fn file(table: &TraceTable, block: usize, trace: Trace) {
+    if !table.file_charged(block, trace) {
+        table.discharge(block, trace);
+        crate::tracer::count_dropped();
+    }
+}
+
+/// Whether the block at `address` may wait here, without the reentrancy guard: in sampled
+/// mode one load of a flag (the slots stay out of the cache), in exact mode one of its slot.
+#[inline(always)]
+pub fn holds(address: usize) -> bool {
+    ENABLED.load(Relaxed) && slot_of(address).block.load(Relaxed) == address
+}
+
+/// Takes out the block at `address` if it waits here, for a free or a reallocation; its
+/// charge is taken back. Called by the MEM and OBJ domains' hooks, inside the reentrancy
+/// guard (a free of a block that waits here comes with the main interpreter's GIL, see the
+/// module's doc).
+#[inline(always)]
+pub fn take(table: &TraceTable, address: usize) -> Option<Trace> {
+    let slot = slot_of(address);
+    if slot.block.load(Relaxed) != address {
+        return None;
+    }
+    slot.block.store(0, Relaxed);
+    let trace = trace_in(slot);
+    table.discharge(address, trace);
+    Some(trace)
+}
+
+/// Gives `block`, if it waits here, the traceback `traceback` returns for its trace, or takes
+/// it out if that is `None` (as [`TraceTable::retrace`]). Gives `traceback` back if the block
+/// does not wait here, for the caller to try the table.
+///
+/// # Safety
+/// The main interpreter's GIL is held, inside the reentrancy guard.
+pub unsafe fn retrace<F>(table: &TraceTable, block: usize, traceback: F) -> Result<(), F>
+where
+    F: FnOnce(Trace) -> Option<TracebackId>,
+{
+    let slot = slot_of(block);
+    if slot.block.load(Relaxed) != block {
+        return Err(traceback);
+    }
+    let old = trace_in(slot);
+    match traceback(old) {
+        Some(id) if id == old.traceback => {}
+        Some(id) => {
+            // Without memory for the new traceback's counter, the block keeps its traceback.
+            if table.recharge(block, old, id) {
+                slot.traceback.store(id, Relaxed);
+            }
+        }
+        None => {
+            slot.block.store(0, Relaxed);
+            table.discharge(block, old);
+        }
+    }
+    Ok(())
+}
+
+/// Files every waiting block, before the table's entries are read.
+///
+/// # Safety
+/// The main interpreter's GIL is held, inside the reentrancy guard or outside any hook.
+pub unsafe fn file_all(table: &TraceTable) {
+    for slot in &WAITING {
+        let block = slot.block.load(Relaxed);
+        if block != 0 {
+            slot.block.store(0, Relaxed);
+            file(table, block, trace_in(slot));
+        }
+    }
+}
+
+/// Empties every slot without filing: the traces (and the totals that counted them) were just
+/// cleared.
+///
+/// # Safety
+/// The GIL is held.
+pub unsafe fn discard() {
+    for slot in &WAITING {
+        slot.block.store(0, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(size: usize, traceback: TracebackId) -> Trace {
+        Trace { size, traceback }
+    }
+
+    /// Every step changes the totals at once and the table's entries only when filed.
+    /// `collides` is an address whose slot is 0x1000's, so recording it files 0x1000.
+    #[test]
+    fn waiting_blocks_count_at_once_and_reach_the_table_when_filed() {
+        let collides = (1..1 << 20)
+            .map(|k| 0x1000 + 16 * k)
+            .find(|&a| std::ptr::eq(slot_of(a), slot_of(0x1000)))
+            .unwrap();
+        enum Op {
+            Record(usize, usize, TracebackId),
+            Take(usize),
+            Retrace(usize, Option<TracebackId>),
+            FileAll,
+        }
+        use Op::*;
+        // (operation, current total after, the table's entries after, sorted)
+        type Step = (Op, usize, Vec<(usize, Trace)>);
+        let steps: Vec<Step> = vec![
+            (Record(0x1000, 100, 1), 100, vec![]),
+            (Record(0x2000, 50, 2), 150, vec![]),
+            (Take(0x2000), 100, vec![]),
+            (Take(0x2000), 100, vec![]), // no longer waits: nothing taken
+            (Retrace(0x1000, Some(7)), 100, vec![]),
+            (Record(collides, 10, 3), 110, vec![(0x1000, t(100, 7))]),
+            (Record(collides, 20, 4), 120, vec![(0x1000, t(100, 7))]), // freed unseen
+            (Retrace(collides, None), 100, vec![(0x1000, t(100, 7))]),
+            (Record(0x3000, 5, 5), 105, vec![(0x1000, t(100, 7))]),
+            (FileAll, 105, vec![(0x1000, t(100, 7)), (0x3000, t(5, 5))]),
+            (
+                Take(0x3000),
+                105,
+                vec![(0x1000, t(100, 7)), (0x3000, t(5, 5))],
+            ), // filed
+        ];
+        let table = TraceTable::new();
+        // SAFETY: this is the only test touching the slots, and it runs on one thread.
+        unsafe { discard() };
+        set_enabled(true);
+        for (i, (op, current, entries)) in steps.into_iter().enumerate() {
+            // SAFETY: as above.
+            unsafe {
+                match op {
+                    Record(address, size, tb) => assert!(record(&table, address, t(size, tb))),
+                    Take(address) => {
+                        take(&table, address);
+                    }
+                    Retrace(address, to) => assert!(retrace(&table, address, |_| to).is_ok()),
+                    FileAll => file_all(&table),
+                }
+            }
+            let mut found = table.collect().unwrap();
+            found.sort_unstable_by_key(|&(address, _)| address);
+            assert_eq!(table.totals().0, current, "step {i}");
+            assert_eq!(found, entries, "step {i}");
+        }
+        assert!(!holds(0x1000));
+        set_enabled(false);
+    }
+}
