@@ -81,7 +81,9 @@ def test_per_line_sizes_match_tracemalloc(workload):
         pytest.param("docutils_html.py", marks=NO_FREELIST),
         pytest.param("markdown_tree.py", marks=NO_FREELIST),
         "networkx_graph.py",
-        "pygments_tokens.py",
+        # 5.33% on Debian's static 3.11, where object creations cannot be seen (also with
+        # commit 8d327bf's wheel: a missing mark, not a regression).
+        pytest.param("pygments_tokens.py", marks=NO_FREELIST),
     ],
 )
 def test_per_traceback_sizes_at_25_frames_match_tracemalloc(workload):
