@@ -7,7 +7,10 @@ Each stresses one path of the hooks:
 * ``keep``: 300,000-string lists built and dropped three times over: blocks that live until
   the list goes;
 * ``float``: float arithmetic ``depth`` frames down: objects reused from CPython's float free
-  list, re-attributed at every creation.
+  list, re-attributed at every creation;
+* ``points``: ``n`` objects of three float attributes each, made, scaled and reduced to their
+  maximum, like pyperformance's float benchmark: most blocks live until the end (run under
+  ``valgrind --tool=cachegrind --cache-sim=yes`` to count cache misses).
 
 Usage (the figures quoted in ``docs/`` come from runs like these)::
 
@@ -20,6 +23,7 @@ The last line printed is the loop's wall time, for quick side-by-side runs.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 
@@ -54,7 +58,36 @@ def floats(n: int) -> float:
     return x
 
 
-LOOPS = {"churn": churn, "keep": keep, "float": floats}
+class Point:
+    def __init__(self, i: int) -> None:
+        self.x = math.sin(i)
+        self.y = math.cos(i) * 3
+        self.z = self.x * self.x / 2
+
+    def scale(self) -> None:
+        norm = math.sqrt(self.x * self.x + self.y * self.y + self.z * self.z)
+        self.x /= norm
+        self.y /= norm
+        self.z /= norm
+
+    def take_max(self, other: Point) -> Point:
+        self.x = max(self.x, other.x)
+        self.y = max(self.y, other.y)
+        self.z = max(self.z, other.z)
+        return self
+
+
+def points(n: int) -> Point:
+    made = [Point(i) for i in range(n)]
+    for p in made:
+        p.scale()
+    best = made[0]
+    for p in made[1:]:
+        best = best.take_max(p)
+    return best
+
+
+LOOPS = {"churn": churn, "keep": keep, "float": floats, "points": points}
 
 
 def down(depth: int, loop, n: int):
