@@ -672,10 +672,15 @@ fn check_nframe(nframe: i64) -> Result<usize> {
 }
 
 /// The size of the traced block at `address`, while tracing (the heap walk sizes objects and
-/// their buffers by their traced blocks where it can).
+/// their buffers by their traced blocks where it can). A block still waiting among the
+/// [`young`] ones is found there. Called with the GIL held (the walk's contract).
 pub fn traced_size(address: usize) -> Option<usize> {
     if !is_tracing() {
         return None;
+    }
+    // SAFETY: the heap walk holds the main interpreter's GIL and runs no Python code.
+    if let Some(trace) = unsafe { young::get(address) } {
+        return Some(trace.size);
     }
     TABLE.get()?.get(address).map(|trace| trace.size)
 }

@@ -149,6 +149,15 @@ pub fn holds(address: usize) -> bool {
     ENABLED.load(Relaxed) && slot_of(address).block.load(Relaxed) == address
 }
 
+/// The trace of the block at `address` if it waits here, for a reader that looks a few blocks
+/// up (the heap walk sizes every object it finds) rather than filing every slot first.
+///
+/// # Safety
+/// The main interpreter's GIL is held.
+pub unsafe fn get(address: usize) -> Option<Trace> {
+    holds(address).then(|| trace_in(slot_of(address)))
+}
+
 /// Takes out the block at `address` if it waits here, for a free or a reallocation; its
 /// charge is taken back. Called by the MEM and OBJ domains' hooks, inside the reentrancy
 /// guard (a free of a block that waits here comes with the main interpreter's GIL, see the
@@ -290,7 +299,12 @@ mod tests {
             // SAFETY: as above.
             unsafe {
                 match op {
-                    Record(address, size, tb) => assert!(record(&table, address, t(size, tb))),
+                    Record(address, size, tb) => {
+                        assert!(record(&table, address, t(size, tb)));
+                        // Found where it waits; a block too big for a slot is in the table.
+                        let waiting = (size <= u32::MAX as usize).then(|| t(size, tb));
+                        assert_eq!(get(address), waiting, "step {i}");
+                    }
                     Take(address) => {
                         take(&table, address);
                     }
