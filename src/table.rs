@@ -260,6 +260,15 @@ const SHRINK_MIN: usize = 1024;
 /// Big sizes' maps this small (~1 KB) are left alone.
 const BIG_SHRINK_MIN: usize = 56;
 
+/// Where [`TraceTable::rehome`] left a block.
+pub enum Rehomed {
+    /// Under this traceback (the new one, or the old one without memory for the new one's
+    /// counter).
+    Stays(TracebackId),
+    /// Out of the totals: the trace-time filters rejected its new stack.
+    Leaves,
+}
+
 pub struct TraceTable {
     map: DashMap<Key, TracebackId, BuildAddressHasher>,
     /// Per shard, the sizes its entries cannot hold.
@@ -531,20 +540,6 @@ impl TraceTable {
         self.account(self.space(address), trace, None);
     }
 
-    /// Moves a charged but unfiled block from `old`'s traceback to `to` (see
-    /// [`TraceTable::retrace`]); `false`, changing nothing, without memory for `to`'s counter.
-    #[inline(always)]
-    pub fn recharge(&self, address: usize, old: Trace, to: TracebackId) -> bool {
-        let space = self.space(address);
-        match self.counters.counter(space, to) {
-            Some(counter) => {
-                self.account_move(space, old, counter);
-                true
-            }
-            None => false,
-        }
-    }
-
     /// The trace of an entry of shard `index`. A large block's size is read from the shard's
     /// big sizes, and taken out of them if the entry is `leaving` the table (it must not be
     /// for an entry that stays).
@@ -657,27 +652,40 @@ impl TraceTable {
         // the end, for the big sizes too).
         let entry = unsafe { bucket.as_mut() };
         let old = unsafe { self.trace_of(index, entry, false) };
-        let space = self.space(address);
-        match traceback(old) {
-            Some(id) if id == old.traceback => {}
-            Some(id) => {
-                // Without memory for the new traceback's counter, the block keeps its
-                // traceback.
-                if let Some(counter) = self.counters.counter(space, id) {
-                    // Same address and size: only the id changes.
-                    *entry.1.get_mut() = id;
-                    self.account_move(space, old, counter);
-                }
-            }
-            None => {
+        match self.rehome(address, old, traceback(old)) {
+            // Same address and size: only the id changes.
+            Rehomed::Stays(id) => *entry.1.get_mut() = id,
+            Rehomed::Leaves => {
                 // SAFETY: as above; the bucket is not used after its removal.
                 let (entry, _) = unsafe { shard.remove(bucket) };
                 unsafe { self.trace_of(index, &entry, true) };
                 self.presence_remove(address);
-                self.account(space, old, None);
             }
         }
         true
+    }
+
+    /// Moves a live block's charge from `old`'s traceback to `new`, or out of the totals if
+    /// `new` is `None`, and says where the block now belongs; the caller (the table's
+    /// [`TraceTable::retrace`], or a slot of [`crate::young`]) stores that. Without memory
+    /// for the new traceback's counter, the block keeps its traceback.
+    #[inline(always)]
+    pub fn rehome(&self, address: usize, old: Trace, new: Option<TracebackId>) -> Rehomed {
+        let space = self.space(address);
+        match new {
+            Some(id) if id == old.traceback => Rehomed::Stays(id),
+            Some(id) => match self.counters.counter(space, id) {
+                Some(counter) => {
+                    self.account_move(space, old, counter);
+                    Rehomed::Stays(id)
+                }
+                None => Rehomed::Stays(old.traceback),
+            },
+            None => {
+                self.account(space, old, None);
+                Rehomed::Leaves
+            }
+        }
     }
 
     /// Charges the totals for a block of `domain` kept outside the map (an extension's block

@@ -168,11 +168,21 @@ unsafe fn current_traceback(
     size: usize,
 ) -> std::result::Result<Option<TracebackId>, OutOfMemory> {
     let tstate = Current::gil_thread_state(gil_held);
-    if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
+    if !is_main(tstate) {
         return Ok(unknown_traceback(domain));
     }
     deferred::before_insert(size);
     traceback_of(tstate, domain)
+}
+
+/// Whether `tstate` (this thread's, if it holds a GIL: see [`Current::gil_thread_state`]) is
+/// one of the main interpreter's, the one whose stacks the tracer reads.
+///
+/// # Safety
+/// `tstate` is null or a live thread state.
+#[inline(always)]
+unsafe fn is_main(tstate: *mut ffi::PyThreadState) -> bool {
+    !tstate.is_null() && capture::interpreter_of(tstate) == MAIN_INTERPRETER.load(Relaxed)
 }
 
 /// What a block of `domain` gets when the stack cannot be read: the `<unknown>` traceback,
@@ -349,7 +359,7 @@ pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool, scope: &samp
 pub unsafe fn on_reused_block(block: usize) {
     let table = table();
     let tstate = Current::gil_thread_state(true);
-    if tstate.is_null() || capture::interpreter_of(tstate) != MAIN_INTERPRETER.load(Relaxed) {
+    if !is_main(tstate) {
         return;
     }
     let Some(_guard) = ReentrancyGuard::enter() else {
@@ -633,11 +643,8 @@ fn take_young_if_gil(table: &TraceTable, address: usize) {
     if !young::holds(address) {
         return;
     }
-    // SAFETY: reading this thread's state, and comparing pointers, has no effect.
-    let tstate = unsafe { Current::gil_thread_state(false) };
-    if !tstate.is_null()
-        && unsafe { capture::interpreter_of(tstate) } == MAIN_INTERPRETER.load(Relaxed)
-    {
+    // SAFETY: reading this thread's state, and its interpreter, has no effect.
+    if unsafe { is_main(Current::gil_thread_state(false)) } {
         young::take(table, address);
     }
 }

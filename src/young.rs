@@ -27,7 +27,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
 
-use crate::table::{Trace, TraceTable, TracebackId};
+use crate::table::{Rehomed, Trace, TraceTable, TracebackId};
 
 /// Slots, 4 KiB: enough that the blocks a loop cycles through rarely share one (a loop making
 /// a string, a dict, a list and a tuple per iteration: 1,468, 1,465 and 1,464 million
@@ -189,18 +189,9 @@ where
         return Err(traceback);
     }
     let old = trace_in(slot);
-    match traceback(old) {
-        Some(id) if id == old.traceback => {}
-        Some(id) => {
-            // Without memory for the new traceback's counter, the block keeps its traceback.
-            if table.recharge(block, old, id) {
-                slot.traceback.store(id, Relaxed);
-            }
-        }
-        None => {
-            slot.block.store(0, Relaxed);
-            table.discharge(block, old);
-        }
+    match table.rehome(block, old, traceback(old)) {
+        Rehomed::Stays(id) => slot.traceback.store(id, Relaxed),
+        Rehomed::Leaves => slot.block.store(0, Relaxed),
     }
     Ok(())
 }
