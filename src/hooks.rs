@@ -79,8 +79,8 @@ extern "C" fn hook_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *
         // The old trace is removed before the block can be freed by realloc: once freed, another
         // thread may get the same address and record it, and removing afterwards would delete
         // that thread's trace.
-        let old = tracer::on_realloc_start(ptr as usize, hook.gil_held);
         let scope = sampler::Scope::enter();
+        let old = tracer::on_realloc_start(ptr as usize, hook.gil_held, &scope);
         let new = (orig.realloc.unwrap_unchecked())(orig.ctx, ptr, size);
         tracer::on_realloc_end(ptr as usize, new as usize, size, old, hook.gil_held, &scope);
         new
@@ -91,13 +91,25 @@ extern "C" fn hook_free(ctx: *mut c_void, ptr: *mut c_void) {
     // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
     unsafe {
         let hook = hook(ctx);
-        let orig = &hook.original;
-        if !ptr.is_null() {
-            // Forget before freeing, for the same reason as in realloc.
-            tracer::on_free(ptr as usize, hook.gil_held);
+        if !ptr.is_null() && tracer::may_trace_free(ptr as usize) {
+            return free_traced(hook, ptr);
         }
+        let orig = &hook.original;
         (orig.free.unwrap_unchecked())(orig.ctx, ptr)
     }
+}
+
+/// The free of a block that may be traced, apart from [`hook_free`]: with the tracer's work
+/// inlined, the hook saved six registers and set up a stack frame on every call, while in
+/// sampled mode most frees need none of it (the block was not sampled). Apart, that case is
+/// a few loads and a jump to the wrapped allocator, and this one is reached by a jump too
+/// (`extern "C"` like the hook, so that the compiler makes the call a jump).
+#[inline(never)]
+unsafe extern "C" fn free_traced(hook: &Hook, ptr: *mut c_void) {
+    // Forget before freeing, for the same reason as in realloc.
+    tracer::on_free(ptr as usize, hook.gil_held);
+    let orig = &hook.original;
+    (orig.free.unwrap_unchecked())(orig.ctx, ptr)
 }
 
 /// Function identity by address: our hooks are plain non-generic functions of this one

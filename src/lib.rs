@@ -26,6 +26,7 @@ pub mod error;
 pub mod fallible;
 pub mod freelist;
 pub mod heap;
+pub mod hook_thread;
 pub mod hooks;
 pub mod intern;
 pub mod memory_limit;

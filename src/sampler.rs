@@ -20,8 +20,8 @@
 //!
 //! The fast path is one thread-local lookup, a subtraction and a branch, before any stack
 //! walk or table access; the draw (a logarithm and a few multiplies) runs once per sample,
-//! about once every R bytes. The state is a const-initialised thread-local without a
-//! destructor, like the reentrancy guard, so touching it never allocates.
+//! about once every R bytes. The state lives in [`crate::hook_thread`]'s thread-local,
+//! beside the reentrancy guard's flag, so touching it never allocates.
 //!
 //! Seeding: each thread's generator (wyrand) is seeded from the global seed and a thread
 //! counter the first time it draws in an epoch. `start()` begins a new epoch (with the seed
@@ -33,6 +33,8 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use crate::hook_thread::{self, HookThread};
+
 /// Mean bytes between samples; 0 while tracing exactly (every block recorded).
 static INTERVAL: AtomicU64 = AtomicU64::new(0);
 static SEED: AtomicU64 = AtomicU64::new(0);
@@ -41,7 +43,8 @@ static EPOCH: AtomicU64 = AtomicU64::new(1);
 /// Threads seeded in this epoch: each gets its own stream.
 static THREADS: AtomicU64 = AtomicU64::new(0);
 
-struct State {
+/// A thread's sampling state (kept in [`HookThread`]).
+pub(crate) struct State {
     /// Bytes left before the next sample; never stored negative.
     countdown: Cell<i64>,
     /// Hooks of this thread inside a wrapped allocator call (see [`Scope`]).
@@ -52,15 +55,15 @@ struct State {
     epoch: Cell<u64>,
 }
 
-thread_local! {
-    static STATE: State = const {
+impl State {
+    pub(crate) const fn new() -> State {
         State {
             countdown: Cell::new(0),
             depth: Cell::new(0),
             rng: Cell::new(0),
             epoch: Cell::new(0),
         }
-    };
+    }
 }
 
 /// The sampling interval in bytes, `None` when exact.
@@ -90,10 +93,13 @@ pub fn reseed_after_fork() {
 
 /// Makes this thread's next allocation reseed and draw a fresh distance.
 fn reset_this_thread() {
-    let _ = STATE.try_with(|s| {
-        s.countdown.set(0);
-        s.epoch.set(0);
-    });
+    let thread = hook_thread::this();
+    if !thread.is_null() {
+        // SAFETY: this thread's own state, used on this thread only.
+        let state = unsafe { &(*thread).sampler };
+        state.countdown.set(0);
+        state.epoch.set(0);
+    }
 }
 
 fn fresh_seed() -> u64 {
@@ -118,22 +124,27 @@ fn mix(mut z: u64) -> u64 {
 
 /// One hook's call into the allocator it wraps, while sampling: marks the thread as inside
 /// it, so that hooks nested in that call (pymalloc falling back on the RAW allocator) leave the
-/// countdown alone. Holds this thread's state, so the hook looks the thread-local up once.
-pub struct Scope(*const State);
+/// countdown alone. Holds this thread's [`HookThread`], so the hook (and the tracer's
+/// reentrancy guard, see [`Scope::thread`]) looks the thread-local up once.
+pub struct Scope(*const HookThread);
 
 impl Scope {
     /// Enters: one thread-local lookup and an increment.
     #[inline(always)]
     pub fn enter() -> Scope {
-        match STATE.try_with(|s| s as *const State) {
-            Ok(state) => {
-                // SAFETY: a thread-local outlives every frame of its thread.
-                let depth = unsafe { &(*state).depth };
-                depth.set(depth.get() + 1);
-                Scope(state)
-            }
-            Err(_) => Scope(std::ptr::null()),
+        let thread = hook_thread::this();
+        if !thread.is_null() {
+            // SAFETY: a thread-local outlives every frame of its thread.
+            let depth = unsafe { &(*thread).sampler.depth };
+            depth.set(depth.get() + 1);
         }
+        Scope(thread)
+    }
+
+    /// This thread's state (null if unreachable), for the tracer's reentrancy guard.
+    #[inline(always)]
+    pub(crate) fn thread(&self) -> *const HookThread {
+        self.0
     }
 
     /// Whether the allocation of `size` bytes this scope wrapped is to be recorded: if this
@@ -147,7 +158,7 @@ impl Scope {
             return INTERVAL.load(Relaxed) == 0;
         }
         // SAFETY: as in `enter`; the scope never leaves its thread (raw pointers are !Send).
-        let state = unsafe { &*self.0 };
+        let state = unsafe { &(*self.0).sampler };
         if state.depth.get() != 1 {
             return false;
         }
@@ -163,7 +174,7 @@ impl Drop for Scope {
     fn drop(&mut self) {
         if !self.0.is_null() {
             // SAFETY: as in `keep`.
-            let depth = unsafe { &(*self.0).depth };
+            let depth = unsafe { &(*self.0).sampler.depth };
             depth.set(depth.get() - 1);
         }
     }

@@ -237,15 +237,22 @@ fn shard_choices() -> [u8; 1 << SHARD_CHOICE_BITS] {
         .expect("one choice per value of the choice bits")
 }
 
-/// Presence filter slots: 2^16 one-byte counters, 64 KiB (small enough to stay in cache on
-/// the free path), allocated the first time sampling is on. At the default interval a large
-/// heap holds a few thousand samples, so most slots are zero.
+/// Presence filter slots: 2^16 one-byte counters, 64 KiB, allocated the first time sampling is
+/// on. At the default interval a large heap holds a few thousand samples, so most slots are
+/// zero.
 const PRESENCE_BITS: u32 = 16;
 
+/// The 16-byte slots of one 4 KiB page share 256 consecutive counters (four cache lines), and
+/// pages are scattered over the 256 such runs. A program frees neighbours one after another
+/// (pymalloc carves a pool into equal blocks, and a dying container frees its items), so with
+/// every address scattered, most unsampled frees missed the first-level cache on their one
+/// load: in `benches/loops.py points 300000` at the default interval, 1.43M of the 2.08M data
+/// cache misses sampling added (cachegrind, 3.11).
 #[inline(always)]
 fn presence_slot(address: usize) -> usize {
-    // Drop the alignment bits, then take the top bits of a Fibonacci hash.
-    ((address as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - PRESENCE_BITS)) as usize
+    let address = address as u64;
+    let page = (address >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - (PRESENCE_BITS - 8));
+    ((page << 8) | ((address >> 4) & 0xFF)) as usize
 }
 
 /// A shard is shrunk when fewer than 1/`SHRINK_BELOW` of its capacity is in use, to twice its
@@ -878,6 +885,26 @@ mod tests {
         Trace { size, traceback }
     }
 
+    /// The presence filter's layout: a page's 16-byte blocks on consecutive counters, pages
+    /// spread over every run of 256, and every address inside the filter.
+    #[test]
+    fn presence_slots_keep_a_page_together_and_spread_pages() {
+        for page in [0x7f00_1234_5000_usize, 0x10_0000, 0x5555_5555_5000] {
+            let first = presence_slot(page);
+            assert_eq!(first % 256, 0, "a page starts a run");
+            for block in 0..256 {
+                assert_eq!(presence_slot(page + block * 16), first + block);
+                // The alignment bits below 16 do not matter.
+                assert_eq!(presence_slot(page + block * 16 + 8), first + block);
+            }
+        }
+        let runs: std::collections::HashSet<usize> = (0..4096usize)
+            .map(|i| presence_slot(0x7f00_0000_0000 + i * 4096) / 256)
+            .collect();
+        assert_eq!(runs.len(), 256, "4096 consecutive pages use every run");
+        let top = (0..64).map(|b| presence_slot(usize::MAX - b * 4096)).max();
+        assert!(top < Some(1 << PRESENCE_BITS));
+    }
     /// After a spike the table gives its memory back as the blocks are freed, and the
     /// totals and the surviving entries are untouched by the rebuilds.
     #[test]

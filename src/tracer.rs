@@ -37,6 +37,7 @@ use crate::capture::{self, Current, Interpreter, RawFrame, MAX_NFRAME};
 use crate::error::{Error, Result};
 use crate::fallible;
 use crate::freelist::deferred;
+use crate::hook_thread::{self, HookThread};
 use crate::hooks;
 use crate::intern::{Interner, Resolver, UNKNOWN_TRACEBACK};
 use crate::process_memory::ProcessMemory;
@@ -112,13 +113,8 @@ static KEEP_UNKNOWN_NATIVE: AtomicBool = AtomicBool::new(true);
 /// The traceback limit: kept after `stop()` so `get_traceback_limit()` answers as tracemalloc.
 static LIMIT: GilCell<usize> = GilCell::new(1);
 
-thread_local! {
-    /// Set while this thread is inside the tracer, so nothing the tracer does is traced and no
-    /// hook re-enters tracer state it already holds (e.g. a shard lock held across `fork()`).
-    static IN_TRACER: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Marks this thread as inside the tracer; `None` if it already is.
+/// Marks this thread as inside the tracer (its [`HookThread::in_tracer`] flag); `None` if it
+/// already is.
 ///
 /// Holds the flag's address so that leaving costs no second thread-local lookup (in a shared
 /// library each lookup is a call into the dynamic loader).
@@ -127,16 +123,27 @@ struct ReentrancyGuard(*const Cell<bool>);
 impl ReentrancyGuard {
     #[inline(always)]
     fn enter() -> Option<Self> {
-        let flag = IN_TRACER
-            .try_with(|inside| inside as *const Cell<bool>)
-            .ok()?;
+        Self::on(hook_thread::this())
+    }
+
+    /// Enters with the thread state an allocating hook's scope already looked up.
+    #[inline(always)]
+    fn within(scope: &sampler::Scope) -> Option<Self> {
+        Self::on(scope.thread())
+    }
+
+    #[inline(always)]
+    fn on(thread: *const HookThread) -> Option<Self> {
+        if thread.is_null() {
+            return None;
+        }
         // SAFETY: a thread-local outlives every frame of its thread, this one included.
-        let inside = unsafe { &*flag };
+        let inside = unsafe { &(*thread).in_tracer };
         if inside.get() {
             return None;
         }
         inside.set(true);
-        Some(ReentrancyGuard(flag))
+        Some(ReentrancyGuard(inside))
     }
 }
 
@@ -337,7 +344,7 @@ pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool, scope: &samp
     if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) || !scope.keep(size) {
         return;
     }
-    let Some(_guard) = ReentrancyGuard::enter() else {
+    let Some(_guard) = ReentrancyGuard::within(scope) else {
         return;
     };
     record_current(address, size, gil_held);
@@ -395,18 +402,24 @@ pub fn may_be_reused_traced(block: usize) -> bool {
     RECORDING.load(Relaxed) && TABLE.get().is_some_and(|table| table.may_contain(block))
 }
 
-/// A block is about to be freed; `gil_held` for the MEM and OBJ domains, whose blocks may be
-/// among the [`young`] ones.
+/// Whether a block about to be freed may have a trace ([`on_free`] forgets it): false while
+/// not tracing and, in sampled mode, for a block the presence filter says was not sampled
+/// (most of them). Lock-free, and apart from [`on_free`] so that the free hook's common case
+/// in sampled mode saves no registers (see [`crate::hooks`]). In exact mode it is true at
+/// once: [`on_free`] then looks among the [`young`] blocks and in the table.
+#[inline(always)]
+pub fn may_trace_free(address: usize) -> bool {
+    // No table yet: nothing was ever traced, not even among the young blocks (and no call to
+    // create one on this path).
+    TRACING.load(Relaxed) && TABLE.get().is_some_and(|table| table.may_contain(address))
+}
+
+/// A block that [`may_trace_free`] is about to be freed: its trace, if any, is forgotten.
+/// `gil_held` for the MEM and OBJ domains, whose blocks may be among the [`young`] ones.
 #[inline(always)]
 pub fn on_free(address: usize, gil_held: bool) {
-    if !TRACING.load(Relaxed) {
-        return;
-    }
     let table = table();
     let young = gil_held && young::holds(address);
-    if !young && !table.may_contain(address) {
-        return;
-    }
     if let Some(_guard) = ReentrancyGuard::enter() {
         if young && young::take(table, address).is_some() {
             return;
@@ -419,7 +432,7 @@ pub fn on_free(address: usize, gil_held: bool) {
 
 /// A block is about to be reallocated: its trace is taken out (see the hook for why).
 #[inline(always)]
-pub fn on_realloc_start(address: usize, gil_held: bool) -> Option<Trace> {
+pub fn on_realloc_start(address: usize, gil_held: bool, scope: &sampler::Scope) -> Option<Trace> {
     if address == 0 || !TRACING.load(Relaxed) {
         return None;
     }
@@ -428,7 +441,7 @@ pub fn on_realloc_start(address: usize, gil_held: bool) -> Option<Trace> {
     if !young && !table.may_contain(address) {
         return None;
     }
-    let _guard = ReentrancyGuard::enter()?;
+    let _guard = ReentrancyGuard::within(scope)?;
     let mut trace = match young.then(|| young::take(table, address)).flatten() {
         Some(trace) => trace,
         None => table.remove(address)?,
@@ -462,7 +475,7 @@ pub unsafe fn on_realloc_end(
     if !TRACING.load(Relaxed) {
         return;
     }
-    let Some(_guard) = ReentrancyGuard::enter() else {
+    let Some(_guard) = ReentrancyGuard::within(scope) else {
         return;
     };
     if new == 0 {
@@ -499,7 +512,7 @@ pub(crate) unsafe fn on_native_alloc(address: usize, size: usize, scope: &sample
     if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) || !scope.keep(size) {
         return;
     }
-    let Some(_guard) = ReentrancyGuard::enter() else {
+    let Some(_guard) = ReentrancyGuard::within(scope) else {
         return;
     };
     record_native(native_key(address), size);
@@ -560,7 +573,7 @@ pub(crate) unsafe fn on_native_realloc_end(
     if !TRACING.load(Relaxed) {
         return;
     }
-    let Some(_guard) = ReentrancyGuard::enter() else {
+    let Some(_guard) = ReentrancyGuard::within(scope) else {
         return;
     };
     match new {
@@ -610,7 +623,7 @@ pub(crate) unsafe fn tracked_traceback(
     if !scope.keep(size) {
         return Ok(None);
     }
-    let Some(_guard) = ReentrancyGuard::enter() else {
+    let Some(_guard) = ReentrancyGuard::within(&scope) else {
         return Ok(None);
     };
     current_traceback(true, domain, size).map_err(|OutOfMemory| {
@@ -1410,7 +1423,7 @@ extern "C" fn before_fork() {
     let Some(table) = TABLE.get() else {
         return;
     };
-    let _ = IN_TRACER.try_with(|inside| inside.set(true));
+    hook_thread::set_in_tracer(true);
     table.lock_all();
     LOCKED_FOR_FORK.store(true, Relaxed);
 }
@@ -1428,7 +1441,7 @@ extern "C" fn after_fork() {
             // SAFETY: `before_fork` locked every shard on this (the forking) thread.
             unsafe { table.unlock_all() };
         }
-        let _ = IN_TRACER.try_with(|inside| inside.set(false));
+        hook_thread::set_in_tracer(false);
     }
 }
 
