@@ -406,7 +406,9 @@ pub fn may_be_reused_traced(block: usize) -> bool {
 /// not tracing and, in sampled mode, for a block the presence filter says was not sampled
 /// (most of them). Lock-free, and apart from [`on_free`] so that the free hook's common case
 /// in sampled mode saves no registers (see [`crate::hooks`]). In exact mode it is true at
-/// once: [`on_free`] then looks among the [`young`] blocks and in the table.
+/// once: [`on_free`] then looks among the [`young`] blocks and in the table. Blocks wait
+/// among the young ones in exact mode only (`start()` enables the slots when the interval is
+/// 0 and empties them either way), so the filter never hides one.
 #[inline(always)]
 pub fn may_trace_free(address: usize) -> bool {
     // No table yet: nothing was ever traced, not even among the young blocks (and no call to
