@@ -41,7 +41,7 @@ pub(crate) fn this() -> *const HookThread {
 
 /// Marks this thread as inside the tracer, or no longer, outside any hook's guard (the fork
 /// handlers hold the table's locks across `fork()`).
-pub fn set_in_tracer(inside: bool) {
+pub(crate) fn set_in_tracer(inside: bool) {
     let thread = this();
     if !thread.is_null() {
         // SAFETY: this thread's own state.

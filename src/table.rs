@@ -905,6 +905,7 @@ mod tests {
         let top = (0..64).map(|b| presence_slot(usize::MAX - b * 4096)).max();
         assert!(top < Some(1 << PRESENCE_BITS));
     }
+
     /// After a spike the table gives its memory back as the blocks are freed, and the
     /// totals and the surviving entries are untouched by the rebuilds.
     #[test]
