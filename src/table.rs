@@ -250,9 +250,21 @@ const PRESENCE_BITS: u32 = 16;
 /// cache misses sampling added (cachegrind, 3.11).
 #[inline(always)]
 fn presence_slot(address: usize) -> usize {
+    neighbourly_index(address, 8, PRESENCE_BITS - 8)
+}
+
+/// An index below `2^(within_bits + group_bits)` for a 16-byte aligned block that keeps
+/// neighbours together: the `2^within_bits` blocks of one run of addresses get consecutive
+/// indices in address order, and runs are scattered over the `2^group_bits` groups by a
+/// Fibonacci hash. For per-block side arrays read on the hot path (the presence filter, the
+/// young blocks' slots): a program allocates and frees neighbours one after another, so they
+/// share cache lines.
+#[inline(always)]
+pub(crate) fn neighbourly_index(address: usize, within_bits: u32, group_bits: u32) -> usize {
     let address = address as u64;
-    let page = (address >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - (PRESENCE_BITS - 8));
-    ((page << 8) | ((address >> 4) & 0xFF)) as usize
+    let group =
+        (address >> (4 + within_bits)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - group_bits);
+    ((group << within_bits) | ((address >> 4) & ((1 << within_bits) - 1))) as usize
 }
 
 /// A shard is shrunk when fewer than 1/`SHRINK_BELOW` of its capacity is in use, to twice its

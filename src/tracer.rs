@@ -402,13 +402,14 @@ pub fn may_be_reused_traced(block: usize) -> bool {
     RECORDING.load(Relaxed) && TABLE.get().is_some_and(|table| table.may_contain(block))
 }
 
-/// Whether a block about to be freed may have a trace ([`on_free`] forgets it): false while
-/// not tracing and, in sampled mode, for a block the presence filter says was not sampled
-/// (most of them). Lock-free, and apart from [`on_free`] so that the free hook's common case
-/// in sampled mode saves no registers (see [`crate::hooks`]). In exact mode it is true at
-/// once: [`on_free`] then looks among the [`young`] blocks and in the table. Blocks wait
-/// among the young ones in exact mode only (`start()` enables the slots when the interval is
-/// 0 and empties them either way), so the filter never hides one.
+/// Whether a block about to be freed (or reallocated) may have a trace ([`on_free`] forgets
+/// it, [`on_realloc_start`] takes it out): false while not tracing and, in sampled mode, for
+/// a block the presence filter says was not sampled (most of them). Lock-free, and apart from
+/// [`on_free`] so that the free hook's common case in sampled mode saves no registers (see
+/// [`crate::hooks`]). In exact mode it is true at once: the caller then looks among the
+/// [`young`] blocks and in the table. Blocks wait among the young ones in exact mode only
+/// (`start()` enables the slots when the interval is 0 and empties them either way), so the
+/// filter never hides one.
 #[inline(always)]
 pub fn may_trace_free(address: usize) -> bool {
     // No table yet: nothing was ever traced, not even among the young blocks (and no call to
@@ -435,14 +436,11 @@ pub fn on_free(address: usize, gil_held: bool) {
 /// A block is about to be reallocated: its trace is taken out (see the hook for why).
 #[inline(always)]
 pub fn on_realloc_start(address: usize, gil_held: bool, scope: &sampler::Scope) -> Option<Trace> {
-    if address == 0 || !TRACING.load(Relaxed) {
+    if address == 0 || !may_trace_free(address) {
         return None;
     }
     let table = table();
     let young = gil_held && young::holds(address);
-    if !young && !table.may_contain(address) {
-        return None;
-    }
     let _guard = ReentrancyGuard::within(scope)?;
     let mut trace = match young.then(|| young::take(table, address)).flatten() {
         Some(trace) => trace,

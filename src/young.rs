@@ -27,7 +27,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
 
-use crate::table::{Rehomed, Trace, TraceTable, TracebackId};
+use crate::table::{neighbourly_index, Rehomed, Trace, TraceTable, TracebackId};
 
 /// Slots, 4 KiB: enough that the blocks a loop cycles through rarely share one (a loop making
 /// a string, a dict, a list and a tuple per iteration: 1,468, 1,465 and 1,464 million
@@ -70,10 +70,11 @@ const GRANULE_SLOTS: usize = 16;
 #[inline(always)]
 fn slot_of(block: usize) -> &'static Slot {
     const GROUPS: usize = SLOTS / GRANULE_SLOTS;
-    let group = ((block as u64 >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        >> (64 - GROUPS.trailing_zeros())) as usize;
-    let within = (block >> 4) & (GRANULE_SLOTS - 1);
-    &WAITING[group * GRANULE_SLOTS + within]
+    &WAITING[neighbourly_index(
+        block,
+        GRANULE_SLOTS.trailing_zeros(),
+        GROUPS.trailing_zeros(),
+    )]
 }
 
 #[inline(always)]
