@@ -38,6 +38,7 @@ pub mod py;
 pub mod sampler;
 pub mod sigterm_retry;
 pub mod table;
+pub mod tally;
 pub mod tracer;
 pub mod tracked;
 pub mod young;

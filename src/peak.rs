@@ -19,8 +19,8 @@
 //! inline for the hot path, the others' (native mode's, numpy's) made when first charged, so
 //! a peak snapshot keeps every block in its domain.
 //!
-//! Threads: every field is atomic, updates hold the block's shard lock but not one common
-//! lock. When updates are serialised (one thread, or every traced allocation under the GIL),
+//! Threads: every field is atomic; current values and the epoch are [`Tally`]s, which a thread
+//! holding the main interpreter's GIL changes without locked instructions. When updates are serialised (one thread, or every traced allocation under the GIL),
 //! the peak read back is exact. When RAW allocations run concurrently without the GIL, the
 //! blocks in flight on other threads at the instant of the peak may be attributed on either
 //! side of it: each counter stays exact, but the per-traceback values at peak may differ from
@@ -28,6 +28,8 @@
 
 use std::alloc::{alloc_zeroed, Layout};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
+
+use crate::tally::{Tally, Writer};
 
 /// A counter key: an interned traceback id.
 pub type Key = u32;
@@ -49,8 +51,8 @@ const FREE: u64 = u64::MAX;
 /// [`crate::analysis::sampling::COUNT_SCALE`] units, now and at the peak.
 #[derive(Default)]
 pub struct Counter {
-    bytes: AtomicU64,
-    blocks: AtomicU64,
+    bytes: Tally,
+    blocks: Tally,
     saved_bytes: AtomicU64,
     saved_blocks: AtomicU64,
     stamp: AtomicU64,
@@ -78,8 +80,9 @@ pub struct PeakCounters {
     /// The domain of each space, in the order they were claimed ([`FREE`] after the last);
     /// a slot, once claimed, never changes, so a reader needs no lock.
     spaces: [AtomicU64; MAX_DOMAINS],
-    /// Starts at 1 so that a zeroed stamp is never current.
-    epoch: AtomicU64,
+    /// Starts at 1 so that a zeroed stamp is never current. A tally, so that each new peak
+    /// makes it larger whichever side raises it.
+    epoch: Tally,
 }
 
 impl Default for PeakCounters {
@@ -174,12 +177,14 @@ impl Chunks {
 
 impl PeakCounters {
     pub fn new() -> Self {
-        Self {
+        let counters = Self {
             default: Chunks::new(),
             others: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             spaces: std::array::from_fn(|i| AtomicU64::new(if i == 0 { 0 } else { FREE })),
-            epoch: AtomicU64::new(1),
-        }
+            epoch: Tally::new(),
+        };
+        counters.epoch.set(1);
+        counters
     }
 
     /// The space of `domain`, claiming the next free one the first time the domain is seen;
@@ -250,41 +255,37 @@ impl PeakCounters {
     /// Saves `counter`'s value as its value at the peak unless it already did this epoch.
     #[inline(always)]
     fn touch(&self, counter: &Counter) {
-        let epoch = self.epoch.load(Relaxed);
+        let epoch = self.epoch.get();
         if counter.stamp.load(Relaxed) != epoch {
-            counter
-                .saved_bytes
-                .store(counter.bytes.load(Relaxed), Relaxed);
-            counter
-                .saved_blocks
-                .store(counter.blocks.load(Relaxed), Relaxed);
+            counter.saved_bytes.store(counter.bytes.get(), Relaxed);
+            counter.saved_blocks.store(counter.blocks.get(), Relaxed);
             counter.stamp.store(epoch, Release);
         }
     }
 
     /// `bytes` and `blocks` (count units) enter `counter`.
     #[inline(always)]
-    pub fn enter(&self, counter: &Counter, bytes: u64, blocks: u64) {
+    pub fn enter(&self, counter: &Counter, bytes: u64, blocks: u64, by: Writer) {
         self.touch(counter);
-        counter.bytes.fetch_add(bytes, Relaxed);
-        counter.blocks.fetch_add(blocks, Relaxed);
+        counter.bytes.add(bytes, by);
+        counter.blocks.add(blocks, by);
     }
 
     /// `bytes` and `blocks` leave the counter of `key` in `space` (which entered it earlier).
     #[inline(always)]
-    pub fn leave(&self, space: Space, key: Key, bytes: u64, blocks: u64) {
+    pub fn leave(&self, space: Space, key: Key, bytes: u64, blocks: u64, by: Writer) {
         if let Some(counter) = self.existing_chunks(space).and_then(|c| c.existing(key)) {
             self.touch(counter);
-            counter.bytes.fetch_sub(bytes, Relaxed);
-            counter.blocks.fetch_sub(blocks, Relaxed);
+            counter.bytes.sub(bytes, by);
+            counter.blocks.sub(blocks, by);
         }
     }
 
     /// The total just reached a new peak (or the peak was reset to the current total): every
     /// counter's value at peak is now its current value.
     #[inline(always)]
-    pub fn new_peak(&self) {
-        self.epoch.fetch_add(1, Release);
+    pub fn new_peak(&self, by: Writer) {
+        self.epoch.add(1, by);
     }
 
     /// Every space with counters and its domain, domain 0's first.
@@ -304,7 +305,7 @@ impl PeakCounters {
     /// that held anything then: domain 0's first, then the others' in the order they were
     /// first charged.
     pub fn at_peak(&self, keys: usize) -> Vec<(u32, Key, u64, u64)> {
-        let epoch = self.epoch.load(Acquire);
+        let epoch = self.epoch.get();
         let mut out = Vec::new();
         for (domain, chunks) in self.each_space() {
             for (key, counter) in chunks.each() {
@@ -317,7 +318,7 @@ impl PeakCounters {
                         counter.saved_blocks.load(Relaxed),
                     )
                 } else {
-                    (counter.bytes.load(Relaxed), counter.blocks.load(Relaxed))
+                    (counter.bytes.get(), counter.blocks.get())
                 };
                 if bytes != 0 || blocks != 0 {
                     out.push((domain, key, bytes, blocks));
@@ -331,7 +332,7 @@ impl PeakCounters {
     pub fn current(&self, space: Space, key: Key) -> (u64, u64) {
         self.existing_chunks(space)
             .and_then(|c| c.existing(key))
-            .map_or((0, 0), |c| (c.bytes.load(Relaxed), c.blocks.load(Relaxed)))
+            .map_or((0, 0), |c| (c.bytes.get(), c.blocks.get()))
     }
 
     /// Zeroes every counter (the caller holds every shard lock, so no hook is updating) and
@@ -340,8 +341,8 @@ impl PeakCounters {
     pub fn clear(&self, keep: Space) {
         for (_, chunks) in self.each_space() {
             for (_, counter) in chunks.each() {
-                counter.bytes.store(0, Relaxed);
-                counter.blocks.store(0, Relaxed);
+                counter.bytes.set(0);
+                counter.blocks.set(0);
                 counter.saved_bytes.store(0, Relaxed);
                 counter.saved_blocks.store(0, Relaxed);
                 counter.stamp.store(0, Relaxed);
@@ -350,7 +351,7 @@ impl PeakCounters {
         for slot in &self.spaces[usize::from(keep.0) + 1..] {
             slot.store(FREE, Release);
         }
-        self.new_peak();
+        self.new_peak(Writer::ANY);
     }
 
     /// Bytes held by the allocated counters.
@@ -367,6 +368,8 @@ impl PeakCounters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const W: Writer = Writer::ANY;
 
     #[test]
     fn keys_map_to_distinct_slots_in_doubling_chunks() {
@@ -396,15 +399,18 @@ mod tests {
         let d = Space::DEFAULT;
         let a = c.counter(d, 0).unwrap() as *const Counter;
         let counter = |k| c.counter(d, k).unwrap();
-        c.enter(counter(0), 100, 1);
-        c.enter(counter(5000), 50, 2);
-        c.new_peak(); // peak: {0: 100, 5000: 50}
-        c.leave(d, 0, 100, 1);
-        c.enter(counter(7), 30, 1);
+        // Serial and atomic updates mix as the hooks mix them: the figures do not depend on
+        // which side made each one.
+        let s = Writer::for_test(true);
+        c.enter(counter(0), 100, 1, s);
+        c.enter(counter(5000), 50, 2, W);
+        c.new_peak(s); // peak: {0: 100, 5000: 50}
+        c.leave(d, 0, 100, 1, W);
+        c.enter(counter(7), 30, 1, s);
         assert_eq!(c.at_peak(10_000), vec![(0, 0, 100, 1), (0, 5000, 50, 2)]);
-        c.enter(counter(7), 200, 1);
-        c.new_peak(); // peak: {5000: 50, 7: 230}
-        c.leave(d, 5000, 50, 2);
+        c.enter(counter(7), 200, 1, W);
+        c.new_peak(W); // peak: {5000: 50, 7: 230}
+        c.leave(d, 5000, 50, 2, s);
         assert_eq!(c.at_peak(10_000), vec![(0, 7, 230, 2), (0, 5000, 50, 2)]);
         assert_eq!(
             c.at_peak(5000),
@@ -415,7 +421,11 @@ mod tests {
         assert!(std::ptr::eq(a, counter(0)), "chunks are never moved");
         c.clear(Space::DEFAULT);
         assert!(c.at_peak(10_000).is_empty());
-        assert_eq!(c.memory_usage(), 40 * (1024 + 4096), "chunks 0 and 2 only");
+        assert_eq!(
+            c.memory_usage(),
+            std::mem::size_of::<Counter>() * (1024 + 4096),
+            "chunks 0 and 2 only"
+        );
     }
 
     #[test]
@@ -436,12 +446,12 @@ mod tests {
         }
         assert_eq!((numpy, native), (Space(1), Space(2)));
         // Same traceback in three domains.
-        c.enter(c.counter(Space::DEFAULT, 4).unwrap(), 10, 1);
-        c.enter(c.counter(numpy, 4).unwrap(), 1000, 1);
-        c.enter(c.counter(native, 4).unwrap(), 300, 3);
-        c.new_peak();
-        c.leave(numpy, 4, 1000, 1);
-        c.enter(c.counter(native, 4).unwrap(), 5, 1);
+        c.enter(c.counter(Space::DEFAULT, 4).unwrap(), 10, 1, W);
+        c.enter(c.counter(numpy, 4).unwrap(), 1000, 1, W);
+        c.enter(c.counter(native, 4).unwrap(), 300, 3, W);
+        c.new_peak(W);
+        c.leave(numpy, 4, 1000, 1, W);
+        c.enter(c.counter(native, 4).unwrap(), 5, 1, W);
         assert_eq!(
             c.at_peak(10),
             vec![
@@ -454,17 +464,17 @@ mod tests {
         assert_eq!(c.current(native, 4), (305, 4));
         assert_eq!(c.current(Space(3), 4), (0, 0), "never charged: no counters");
         // Leaving a space never charged changes nothing and allocates nothing.
-        c.leave(Space(3), 4, 1, 1);
+        c.leave(Space(3), 4, 1, 1, W);
         assert_eq!(
             c.memory_usage(),
-            3 * 40 * 1024 + 2 * std::mem::size_of::<Chunks>()
+            3 * std::mem::size_of::<Counter>() * 1024 + 2 * std::mem::size_of::<Chunks>()
         );
         c.clear(numpy);
         assert!(c.at_peak(10).is_empty());
         assert_eq!(c.space_of(389_047), Some(numpy), "kept");
         assert_eq!(c.space_of(5), Some(native), "freed: the next domain's");
-        c.enter(c.counter(native, 4).unwrap(), 9, 1);
-        c.new_peak();
+        c.enter(c.counter(native, 4).unwrap(), 9, 1, W);
+        c.new_peak(W);
         assert_eq!(c.at_peak(10), vec![(5, 4, 9, 1)], "zeroed before reuse");
     }
 

@@ -8,7 +8,9 @@
 //! dashmap's own `write()`/`read()` or the map's methods that lock shards. The totals are
 //! updated while that shard lock is held, and [`TraceTable::clear`] holds every shard lock while
 //! it empties the map and zeroes the totals; together that keeps "current == sum of the live
-//! traces' sizes" exact whenever no hook is half-way through.
+//! traces' sizes" exact whenever no hook is half-way through. Every change to the totals says
+//! who makes it (a [`Writer`]): a thread holding the main interpreter's GIL changes them
+//! without locked instructions (see [`crate::tally`]).
 //!
 //! Beside the totals, per-traceback counters remember what each traceback held at the peak
 //! (see [`crate::peak`]); [`TraceTable::account`] is the one place a trace's size enters or
@@ -31,12 +33,13 @@
 
 use std::cell::UnsafeCell;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use crate::analysis::sampling::{Weights, COUNT_SCALE};
 use crate::nopark;
 use crate::peak::{Counter, PeakCounters, Space};
+use crate::tally::{Peak, Tally, Writer};
 
 use dashmap::{DashMap, RwLock, RwLockReadGuard, RwLockWriteGuard, SharedValue};
 use hashbrown::HashMap;
@@ -294,8 +297,8 @@ pub struct TraceTable {
     big: Box<[BigSizes; SHARDS]>,
     /// See [`shard_choices`]; in place, being read on every hook.
     shard_of: [u8; 1 << SHARD_CHOICE_BITS],
-    current: AtomicUsize,
-    peak: AtomicUsize,
+    current: Tally,
+    peak: Peak,
     /// Per domain and traceback, bytes and blocks now and at the peak (see [`crate::peak`]).
     counters: PeakCounters,
     /// The counters' space of native blocks (odd keys, see [`TraceTable::space`]).
@@ -326,8 +329,8 @@ impl TraceTable {
                 BigSizes(UnsafeCell::new(HashMap::with_hasher(BuildAddressHasher)))
             })),
             shard_of: shard_choices(),
-            current: AtomicUsize::new(0),
-            peak: AtomicUsize::new(0),
+            current: Tally::new(),
+            peak: Peak::new(),
             counters,
             native,
             interval: AtomicU64::new(0),
@@ -421,19 +424,20 @@ impl TraceTable {
     /// traceback's counter, which the caller got (allocating if need be) before changing
     /// anything.
     #[inline(always)]
-    fn account(&self, space: Space, trace: Trace, entering: Option<&Counter>) {
+    fn account(&self, space: Space, trace: Trace, entering: Option<&Counter>, by: Writer) {
         let (bytes, blocks) = self.weigh(trace.size);
+        let bytes = bytes as u64;
         if let Some(counter) = entering {
-            self.counters.enter(counter, bytes as u64, blocks);
-            let now = self.current.fetch_add(bytes, Relaxed).wrapping_add(bytes);
-            if now > self.peak.load(Relaxed) && self.peak.fetch_max(now, Relaxed) < now {
-                self.counters.new_peak();
-                crate::memory_limit::note_peak(now);
+            self.counters.enter(counter, bytes, blocks, by);
+            let now = self.current.add_and_get(bytes, by);
+            if self.peak.raise(now, by) {
+                self.counters.new_peak(by);
+                crate::memory_limit::note_peak(now as usize);
             }
         } else {
             self.counters
-                .leave(space, trace.traceback, bytes as u64, blocks);
-            self.current.fetch_sub(bytes, Relaxed);
+                .leave(space, trace.traceback, bytes, blocks, by);
+            self.current.sub(bytes, by);
         }
     }
 
@@ -443,11 +447,11 @@ impl TraceTable {
     /// come here once per object created, so the two atomic operations on the total saved
     /// are worth a second entry point.
     #[inline(always)]
-    fn account_move(&self, space: Space, trace: Trace, to: &Counter) {
+    fn account_move(&self, space: Space, trace: Trace, to: &Counter, by: Writer) {
         let (bytes, blocks) = self.weigh(trace.size);
         self.counters
-            .leave(space, trace.traceback, bytes as u64, blocks);
-        self.counters.enter(to, bytes as u64, blocks);
+            .leave(space, trace.traceback, bytes as u64, blocks, by);
+        self.counters.enter(to, bytes as u64, blocks, by);
     }
 
     /// Records a new block. An entry already at that address (a block freed behind our back,
@@ -459,27 +463,27 @@ impl TraceTable {
     /// attempted when the shard is full, so the common insert costs one comparison more.
     #[inline]
     #[must_use = "a `false` insert is a dropped trace, to be counted"]
-    pub fn insert(&self, address: usize, trace: Trace) -> bool {
+    pub fn insert(&self, address: usize, trace: Trace, by: Writer) -> bool {
         // Its counter must exist before the trace enters (the only step that may allocate
         // besides the map's and the big sizes' own growth).
         let Some(counter) = self.counters.counter(self.space(address), trace.traceback) else {
             return false;
         };
-        self.put(address, trace, Some(counter))
+        self.put(address, trace, Some(counter), by)
     }
 
     /// Files a trace that [`TraceTable::charge`] already counted in the totals (a block that
     /// waited in [`crate::young`]). Returns `false`, leaving the map unchanged, when the map
     /// cannot get memory to grow: the caller then takes the charge back.
     #[must_use = "a `false` file is a dropped trace, whose charge is to be taken back"]
-    pub fn file_charged(&self, address: usize, trace: Trace) -> bool {
-        self.put(address, trace, None)
+    pub fn file_charged(&self, address: usize, trace: Trace, by: Writer) -> bool {
+        self.put(address, trace, None, by)
     }
 
     /// [`TraceTable::insert`]'s work once the counter is had: `entering` is `None` for a trace
     /// already charged. A replaced entry's charge leaves either way.
     #[inline(always)]
-    fn put(&self, address: usize, trace: Trace, entering: Option<&Counter>) -> bool {
+    fn put(&self, address: usize, trace: Trace, entering: Option<&Counter>, by: Writer) -> bool {
         let Some(entry) = pack(address, trace) else {
             return false;
         };
@@ -518,9 +522,9 @@ impl TraceTable {
                     // Room reserved above: does not allocate.
                     unsafe { self.big_mut(index) }.insert(address, trace.size);
                 }
-                self.account(space, old, None);
+                self.account(space, old, None, by);
                 if entering.is_some() {
-                    self.account(space, trace, entering);
+                    self.account(space, trace, entering, by);
                 }
                 return true;
             }
@@ -533,7 +537,7 @@ impl TraceTable {
         }
         self.presence_add(address as usize);
         if entering.is_some() {
-            self.account(space, trace, entering);
+            self.account(space, trace, entering, by);
         }
         true
     }
@@ -541,11 +545,11 @@ impl TraceTable {
     /// Counts a trace in the totals and its traceback's counter without filing it in the map
     /// (see [`crate::young`]); `false`, changing nothing, without memory for the counter.
     #[inline(always)]
-    pub fn charge(&self, address: usize, trace: Trace) -> bool {
+    pub fn charge(&self, address: usize, trace: Trace, by: Writer) -> bool {
         let space = self.space(address);
         match self.counters.counter(space, trace.traceback) {
             Some(counter) => {
-                self.account(space, trace, Some(counter));
+                self.account(space, trace, Some(counter), by);
                 true
             }
             None => false,
@@ -555,8 +559,8 @@ impl TraceTable {
     /// Takes back what [`TraceTable::charge`] counted, for a block that leaves without having
     /// been filed.
     #[inline(always)]
-    pub fn discharge(&self, address: usize, trace: Trace) {
-        self.account(self.space(address), trace, None);
+    pub fn discharge(&self, address: usize, trace: Trace, by: Writer) {
+        self.account(self.space(address), trace, None, by);
     }
 
     /// The trace of an entry of shard `index`. A large block's size is read from the shard's
@@ -603,7 +607,7 @@ impl TraceTable {
     /// into its few callers, the free hook first: one call and one set of saved registers
     /// less on every free.
     #[inline(always)]
-    pub fn remove(&self, address: usize) -> Option<Trace> {
+    pub fn remove(&self, address: usize, by: Writer) -> Option<Trace> {
         let (index, hash) = self.locate(address as u64);
         let mut shard = write(&self.map.shards()[index]);
         let bucket = shard.find(hash, |e| address_of(&e.0) == address as u64)?;
@@ -618,7 +622,7 @@ impl TraceTable {
             }
         }
         self.presence_remove(address);
-        self.account(self.space(address), trace, None);
+        self.account(self.space(address), trace, None, by);
         if shard.len() < shard.capacity() / SHRINK_BELOW && shard.capacity() > SHRINK_MIN {
             self.shrink_shard(&mut shard);
         }
@@ -660,6 +664,7 @@ impl TraceTable {
     pub fn retrace(
         &self,
         address: usize,
+        by: Writer,
         traceback: impl FnOnce(Trace) -> Option<TracebackId>,
     ) -> bool {
         let (index, hash) = self.locate(address as u64);
@@ -671,7 +676,7 @@ impl TraceTable {
         // the end, for the big sizes too).
         let entry = unsafe { bucket.as_mut() };
         let old = unsafe { self.trace_of(index, entry, false) };
-        match self.rehome(address, old, traceback(old)) {
+        match self.rehome(address, old, traceback(old), by) {
             // Same address and size: only the id changes.
             Rehomed::Stays(id) => *entry.1.get_mut() = id,
             Rehomed::Leaves => {
@@ -689,19 +694,25 @@ impl TraceTable {
     /// [`TraceTable::retrace`], or a slot of [`crate::young`]) stores that. Without memory
     /// for the new traceback's counter, the block keeps its traceback.
     #[inline(always)]
-    pub fn rehome(&self, address: usize, old: Trace, new: Option<TracebackId>) -> Rehomed {
+    pub fn rehome(
+        &self,
+        address: usize,
+        old: Trace,
+        new: Option<TracebackId>,
+        by: Writer,
+    ) -> Rehomed {
         let space = self.space(address);
         match new {
             Some(id) if id == old.traceback => Rehomed::Stays(id),
             Some(id) => match self.counters.counter(space, id) {
                 Some(counter) => {
-                    self.account_move(space, old, counter);
+                    self.account_move(space, old, counter, by);
                     Rehomed::Stays(id)
                 }
                 None => Rehomed::Stays(old.traceback),
             },
             None => {
-                self.account(space, old, None);
+                self.account(space, old, None, by);
                 Rehomed::Leaves
             }
         }
@@ -733,10 +744,10 @@ impl TraceTable {
             None => None,
         };
         if let Some(trace) = removed {
-            self.account(space, trace, None);
+            self.account(space, trace, None, Writer::ANY);
         }
         if let Some((trace, counter)) = counter {
-            self.account(space, trace, Some(counter));
+            self.account(space, trace, Some(counter), Writer::ANY);
         }
         true
     }
@@ -764,7 +775,7 @@ impl TraceTable {
 
     /// `(current, peak)` in bytes.
     pub fn totals(&self) -> (usize, usize) {
-        (self.current.load(Relaxed), self.peak.load(Relaxed))
+        (self.current.get() as usize, self.peak.get() as usize)
     }
 
     /// Whether recording `size` more bytes may make a new peak (always when sampling, where a
@@ -772,12 +783,12 @@ impl TraceTable {
     #[inline(always)]
     pub fn may_reach_peak(&self, size: usize) -> bool {
         self.interval.load(Relaxed) != 0
-            || self.current.load(Relaxed).saturating_add(size) > self.peak.load(Relaxed)
+            || self.current.get().saturating_add(size as u64) > self.peak.get()
     }
 
     pub fn reset_peak(&self) {
-        self.peak.store(self.current.load(Relaxed), Relaxed);
-        self.counters.new_peak();
+        self.peak.set(self.current.get());
+        self.counters.new_peak(Writer::ANY);
     }
 
     /// Per domain and traceback below `tracebacks` that held anything at the peak:
@@ -830,8 +841,8 @@ impl TraceTable {
             // SAFETY: every shard's write lock is held.
             unsafe { *self.big_mut(index) = HashMap::with_hasher(BuildAddressHasher) };
         }
-        self.current.store(0, Relaxed);
-        self.peak.store(0, Relaxed);
+        self.current.set(0);
+        self.peak.set(0);
         self.counters.clear(self.native);
         if let Some(storage) = self.presence_storage.get() {
             for counter in storage.iter() {
@@ -893,6 +904,8 @@ impl TraceTable {
 mod tests {
     use super::*;
 
+    const W: Writer = Writer::ANY;
+
     fn t(size: usize, traceback: u32) -> Trace {
         Trace { size, traceback }
     }
@@ -926,11 +939,11 @@ mod tests {
         let empty = table.memory_usage();
         let n = 400_000;
         for i in 0..n {
-            assert!(table.insert(0x10_0000 + i * 16, t(i, 1)));
+            assert!(table.insert(0x10_0000 + i * 16, t(i, 1), W));
         }
         let spiked = table.memory_usage();
         for i in 0..n - 100 {
-            table.remove(0x10_0000 + i * 16);
+            table.remove(0x10_0000 + i * 16, W);
         }
         let after = table.memory_usage();
         // Shards below SHRINK_MIN entries are left alone: a few hundred KB at most.
@@ -960,9 +973,9 @@ mod tests {
         ];
         for &(op, address, size, current, peak) in steps {
             match op {
-                "insert" => assert!(table.insert(address, t(size, 1))),
+                "insert" => assert!(table.insert(address, t(size, 1), W)),
                 _ => {
-                    table.remove(address);
+                    table.remove(address, W);
                 }
             }
             assert_eq!(table.totals(), (current, peak), "after {op} {address:#x}");
@@ -979,8 +992,8 @@ mod tests {
     #[test]
     fn retrace_changes_traceback_only_or_forgets() {
         let table = TraceTable::new();
-        assert!(table.insert(0x1000, t(100, 1)));
-        assert!(table.insert(0x2000, t(50, 2)));
+        assert!(table.insert(0x1000, t(100, 1), W));
+        assert!(table.insert(0x2000, t(50, 2), W));
         // (address, new traceback or None to forget, was traced, trace after, current after)
         type Step = (usize, Option<u32>, bool, Option<Trace>, usize);
         let steps: &[Step] = &[
@@ -991,7 +1004,7 @@ mod tests {
         ];
         for &(address, new, traced, after, current) in steps {
             let mut seen = None;
-            let found = table.retrace(address, |old| {
+            let found = table.retrace(address, W, |old| {
                 seen = Some(old);
                 new
             });
@@ -1010,11 +1023,14 @@ mod tests {
             .map(|k| {
                 let table = table.clone();
                 std::thread::spawn(move || {
+                    // One thread stands for the main interpreter's GIL holder (serial
+                    // updates of the totals), the others for threads without it.
+                    let by = Writer::for_test(k == 0);
                     for i in 0..20_000usize {
                         let address = (k << 40) | (i << 4);
-                        assert!(table.insert(address, t(i % 97 + 1, 0)));
+                        assert!(table.insert(address, t(i % 97 + 1, 0), by));
                         if i % 3 != 0 {
-                            table.remove(address);
+                            table.remove(address, by);
                         }
                     }
                 })
@@ -1061,7 +1077,7 @@ mod tests {
         for &(address, size, traceback, fits) in cases {
             let trace = t(size, traceback);
             assert_eq!(pack(address, trace).is_some(), fits, "{address:#x}");
-            assert_eq!(table.insert(address, trace), fits, "{address:#x}");
+            assert_eq!(table.insert(address, trace, W), fits, "{address:#x}");
             if fits {
                 assert_eq!(table.get(address), Some(trace), "{address:#x} {size:#x}");
             }
@@ -1085,19 +1101,19 @@ mod tests {
         let table = TraceTable::new();
         let big = SIZE_ELSEWHERE as usize;
         let (a, b) = (0x1000, 0x2000);
-        assert!(table.insert(a, t(big * 3, 1)));
-        assert!(table.insert(b, t(big * 5, 2)));
+        assert!(table.insert(a, t(big * 3, 1), W));
+        assert!(table.insert(b, t(big * 5, 2), W));
         // Replaced by a small block, then by a big one again.
-        assert!(table.insert(a, t(10, 1)));
+        assert!(table.insert(a, t(10, 1), W));
         assert_eq!(table.get(a), Some(t(10, 1)));
-        assert!(table.insert(a, t(big * 7, 4)));
+        assert!(table.insert(a, t(big * 7, 4), W));
         // Retraced: the size stays.
-        assert!(table.retrace(b, |_| Some(9)));
+        assert!(table.retrace(b, W, |_| Some(9)));
         assert_eq!(table.get(b), Some(t(big * 5, 9)));
         assert_eq!(table.totals().0, big * 12);
-        assert_eq!(table.remove(a), Some(t(big * 7, 4)));
+        assert_eq!(table.remove(a, W), Some(t(big * 7, 4)));
         // Retraced away (a trace-time filter rejects the new stack).
-        assert!(table.retrace(b, |_| None));
+        assert!(table.retrace(b, W, |_| None));
         assert_eq!(table.get(b), None);
         assert_eq!(table.totals().0, 0);
         for index in 0..SHARDS {
@@ -1105,10 +1121,10 @@ mod tests {
         }
         // Many big blocks, freed: their sizes' map is given back.
         for i in 0..10_000 {
-            assert!(table.insert(0x10_0000 + i * 16, t(big + i, 1)));
+            assert!(table.insert(0x10_0000 + i * 16, t(big + i, 1), W));
         }
         for i in 0..10_000 {
-            assert_eq!(table.remove(0x10_0000 + i * 16), Some(t(big + i, 1)));
+            assert_eq!(table.remove(0x10_0000 + i * 16, W), Some(t(big + i, 1)));
         }
         for index in 0..SHARDS {
             let capacity = unsafe { table.big(index) }.capacity();
@@ -1139,7 +1155,7 @@ mod tests {
         let mut worst: f64 = 0.0;
         let mut address = 0x7f00_0000_0000usize;
         for count in 1..=1_200_000usize {
-            assert!(table.insert(address, t(32, 1)));
+            assert!(table.insert(address, t(32, 1), W));
             address += 16;
             if count >= 100_000 && count % 25_000 == 0 {
                 let per_block = table.memory_usage() as f64 / count as f64;
@@ -1152,10 +1168,10 @@ mod tests {
     #[test]
     fn lock_all_then_unlock_all_leaves_table_usable() {
         let table = TraceTable::new();
-        assert!(table.insert(16, t(1, 0)));
+        assert!(table.insert(16, t(1, 0), W));
         table.lock_all();
         unsafe { table.unlock_all() };
-        assert!(table.insert(32, t(2, 0)));
+        assert!(table.insert(32, t(2, 0), W));
         assert_eq!(table.totals().0, 3);
     }
 
@@ -1167,14 +1183,14 @@ mod tests {
         let estimate = |size: usize| w.bytes(size as u64) as usize;
         // (operation, address, size): every insert/remove keeps current == Σ estimates.
         assert!(!table.may_contain(0x1000));
-        assert!(table.insert(0x1000, t(100, 1)));
+        assert!(table.insert(0x1000, t(100, 1), W));
         assert!(table.may_contain(0x1000));
-        assert!(table.insert(0x2000, t(5000, 1)));
+        assert!(table.insert(0x2000, t(5000, 1), W));
         assert_eq!(table.totals().0, estimate(100) + estimate(5000));
         // Replacing an entry keeps one presence count for the address.
-        assert!(table.insert(0x1000, t(10, 1)));
+        assert!(table.insert(0x1000, t(10, 1), W));
         assert_eq!(table.totals().0, estimate(10) + estimate(5000));
-        assert_eq!(table.remove(0x1000), Some(t(10, 1)));
+        assert_eq!(table.remove(0x1000, W), Some(t(10, 1)));
         assert!(
             !table.may_contain(0x1000),
             "count back to zero after one remove"
@@ -1183,10 +1199,10 @@ mod tests {
         // shares a slot with a live one.
         let live: Vec<usize> = (1..2000).map(|i| 0x10_0000 + i * 4096).collect();
         for &a in &live {
-            assert!(table.insert(a, t(64, 2)));
+            assert!(table.insert(a, t(64, 2), W));
         }
         for &a in &live[..1000] {
-            table.remove(a);
+            table.remove(a, W);
         }
         for &a in &live[1000..] {
             assert!(table.may_contain(a), "a live entry is never filtered out");
@@ -1210,7 +1226,7 @@ mod tests {
         // Back to exact: every address may be present, totals are sizes.
         table.set_sampling(0);
         assert!(table.may_contain(0x1000));
-        assert!(table.insert(0x1000, t(100, 1)));
+        assert!(table.insert(0x1000, t(100, 1), W));
         assert_eq!(table.totals().0, 100);
     }
 
@@ -1267,23 +1283,23 @@ mod tests {
                         (0..=44, _) | (_, None) => {
                             let address = 16 * (1 + rand(1 << 20) as usize) + rand(2) as usize;
                             let trace = t(size, tb);
-                            assert!(table.insert(address, trace));
+                            assert!(table.insert(address, trace, W));
                             live.insert(address, trace);
                         }
                         (45..=79, Some(address)) => {
-                            assert_eq!(table.remove(address), live.remove(&address));
+                            assert_eq!(table.remove(address, W), live.remove(&address));
                         }
                         (80..=91, Some(address)) => {
                             // realloc: the old trace out, the new block in.
-                            assert_eq!(table.remove(address), live.remove(&address));
+                            assert_eq!(table.remove(address, W), live.remove(&address));
                             let new = 16 * (1 + rand(1 << 20) as usize) + rand(2) as usize;
                             check(&table, &live, &mut peak_total, &mut at_peak, &sums);
-                            assert!(table.insert(new, t(size, tb)));
+                            assert!(table.insert(new, t(size, tb), W));
                             live.insert(new, t(size, tb));
                         }
                         (92..=96, Some(address)) => {
                             // A block replaced behind our back.
-                            assert!(table.insert(address, t(size, tb)));
+                            assert!(table.insert(address, t(size, tb), W));
                             live.insert(address, t(size, tb));
                         }
                         (97..=98, _) => {
@@ -1340,11 +1356,11 @@ mod tests {
     #[test]
     fn blocks_outside_the_map_keep_their_domain_at_the_peak() {
         let table = TraceTable::new();
-        assert!(table.insert(0x1000, t(100, 1)));
+        assert!(table.insert(0x1000, t(100, 1), W));
         assert!(table.account_outside(389_047, None, Some(t(5000, 1))));
-        assert!(table.insert(crate::tracer::native_key(0x2000), t(70, 2)));
+        assert!(table.insert(crate::tracer::native_key(0x2000), t(70, 2), W));
         let peak = table.at_peak(10);
-        table.remove(0x1000);
+        table.remove(0x1000, W);
         assert!(table.account_outside(389_047, Some(t(5000, 1)), None));
         assert_eq!(table.totals(), (70, 5170));
         assert_eq!(table.at_peak(10), peak);
@@ -1377,7 +1393,7 @@ mod tests {
             table.account_outside(1_000_000, None, Some(t(1, 3))),
             "spaces given back"
         );
-        assert!(table.insert(crate::tracer::native_key(0x2000), t(70, 2)));
+        assert!(table.insert(crate::tracer::native_key(0x2000), t(70, 2), W));
         assert_eq!(
             table.at_peak(10)[0].0,
             crate::native::DOMAIN,

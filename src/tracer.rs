@@ -44,6 +44,7 @@ use crate::process_memory::ProcessMemory;
 use crate::py::objects;
 use crate::sampler;
 use crate::table::{Trace, TraceTable, TracebackId};
+use crate::tally::Writer;
 use crate::tracked;
 use crate::young;
 
@@ -302,7 +303,7 @@ struct OutOfMemory;
 #[inline(always)]
 fn record(address: usize, trace: Trace) {
     deferred::forget(address);
-    if !table().insert(address, trace) {
+    if !table().insert(address, trace, Writer::ANY) {
         count_dropped();
     }
 }
@@ -390,7 +391,9 @@ pub unsafe fn on_reused_block(block: usize) {
         Err(OutOfMemory) => Some(old.traceback),
     };
     if let Err(retrace) = young::retrace(table, block, retrace) {
-        table.retrace(block, retrace);
+        // SAFETY: this thread holds the GIL (the caller's contract) of the main interpreter
+        // (checked above).
+        table.retrace(block, unsafe { Writer::holding_main_gil() }, retrace);
     }
 }
 
@@ -424,11 +427,29 @@ pub fn on_free(address: usize, gil_held: bool) {
     let table = table();
     let young = gil_held && young::holds(address);
     if let Some(_guard) = ReentrancyGuard::enter() {
-        if young && young::take(table, address).is_some() {
+        // SAFETY: a hook of the MEM or OBJ domains (`gil_held`) runs with the GIL held.
+        if young && unsafe { young::take(table, address) }.is_some() {
             return;
         }
         if table.may_contain(address) {
-            table.remove(address);
+            table.remove(address, hook_writer(gil_held));
+        }
+    }
+}
+
+/// How a hook changes the totals ([`crate::tally`]): serially if it holds the main
+/// interpreter's GIL (`gil_held`, a hook of the MEM or OBJ domains, on one of that
+/// interpreter's threads), else with atomic updates. Costs a read of the thread state, well
+/// under the locked instructions it saves.
+#[inline(always)]
+fn hook_writer(gil_held: bool) -> Writer {
+    // SAFETY: reading this thread's state and its interpreter has no effect; `gil_held` says
+    // this thread holds a GIL, `is_main` that it is the main interpreter's.
+    unsafe {
+        if gil_held && is_main(Current::gil_thread_state(true)) {
+            Writer::holding_main_gil()
+        } else {
+            Writer::ANY
         }
     }
 }
@@ -442,9 +463,13 @@ pub fn on_realloc_start(address: usize, gil_held: bool, scope: &sampler::Scope) 
     let table = table();
     let young = gil_held && young::holds(address);
     let _guard = ReentrancyGuard::within(scope)?;
-    let mut trace = match young.then(|| young::take(table, address)).flatten() {
+    // SAFETY: as in `on_free`.
+    let mut trace = match young
+        .then(|| unsafe { young::take(table, address) })
+        .flatten()
+    {
         Some(trace) => trace,
-        None => table.remove(address)?,
+        None => table.remove(address, hook_writer(gil_held))?,
     };
     // `_PyTuple_Resize` reallocates an object's block: a re-attribution still waiting for it
     // goes with its trace (kept if the realloc fails, or while recording is disabled).
@@ -543,12 +568,12 @@ pub(crate) fn on_native_free(address: usize) -> Option<Trace> {
     let _guard = ReentrancyGuard::enter()?;
     let key = native_key(address);
     if table.may_contain(key) {
-        if let Some(trace) = table.remove(key) {
+        if let Some(trace) = table.remove(key, Writer::ANY) {
             return Some(trace);
         }
     }
     if table.may_contain(address) {
-        table.remove(address);
+        table.remove(address, Writer::ANY);
     }
     None
 }
@@ -640,7 +665,7 @@ pub(crate) fn record_tracked(address: usize, trace: Trace) -> bool {
     deferred::forget(address);
     let table = table();
     take_young_if_gil(table, address);
-    let stored = table.insert(address, trace);
+    let stored = table.insert(address, trace, Writer::ANY);
     if !stored {
         count_dropped();
     }
@@ -657,8 +682,11 @@ fn take_young_if_gil(table: &TraceTable, address: usize) {
         return;
     }
     // SAFETY: reading this thread's state, and its interpreter, has no effect.
-    if unsafe { is_main(Current::gil_thread_state(false)) } {
-        young::take(table, address);
+    // SAFETY: this thread holds the main interpreter's GIL (checked), inside the guard.
+    unsafe {
+        if is_main(Current::gil_thread_state(false)) {
+            young::take(table, address);
+        }
     }
 }
 
@@ -678,7 +706,7 @@ pub(crate) fn forget_tracked(address: usize) {
     if let Some(_guard) = ReentrancyGuard::enter() {
         let table = table();
         take_young_if_gil(table, address);
-        table.remove(address);
+        table.remove(address, Writer::ANY);
     }
 }
 

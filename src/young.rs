@@ -24,10 +24,14 @@
 //! read and written relaxed, without read-modify-write (as [`crate::freelist::deferred`]'s). A
 //! free hook of another thread, or of the RAW domain, finds a slot holding another address and
 //! leaves it alone. Sampled mode does not use the slots: its few recorded blocks gain little.
+//!
+//! The same reasoning lets every charge made from here be a serial one ([`SERIAL`], see
+//! [`crate::tally`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
 
 use crate::table::{neighbourly_index, Rehomed, Trace, TraceTable, TracebackId};
+use crate::tally::Writer;
 
 /// Slots, 4 KiB: enough that the blocks a loop cycles through rarely share one (a loop making
 /// a string, a dict, a list and a tuple per iteration: 1,468, 1,465 and 1,464 million
@@ -53,6 +57,12 @@ const EMPTY: Slot = Slot {
 };
 
 static WAITING: [Slot; SLOTS] = [EMPTY; SLOTS];
+
+/// How this module changes the totals: every caller holds the main interpreter's GIL (see the
+/// module's doc), so without locked instructions.
+// SAFETY: the functions of this module that charge or discharge run only on a thread holding
+// the main interpreter's GIL, as each states.
+const SERIAL: Writer = unsafe { Writer::holding_main_gil() };
 
 /// Whether new blocks may wait here: exact mode only, set by `start()`.
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -101,13 +111,13 @@ pub fn set_enabled(on: bool) {
 #[inline(always)]
 pub unsafe fn record(table: &TraceTable, address: usize, trace: Trace) -> bool {
     if !ENABLED.load(Relaxed) {
-        return table.insert(address, trace);
+        return table.insert(address, trace, SERIAL);
     }
     let Ok(size) = u32::try_from(trace.size) else {
         take(table, address);
-        return table.insert(address, trace);
+        return table.insert(address, trace, SERIAL);
     };
-    if !table.charge(address, trace) {
+    if !table.charge(address, trace, SERIAL) {
         return false;
     }
     let slot = slot_of(address);
@@ -128,7 +138,7 @@ pub unsafe fn record(table: &TraceTable, address: usize, trace: Trace) -> bool {
 fn make_room(table: &TraceTable, slot: &Slot, there: usize, address: usize) {
     let old = trace_in(slot);
     if there == address {
-        table.discharge(there, old);
+        table.discharge(there, old, SERIAL);
     } else {
         file(table, there, old);
     }
@@ -137,8 +147,8 @@ fn make_room(table: &TraceTable, slot: &Slot, there: usize, address: usize) {
 /// Files a waiting block; without memory for the table's growth, the block is left untraced
 /// and counted as dropped, as a block the table could not take when it was allocated.
 fn file(table: &TraceTable, block: usize, trace: Trace) {
-    if !table.file_charged(block, trace) {
-        table.discharge(block, trace);
+    if !table.file_charged(block, trace, SERIAL) {
+        table.discharge(block, trace, SERIAL);
         crate::tracer::count_dropped();
     }
 }
@@ -160,18 +170,21 @@ pub unsafe fn get(address: usize) -> Option<Trace> {
 }
 
 /// Takes out the block at `address` if it waits here, for a free or a reallocation; its
-/// charge is taken back. Called by the MEM and OBJ domains' hooks, inside the reentrancy
-/// guard (a free of a block that waits here comes with the main interpreter's GIL, see the
-/// module's doc).
+/// charge is taken back.
+///
+/// # Safety
+/// The main interpreter's GIL is held, inside the reentrancy guard: the caller is a hook of
+/// the MEM or OBJ domains (a free of a block that waits here comes with that GIL, see the
+/// module's doc), or has checked.
 #[inline(always)]
-pub fn take(table: &TraceTable, address: usize) -> Option<Trace> {
+pub unsafe fn take(table: &TraceTable, address: usize) -> Option<Trace> {
     let slot = slot_of(address);
     if slot.block.load(Relaxed) != address {
         return None;
     }
     slot.block.store(0, Relaxed);
     let trace = trace_in(slot);
-    table.discharge(address, trace);
+    table.discharge(address, trace, SERIAL);
     Some(trace)
 }
 
@@ -190,7 +203,7 @@ where
         return Err(traceback);
     }
     let old = trace_in(slot);
-    match table.rehome(block, old, traceback(old)) {
+    match table.rehome(block, old, traceback(old), SERIAL) {
         Rehomed::Stays(id) => slot.traceback.store(id, Relaxed),
         Rehomed::Leaves => slot.block.store(0, Relaxed),
     }

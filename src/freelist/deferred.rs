@@ -33,6 +33,7 @@
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
 
 use crate::table::TracebackId;
+use crate::tally::Writer;
 use crate::tracer::{table, GilCell};
 
 /// Slots, 8 KiB: the blocks a hot loop cycles through (CPython 3.11 keeps at most 100 floats
@@ -90,7 +91,8 @@ pub const MEMORY_USAGE: usize =
 unsafe fn apply(block: usize, traceback: TracebackId) {
     let table = table();
     if let Err(retrace) = crate::young::retrace(table, block, |_| Some(traceback)) {
-        table.retrace(block, retrace);
+        // SAFETY: the main interpreter's GIL is held (this function's contract).
+        table.retrace(block, Writer::holding_main_gil(), retrace);
     }
 }
 
