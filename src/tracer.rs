@@ -438,15 +438,16 @@ pub fn on_free(address: usize, gil_held: bool) {
 }
 
 /// How a hook changes the totals ([`crate::tally`]): serially if it holds the main
-/// interpreter's GIL (`gil_held`, a hook of the MEM or OBJ domains, on one of that
-/// interpreter's threads), else with atomic updates. Costs a read of the thread state, well
-/// under the locked instructions it saves.
+/// interpreter's GIL, else with atomic updates. A hook of the MEM or OBJ domains (`gil_held`)
+/// holds a GIL; before 3.12 every interpreter shares the one GIL, from 3.12 the thread must
+/// be one of the main interpreter's (a sub-interpreter may have a GIL of its own), which
+/// costs a read of the thread state, well under the locked instructions it saves.
 #[inline(always)]
 fn hook_writer(gil_held: bool) -> Writer {
     // SAFETY: reading this thread's state and its interpreter has no effect; `gil_held` says
-    // this thread holds a GIL, `is_main` that it is the main interpreter's.
+    // this thread holds a GIL, the version or `is_main` that it is the main interpreter's.
     unsafe {
-        if gil_held && is_main(Current::gil_thread_state(true)) {
+        if gil_held && (Current::MINOR < 12 || is_main(Current::gil_thread_state(true))) {
             Writer::holding_main_gil()
         } else {
             Writer::ANY
