@@ -520,6 +520,58 @@ def test_sub_interpreters_allocate_safely_and_cannot_start_tracing():
     )
 
 
+@pytest.mark.skipif(
+    sys.version_info < (3, 12) or _subinterpreters() is None,
+    reason="sub-interpreters with a GIL of their own came in 3.12",
+)
+def test_own_gil_sub_interpreter_allocating_beside_the_main_one_keeps_totals_exact():
+    # The main interpreter's GIL holder updates the totals without locked instructions; a
+    # sub-interpreter with its own GIL runs at the same time and must use the atomic side.
+    run_child(
+        """
+        import threading
+        try:
+            import _interpreters as interpreters
+        except ImportError:
+            import _xxsubinterpreters as interpreters
+
+        alloctrace.start(1)
+        interp = interpreters.create()
+        errors = []
+
+        def theirs():
+            err = interpreters.run_string(interp, '''if True:
+                kept = []
+                for i in range(3000):
+                    batch = [bytearray(100 + i % 50) for _ in range(40)]
+                    kept.append(batch[0])
+                    del batch
+                    if len(kept) > 500:
+                        del kept[:250]
+            ''')
+            if err is not None:
+                errors.append(err)
+
+        thread = threading.Thread(target=theirs)
+        thread.start()
+        ours = []
+        rounds = 0
+        while thread.is_alive():
+            batch = [bytes(range(i % 200)) for i in range(200)]
+            ours.append(batch[-1])
+            if len(ours) > 300:
+                del ours[:150]
+            rounds += 1
+        thread.join()
+        assert not errors, errors
+        check_consistent(f"after both interpreters allocated at once ({rounds} rounds here)")
+        interpreters.destroy(interp)
+        check_consistent("after destroy")
+        print("ok")
+        """
+    )
+
+
 MEMORY_PRESSURE = """
 import resource
 limit = int(sys.argv[1]) << 20
