@@ -682,8 +682,8 @@ fn take_young_if_gil(table: &TraceTable, address: usize) {
     if !young::holds(address) {
         return;
     }
-    // SAFETY: reading this thread's state, and its interpreter, has no effect.
-    // SAFETY: this thread holds the main interpreter's GIL (checked), inside the guard.
+    // SAFETY: reading this thread's state, and its interpreter, has no effect; `take` runs
+    // only if this thread holds the main interpreter's GIL (checked), inside the guard.
     unsafe {
         if is_main(Current::gil_thread_state(false)) {
             young::take(table, address);

@@ -133,7 +133,8 @@ pub unsafe fn record(table: &TraceTable, address: usize, trace: Trace) -> bool {
 
 /// The slot `address` wants holds the block `there`: filed, or, if it is the same address (a
 /// block freed without our free hook seeing it, e.g. by an allocator installed over ours),
-/// forgotten as the table forgets an entry it replaces.
+/// forgotten as the table forgets an entry it replaces. Called by [`record`], with the main
+/// interpreter's GIL.
 #[inline(never)]
 fn make_room(table: &TraceTable, slot: &Slot, there: usize, address: usize) {
     let old = trace_in(slot);
@@ -145,7 +146,8 @@ fn make_room(table: &TraceTable, slot: &Slot, there: usize, address: usize) {
 }
 
 /// Files a waiting block; without memory for the table's growth, the block is left untraced
-/// and counted as dropped, as a block the table could not take when it was allocated.
+/// and counted as dropped, as a block the table could not take when it was allocated. Called
+/// by [`make_room`] and [`file_all`], with the main interpreter's GIL.
 fn file(table: &TraceTable, block: usize, trace: Trace) {
     if !table.file_charged(block, trace, SERIAL) {
         table.discharge(block, trace, SERIAL);
