@@ -88,14 +88,10 @@ impl Tally {
         }
     }
 
+    /// Subtracts `n`: adds its two's complement, the halves' arithmetic being wrapping.
     #[inline(always)]
     pub fn sub(&self, n: u64, by: Writer) {
-        if by.serial {
-            let serial = self.serial.load(Relaxed).wrapping_sub(n);
-            self.serial.store(serial, Relaxed);
-        } else {
-            self.shared.fetch_sub(n, Relaxed);
-        }
+        self.add(n.wrapping_neg(), by);
     }
 
     #[inline(always)]
