@@ -20,8 +20,9 @@
 //! a peak snapshot keeps every block in its domain.
 //!
 //! Threads: every field is atomic; current values and the epoch are [`Tally`]s, which a thread
-//! holding the main interpreter's GIL changes without locked instructions. When updates are serialised (one thread, or every traced allocation under the GIL),
-//! the peak read back is exact. When RAW allocations run concurrently without the GIL, the
+//! holding the main interpreter's GIL changes without locked instructions. When updates are
+//! serialised (one thread, or every traced allocation under the GIL), the peak read back is
+//! exact. When RAW allocations run concurrently without the GIL, the
 //! blocks in flight on other threads at the instant of the peak may be attributed on either
 //! side of it: each counter stays exact, but the per-traceback values at peak may differ from
 //! the peak total by those in-flight blocks.
@@ -177,14 +178,12 @@ impl Chunks {
 
 impl PeakCounters {
     pub fn new() -> Self {
-        let counters = Self {
+        Self {
             default: Chunks::new(),
             others: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             spaces: std::array::from_fn(|i| AtomicU64::new(if i == 0 { 0 } else { FREE })),
-            epoch: Tally::new(),
-        };
-        counters.epoch.set(1);
-        counters
+            epoch: Tally::starting_at(1),
+        }
     }
 
     /// The space of `domain`, claiming the next free one the first time the domain is seen;

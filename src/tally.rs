@@ -57,8 +57,12 @@ pub struct Tally {
 
 impl Tally {
     pub const fn new() -> Self {
+        Self::starting_at(0)
+    }
+
+    pub const fn starting_at(value: u64) -> Self {
         Self {
-            serial: AtomicU64::new(0),
+            serial: AtomicU64::new(value),
             shared: AtomicU64::new(0),
         }
     }
