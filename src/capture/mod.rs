@@ -117,15 +117,22 @@ pub unsafe fn interpreter_of(tstate: *mut ffi::PyThreadState) -> *mut c_void {
     read_ptr(tstate.cast(), layout::TSTATE_INTERP)
 }
 
-/// Whether `obj` is a code object, by its type pointer alone (no API call).
+/// Whether a frame's code slot holds a code object. In 3.11 and 3.12 the slot is typed
+/// `PyCodeObject *` and set before the frame is linked into the chain, so only 3.13's
+/// `f_executable` (`None` in the C-stack shim frames, which are skipped before this test) is
+/// checked, by its type pointer alone (no API call): one load and compare fewer per frame
+/// where it cannot fail.
 ///
 /// # Safety
 /// `obj` is null or a live object.
 #[cfg(Py_3_11)]
-#[inline]
+#[inline(always)]
 unsafe fn is_code(obj: *mut c_void) -> bool {
-    !obj.is_null()
-        && (*(obj as *mut ffi::PyObject)).ob_type == std::ptr::addr_of_mut!(ffi::PyCode_Type)
+    #[cfg(not(Py_3_13))]
+    return !obj.is_null();
+    #[cfg(Py_3_13)]
+    return !obj.is_null()
+        && (*(obj as *mut ffi::PyObject)).ob_type == std::ptr::addr_of_mut!(ffi::PyCode_Type);
 }
 
 /// Reads the pointer stored `offset` bytes into `base`.
