@@ -62,6 +62,18 @@ pub fn room_for_one<T>(v: &mut Vec<T>) -> Result<()> {
     Ok(())
 }
 
+/// Makes room for `n` more elements, growing the vector's table fallibly (at least doubling,
+/// as pushes would), so that writing them cannot allocate: for encoders whose output grows
+/// item by item, which call it once per item with a bound on what the item writes.
+#[inline]
+pub fn room_for<T>(v: &mut Vec<T>, n: usize) -> Result<()> {
+    if v.capacity() - v.len() < n {
+        check()?;
+        v.try_reserve(n)?;
+    }
+    Ok(())
+}
+
 /// [`room_for_one`] for a map.
 pub fn map_room_for_one<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(
     map: &mut std::collections::HashMap<K, V, S>,

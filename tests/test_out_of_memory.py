@@ -141,3 +141,40 @@ def test_out_of_memory_raises_memory_error(snapshot_file, name):
     # test is about running out).
     assert set(outcomes) <= {"ok", "MemoryError"}
     assert outcomes[0] == "MemoryError", outcomes
+
+
+# Limits between those of HEADROOMS, each in a fresh process after two attempts that fail,
+# as the test above meets them: `dump` once grew its buffers without checking, and at some of
+# these limits a large growth, or a small one after the allocator's reserve was spent,
+# aborted the process (CPython 3.9: 10 of 40 limits between 17 and 22 MiB).
+DUMP_AFTER_TWO_FAILURES = """
+import gc, resource, sys
+import alloctrace
+
+def vm_size():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * resource.getpagesize()
+
+snapshot = alloctrace.Snapshot.load(sys.argv[1])
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+outcomes = []
+for kib in (1024, 4096, int(sys.argv[2])):
+    gc.collect()
+    resource.setrlimit(resource.RLIMIT_AS, (vm_size() + (kib << 10), hard))
+    try:
+        snapshot.dump(sys.argv[1] + ".out")
+        outcomes.append("ok")
+    except MemoryError:
+        outcomes.append("MemoryError")
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+print(" ".join(outcomes))
+"""
+
+
+def test_dump_never_aborts_at_limits_between_the_headrooms(snapshot_file):
+    for kib in range(16 * 1024, 24 * 1024, 512):
+        child = run_child(DUMP_AFTER_TWO_FAILURES, str(snapshot_file), str(kib))
+        assert child.returncode == 0, f"{kib} KiB: exit {child.returncode}\n{child.stderr[-2000:]}"
+        assert "memory allocation of" not in child.stderr
+        assert set(child.stdout.split()) <= {"ok", "MemoryError"}, child.stdout

@@ -136,6 +136,7 @@ pub fn crc32(data: &[u8]) -> u32 {
     crc32fast::hash(data)
 }
 
+#[inline(always)]
 fn put_uleb(out: &mut Vec<u8>, mut v: u64) {
     loop {
         let byte = (v & 0x7F) as u8;
@@ -192,7 +193,7 @@ struct TraceColumns {
 
 impl TraceColumns {
     /// Encodes `traces`, whose domains are `domains`, in `parts` parts.
-    fn encode(traces: &[Trace], domains: &Domains, parts: usize) -> Self {
+    fn encode(traces: &[Trace], domains: &Domains, parts: usize) -> Result<Self> {
         let jobs = parallel::split(traces.len(), parts, COLUMN_BLOCK)
             .into_iter()
             .map(|r| {
@@ -200,16 +201,21 @@ impl TraceColumns {
                 move || EncodedPart::of(part)
             })
             .collect();
-        let parts = parallel::run(jobs);
+        let parts = parallel::run(jobs)
+            .into_iter()
+            .collect::<Result<Vec<EncodedPart>>>()?;
         let mut head = Vec::new();
+        fallible::room_for(&mut head, 2 * MAX_ULEB)?;
         put_uleb(&mut head, traces.len() as u64);
         put_uleb(&mut head, domains.runs().count() as u64);
         for (domain, len) in domains.runs() {
+            fallible::room_for(&mut head, 2 * MAX_ULEB)?;
             put_uleb(&mut head, domain as u64);
             put_uleb(&mut head, len as u64);
         }
-        let mut id_codes = Vec::with_capacity(traces.len().div_ceil(COLUMN_BLOCK));
+        let mut id_codes = fallible::with_capacity(traces.len().div_ceil(COLUMN_BLOCK))?;
         for p in &parts {
+            fallible::room_for(&mut head, p.size_codes.len())?;
             head.extend_from_slice(&p.size_codes);
             id_codes.extend_from_slice(&p.id_codes);
         }
@@ -218,12 +224,12 @@ impl TraceColumns {
         parts.iter().for_each(|p| crc.combine(&p.sizes_crc));
         crc.update(&id_codes);
         parts.iter().for_each(|p| crc.combine(&p.ids_crc));
-        Self {
+        Ok(Self {
             head,
             parts,
             id_codes,
             crc,
-        }
+        })
     }
 
     /// The payload, as pieces in file order.
@@ -252,15 +258,17 @@ struct EncodedPart {
 
 impl EncodedPart {
     /// Encodes `traces`, whose first trace starts a column block.
-    fn of(traces: &[Trace]) -> Self {
+    fn of(traces: &[Trace]) -> Result<Self> {
         let nblocks = traces.len().div_ceil(COLUMN_BLOCK);
-        let mut size_codes = Vec::with_capacity(nblocks);
-        let mut id_codes = Vec::with_capacity(nblocks);
+        let mut size_codes = fallible::with_capacity(nblocks)?;
+        let mut id_codes = fallible::with_capacity(nblocks)?;
         // Room for the usual widths (sizes below 64 KiB, ids below 256); wider data grows
         // the buffers, doubling.
-        let mut sizes = Vec::with_capacity(traces.len() * 2);
-        let mut ids = Vec::with_capacity(traces.len());
+        let mut sizes = fallible::with_capacity(traces.len() * 2)?;
+        let mut ids = fallible::with_capacity(traces.len())?;
         for block in traces.chunks(COLUMN_BLOCK) {
+            fallible::room_for(&mut sizes, block.len() * 8)?;
+            fallible::room_for(&mut ids, block.len() * 8)?;
             let (mut size_or, mut id_or) = (0u64, 0u32);
             for t in block {
                 size_or |= t.size;
@@ -275,14 +283,14 @@ impl EncodedPart {
         let (mut sizes_crc, mut ids_crc) = (crc32fast::Hasher::new(), crc32fast::Hasher::new());
         sizes_crc.update(&sizes);
         ids_crc.update(&ids);
-        EncodedPart {
+        Ok(EncodedPart {
             size_codes,
             id_codes,
             sizes,
             sizes_crc,
             ids,
             ids_crc,
-        }
+        })
     }
 }
 
@@ -311,22 +319,45 @@ fn put_block(dst: &mut Vec<u8>, code: u8, values: impl ExactSizeIterator<Item = 
 
 /// Writes a section whose payload `write` appends straight to `out`, then fills in its
 /// length: the large sections are not built in a scratch buffer and copied.
-fn section_with(out: &mut Vec<u8>, tag: u32, write: impl FnOnce(&mut Vec<u8>)) {
+fn section_with(
+    out: &mut Vec<u8>,
+    tag: u32,
+    write: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    fallible::room_for(out, SECTION_HEADER)?;
     out.extend_from_slice(&tag.to_le_bytes());
     let len_at = out.len();
     out.extend_from_slice(&0u64.to_le_bytes());
-    write(out);
+    write(out)?;
     let len = (out.len() - len_at - 8) as u64;
     out[len_at..len_at + 8].copy_from_slice(&len.to_le_bytes());
+    Ok(())
 }
 
-fn section(out: &mut Vec<u8>, tag: u32, payload: &[u8]) {
+fn section(out: &mut Vec<u8>, tag: u32, payload: &[u8]) -> Result<()> {
+    fallible::room_for(out, SECTION_HEADER + payload.len())?;
     out.extend_from_slice(&tag.to_le_bytes());
     out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
     out.extend_from_slice(payload);
+    Ok(())
 }
 
-fn put_attr(out: &mut Vec<u8>, v: &AttrValue) {
+/// The most bytes one `put_uleb` writes.
+const MAX_ULEB: usize = 10;
+/// A section's tag and length.
+const SECTION_HEADER: usize = 12;
+
+/// [`put_bytes`] after making room for it (the encoder's output grows fallibly: a snapshot
+/// too large for the memory left is `MemoryError`, not an abort).
+fn put_bytes_in_room(out: &mut Vec<u8>, b: &[u8]) -> Result<()> {
+    fallible::room_for(out, MAX_ULEB + b.len())?;
+    put_bytes(out, b);
+    Ok(())
+}
+
+fn put_attr(out: &mut Vec<u8>, v: &AttrValue) -> Result<()> {
+    // The tag and a number; strings and containers make room for their parts below.
+    fallible::room_for(out, 1 + MAX_ULEB.max(8))?;
     match v {
         AttrValue::None => out.push(0),
         AttrValue::Bool(false) => out.push(1),
@@ -338,7 +369,7 @@ fn put_attr(out: &mut Vec<u8>, v: &AttrValue) {
         }
         AttrValue::BigInt(b) => {
             out.push(4);
-            put_bytes(out, b);
+            put_bytes_in_room(out, b)?;
         }
         AttrValue::Float(f) => {
             out.push(5);
@@ -346,11 +377,11 @@ fn put_attr(out: &mut Vec<u8>, v: &AttrValue) {
         }
         AttrValue::Str(s) => {
             out.push(6);
-            put_bytes(out, s);
+            put_bytes_in_room(out, s)?;
         }
         AttrValue::Bytes(b) => {
             out.push(7);
-            put_bytes(out, b);
+            put_bytes_in_room(out, b)?;
         }
         AttrValue::List(items) | AttrValue::Tuple(items) => {
             out.push(if matches!(v, AttrValue::List(_)) {
@@ -360,23 +391,24 @@ fn put_attr(out: &mut Vec<u8>, v: &AttrValue) {
             });
             put_uleb(out, items.len() as u64);
             for item in items {
-                put_attr(out, item);
+                put_attr(out, item)?;
             }
         }
         AttrValue::Dict(items) => {
             out.push(10);
             put_uleb(out, items.len() as u64);
             for (k, item) in items {
-                put_bytes(out, k);
-                put_attr(out, item);
+                put_bytes_in_room(out, k)?;
+                put_attr(out, item)?;
             }
         }
     }
+    Ok(())
 }
 
 /// Encodes a snapshot and its user attributes.
-pub fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Vec<u8> {
-    Encoder::new(snapshot, attrs, parallel::parts_for).to_vec()
+pub fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Result<Vec<u8>> {
+    Encoder::new(snapshot, attrs, parallel::parts_for)?.to_vec()
 }
 
 /// A snapshot file encoded, in pieces (see [`TraceColumns`]) that are written out in order.
@@ -393,10 +425,11 @@ struct Encoder {
 impl Encoder {
     /// Encodes the file, passing over the traces in `parts_for(traces)` parts (the bytes are
     /// the same for any).
-    fn new(snapshot: &Snapshot, attrs: &Attributes, parts_for: fn(usize) -> usize) -> Self {
+    fn new(snapshot: &Snapshot, attrs: &Attributes, parts_for: fn(usize) -> usize) -> Result<Self> {
         let traces = &snapshot.traces;
-        let columns = TraceColumns::encode(traces, &snapshot.domains, parts_for(traces.len()));
+        let columns = TraceColumns::encode(traces, &snapshot.domains, parts_for(traces.len()))?;
         let mut out = Vec::new();
+        fallible::room_for(&mut out, MAGIC.len() + 4)?;
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         let md = &snapshot.metadata;
@@ -409,33 +442,41 @@ impl Encoder {
         };
         let meta = bincode::serde::encode_to_vec(&meta, bincode::config::standard())
             .expect("encoding plain data into a Vec cannot fail");
-        section(&mut out, TAG_META, &meta);
+        section(&mut out, TAG_META, &meta)?;
 
+        // Every write below is preceded by room for it (`fallible::room_for`), so the buffers
+        // only grow fallibly.
         let mut buf = Vec::new();
+        fallible::room_for(&mut buf, MAX_ULEB)?;
         put_uleb(&mut buf, snapshot.filenames.len() as u64);
         for name in &snapshot.filenames {
-            put_bytes(&mut buf, name);
+            put_bytes_in_room(&mut buf, name)?;
         }
-        section(&mut out, TAG_FILENAMES, &buf);
+        section(&mut out, TAG_FILENAMES, &buf)?;
 
         buf.clear();
+        fallible::room_for(&mut buf, MAX_ULEB)?;
         put_uleb(&mut buf, snapshot.frames.len() as u64);
         for f in &snapshot.frames {
+            fallible::room_for(&mut buf, 2 * MAX_ULEB)?;
             put_uleb(&mut buf, f.filename as u64);
             put_uleb(&mut buf, f.lineno as u64);
         }
-        section(&mut out, TAG_FRAMES, &buf);
+        section(&mut out, TAG_FRAMES, &buf)?;
 
         buf.clear();
+        fallible::room_for(&mut buf, MAX_ULEB)?;
         put_uleb(&mut buf, snapshot.tracebacks.len() as u64);
         for tb in &snapshot.tracebacks {
+            fallible::room_for(&mut buf, (2 + tb.frames.len()) * MAX_ULEB)?;
             put_uleb(&mut buf, tb.total_nframe.map_or(0, |n| n as u64 + 1));
             put_uleb(&mut buf, tb.frames.len() as u64);
             for &f in tb.frames.iter() {
                 put_uleb(&mut buf, f as u64);
             }
         }
-        section(&mut out, TAG_TRACEBACKS, &buf);
+        section(&mut out, TAG_TRACEBACKS, &buf)?;
+        fallible::room_for(&mut out, SECTION_HEADER)?;
         out.extend_from_slice(&TAG_TRACE_COLUMNS.to_le_bytes());
         out.extend_from_slice(&(columns.len() as u64).to_le_bytes());
         let head = out;
@@ -446,91 +487,105 @@ impl Encoder {
             // The function table (name, first line), then per traceback its entry count (0 or
             // its frame count) and per entry 0 (unknown) or function id + 1.
             buf.clear();
+            fallible::room_for(&mut buf, MAX_ULEB)?;
             put_uleb(&mut buf, snapshot.functions.len() as u64);
             for f in &snapshot.functions {
-                put_bytes(&mut buf, &f.name);
+                put_bytes_in_room(&mut buf, &f.name)?;
+                fallible::room_for(&mut buf, MAX_ULEB)?;
                 put_uleb(&mut buf, f.first_lineno as u64);
             }
+            fallible::room_for(&mut buf, MAX_ULEB)?;
             put_uleb(&mut buf, snapshot.traceback_functions.len() as u64);
             for functions in &snapshot.traceback_functions {
+                fallible::room_for(&mut buf, (1 + functions.len()) * MAX_ULEB)?;
                 put_uleb(&mut buf, functions.len() as u64);
                 for f in functions.iter() {
                     put_uleb(&mut buf, f.map_or(0, |id| id as u64 + 1));
                 }
             }
-            section(&mut out, TAG_FUNCTIONS, &buf);
+            section(&mut out, TAG_FUNCTIONS, &buf)?;
         }
 
         if let Some(interval) = snapshot.sample_interval {
             buf.clear();
+            fallible::room_for(&mut buf, MAX_ULEB)?;
             put_uleb(&mut buf, interval);
-            section(&mut out, TAG_SAMPLING, &buf);
+            section(&mut out, TAG_SAMPLING, &buf)?;
         }
 
         if let Some(kinds) = &snapshot.kinds {
             section_with(&mut out, TAG_KINDS, |out| {
+                fallible::room_for(out, MAX_ULEB)?;
                 put_uleb(out, kinds.names.len() as u64);
                 for name in &kinds.names {
-                    put_bytes(out, name);
+                    put_bytes_in_room(out, name)?;
                 }
+                fallible::room_for(out, (1 + kinds.of_trace.len()) * MAX_ULEB)?;
                 put_uleb(out, kinds.of_trace.len() as u64);
                 for &id in &kinds.of_trace {
                     put_uleb(out, id as u64);
                 }
-            });
+                Ok(())
+            })?;
         }
 
         if let Some(reports) = &snapshot.retention {
             buf.clear();
+            fallible::room_for(&mut buf, MAX_ULEB)?;
             put_uleb(&mut buf, reports.len() as u64);
             for r in reports {
-                put_bytes(&mut buf, &r.filename);
+                put_bytes_in_room(&mut buf, &r.filename)?;
+                fallible::room_for(&mut buf, 5 * MAX_ULEB)?;
                 for v in [r.lineno as u64, r.count, r.unreachable, r.size, r.retained] {
                     put_uleb(&mut buf, v);
                 }
                 for lines in [&r.paths, &r.pattern] {
+                    fallible::room_for(&mut buf, MAX_ULEB)?;
                     put_uleb(&mut buf, lines.len() as u64);
                     for line in lines {
-                        put_bytes(&mut buf, line);
+                        put_bytes_in_room(&mut buf, line)?;
                     }
                 }
             }
-            section(&mut out, TAG_RETENTION, &buf);
+            section(&mut out, TAG_RETENTION, &buf)?;
         }
 
         if let Some(pm) = &md.process_memory {
             buf.clear();
+            fallible::room_for(&mut buf, 6 * MAX_ULEB)?;
             put_uleb(&mut buf, PROCESS_MEMORY_FIELDS);
             for v in [pm.rss, pm.anon, pm.file, pm.shmem, pm.peak_rss] {
                 put_uleb(&mut buf, v);
             }
-            section(&mut out, TAG_PROCESS_MEMORY, &buf);
+            section(&mut out, TAG_PROCESS_MEMORY, &buf)?;
         }
 
-        put_peak_section(&mut out, snapshot);
+        put_peak_section(&mut out, snapshot)?;
 
         if !attrs.is_empty() {
             buf.clear();
+            fallible::room_for(&mut buf, MAX_ULEB)?;
             put_uleb(&mut buf, attrs.len() as u64);
             for (name, v) in attrs {
-                put_bytes(&mut buf, name);
-                put_attr(&mut buf, v);
+                put_bytes_in_room(&mut buf, name)?;
+                put_attr(&mut buf, v)?;
             }
-            section(&mut out, TAG_ATTRS, &buf);
+            section(&mut out, TAG_ATTRS, &buf)?;
         }
 
+        fallible::room_for(&mut out, SECTION_HEADER)?;
         out.extend_from_slice(&TAG_END.to_le_bytes());
         out.extend_from_slice(&4u64.to_le_bytes());
         let mut crc = crc32fast::Hasher::new();
         crc.update(&head);
         crc.combine(&columns.crc);
         crc.update(&out);
-        Self {
+        Ok(Self {
             head,
             columns,
             tail: out,
             crc: crc.finalize().to_le_bytes(),
-        }
+        })
     }
 
     /// The whole file, as pieces in order.
@@ -542,8 +597,11 @@ impl Encoder {
     }
 
     /// The whole file in one buffer.
-    fn to_vec(&self) -> Vec<u8> {
-        self.pieces().concat()
+    fn to_vec(&self) -> Result<Vec<u8>> {
+        let pieces = self.pieces();
+        let mut out = fallible::with_capacity(pieces.iter().map(|p| p.len()).sum())?;
+        pieces.iter().for_each(|p| out.extend_from_slice(p));
+        Ok(out)
     }
 }
 
@@ -556,21 +614,27 @@ impl Encoder {
 /// - form 2, `[2, a whole snapshot file]`: the peak of the session this file's snapshot was
 ///   taken in (dumps); the nested file holds form 1 and no form 2 (one level only), and its
 ///   user attributes are not used. A reader that skips it loads the snapshot unchanged.
-fn put_peak_section(out: &mut Vec<u8>, snapshot: &Snapshot) {
+fn put_peak_section(out: &mut Vec<u8>, snapshot: &Snapshot) -> Result<()> {
     if let Some(blocks) = &snapshot.blocks {
         section_with(out, TAG_PEAK, |out| {
+            fallible::room_for(out, 1 + (1 + blocks.len()) * MAX_ULEB)?;
             out.push(1);
             put_uleb(out, blocks.len() as u64);
             for &n in blocks {
                 put_uleb(out, n);
             }
-        });
+            Ok(())
+        })
     } else if let Some(peak) = &snapshot.peak {
-        let nested = encode(peak, &Vec::new());
+        let nested = encode(peak, &Vec::new())?;
         section_with(out, TAG_PEAK, |out| {
+            fallible::room_for(out, 1 + nested.len())?;
             out.push(2);
             out.extend_from_slice(&nested);
-        });
+            Ok(())
+        })
+    } else {
+        Ok(())
     }
 }
 
@@ -1829,7 +1893,7 @@ fn read_snapshot_file(
 
 /// Writes a snapshot file atomically and durably (see [`write_atomic`]).
 pub fn dump(path: &Path, snapshot: &Snapshot, attrs: &Attributes) -> Result<()> {
-    let encoder = Encoder::new(snapshot, attrs, parallel::parts_for);
+    let encoder = Encoder::new(snapshot, attrs, parallel::parts_for)?;
     replace_file(path, &encoder.pieces())
 }
 
@@ -1954,6 +2018,11 @@ fn temp_path(path: &Path) -> PathBuf {
 mod tests {
     use super::*;
     use crate::analysis::snapshot::SnapshotBuilder;
+
+    /// The encoder, for tests of what it writes: memory does not run out here.
+    fn encode(snapshot: &Snapshot, attrs: &Attributes) -> Vec<u8> {
+        super::encode(snapshot, attrs).unwrap()
+    }
 
     fn sample() -> (Snapshot, Attributes) {
         let mut b = SnapshotBuilder::new(3);
@@ -2217,7 +2286,7 @@ mod tests {
         let mut data = without_section(&encode(&s, &attrs), TAG_SAMPLING);
         let end = data.len() - 16;
         data.truncate(end);
-        section(&mut data, TAG_SAMPLING, &[0x80, 0x20, 0x00]);
+        section(&mut data, TAG_SAMPLING, &[0x80, 0x20, 0x00]).unwrap();
         let data = reseal_end(data);
         assert!(decode(&data).unwrap_err().contains("sampling"));
     }
@@ -2238,7 +2307,7 @@ mod tests {
         // Insert a section with tag 99 before the end marker, as a newer writer might.
         let end = good.len() - 16;
         let mut data = good[..end].to_vec();
-        section(&mut data, 99, b"future data");
+        section(&mut data, 99, b"future data").unwrap();
         data.extend_from_slice(&TAG_END.to_le_bytes());
         data.extend_from_slice(&4u64.to_le_bytes());
         let crc = crc32(&data);
@@ -2363,12 +2432,18 @@ mod tests {
         let counts: [fn(usize) -> usize; 4] = [|_| 1, |_| 2, |_| 3, |_| 4];
         for n in [0, 1, 16, 17, 300, 3200, 4099, 204_800] {
             let s = many(n);
-            let one = Encoder::new(&s, &vec![], counts[0]).to_vec();
+            let one = Encoder::new(&s, &vec![], counts[0])
+                .unwrap()
+                .to_vec()
+                .unwrap();
             let at = section_payload_offset(&one, TAG_TRACE_COLUMNS);
             let len = u64::from_le_bytes(one[at - 8..at].try_into().unwrap()) as usize;
             let payload = &one[at..at + len];
             for parts_for in counts {
-                let data = Encoder::new(&s, &vec![], parts_for).to_vec();
+                let data = Encoder::new(&s, &vec![], parts_for)
+                    .unwrap()
+                    .to_vec()
+                    .unwrap();
                 assert_eq!(data, one, "{n} traces in {} parts", parts_for(n));
                 let traces = decode_trace_columns(payload, s.tracebacks.len(), parts_for);
                 assert_eq!(
@@ -2395,7 +2470,7 @@ mod tests {
             for (k, &i) in bad.iter().enumerate() {
                 s.traces[i].traceback = (tracebacks + k) as u32;
             }
-            let data = Encoder::new(&s, &vec![], |_| 3).to_vec();
+            let data = Encoder::new(&s, &vec![], |_| 3).unwrap().to_vec().unwrap();
             let at = section_payload_offset(&data, TAG_TRACE_COLUMNS);
             let len = u64::from_le_bytes(data[at - 8..at].try_into().unwrap()) as usize;
             let err = decode_trace_columns(&data[at..at + len], tracebacks, |_| 3).unwrap_err();
@@ -2463,7 +2538,7 @@ mod tests {
             let ids: Vec<u64> = traces.iter().map(|t| t.traceback as u64).collect();
             expected.extend(column(&sizes));
             expected.extend(column(&ids));
-            let columns = TraceColumns::encode(&traces, &domains.into_iter().collect(), 1);
+            let columns = TraceColumns::encode(&traces, &domains.into_iter().collect(), 1).unwrap();
             let out = columns.pieces().collect::<Vec<_>>().concat();
             let crc = columns.crc.clone();
             assert_eq!(out.len(), columns.len());
@@ -2504,7 +2579,7 @@ mod tests {
         // A version-1 traces section added to a version-2 file.
         let end = v2.len() - 16;
         let mut both = v2[..end].to_vec();
-        section(&mut both, TAG_TRACES, &[0, 0]);
+        section(&mut both, TAG_TRACES, &[0, 0]).unwrap();
         both.extend_from_slice(&v2[end..]);
         let err = decode(&reseal(both)).unwrap_err();
         assert!(
@@ -2611,7 +2686,7 @@ mod tests {
         let good = encode(&s, &attrs);
         let mut data = good[..good.len() - 16].to_vec();
         for tag in 0..1_000_000u32 {
-            section(&mut data, 1000 + tag, b"");
+            section(&mut data, 1000 + tag, b"").unwrap();
         }
         let data = reseal_end(data);
         assert_eq!(decode(&data).unwrap().0, s);
@@ -2621,7 +2696,7 @@ mod tests {
         // A repeated tag among them is still found, once the checksum holds.
         let mut twice = good[..good.len() - 16].to_vec();
         for tag in 0..100_000u32 {
-            section(&mut twice, 1000 + tag % 99_999, b"");
+            section(&mut twice, 1000 + tag % 99_999, b"").unwrap();
         }
         let err = decode(&reseal_end(twice)).unwrap_err();
         assert!(err.contains("section 1000 appears twice"), "{err}");

@@ -782,7 +782,7 @@ impl PySnapshotData {
     fn dumps<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         allocator::guarded(|| {
             let snap: &Snapshot = &self.inner;
-            let data = py.detach(|| format::encode(snap, &Vec::new()));
+            let data = py.detach(|| format::encode(snap, &Vec::new()))?;
             objects::bytes(py, &data)
         })
     }
