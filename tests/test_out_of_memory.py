@@ -51,9 +51,9 @@ def vm_size():
 def under_limit(operation):
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     outcomes = []
-    for mib in HEADROOMS:
+    for kib in HEADROOMS_KIB:
         gc.collect()
-        resource.setrlimit(resource.RLIMIT_AS, (vm_size() + (mib << 20), hard))
+        resource.setrlimit(resource.RLIMIT_AS, (vm_size() + (kib << 10), hard))
         try:
             operation()
             outcomes.append("ok")
@@ -90,6 +90,21 @@ ON_A_FILE = {
 }
 
 
+ON_A_FILE_SETUP = "import alloctrace\nsnapshot = alloctrace.Snapshot.load(path)\n"
+
+
+def limited(headrooms_kib, setup, operation):
+    """The child's script: `setup`, then `operation` under each limit in turn, then once more
+    without one."""
+    return (
+        f"HEADROOMS_KIB = {tuple(headrooms_kib)!r}\n"
+        + textwrap.dedent(UNDER_LIMIT)
+        + "path = sys.argv[1]\n"
+        + textwrap.dedent(setup)
+        + f"under_limit(lambda: {operation})\n"
+    )
+
+
 def run_child(script, *args):
     return subprocess.run(
         [sys.executable, "-c", script, *args],
@@ -119,17 +134,8 @@ def test_out_of_memory_raises_memory_error(snapshot_file, name):
     if name in LIVE:
         setup, operation = TRACED_HEAP, LIVE[name]
     else:
-        setup, operation = (
-            "import alloctrace\nsnapshot = alloctrace.Snapshot.load(path)\n",
-            ON_A_FILE[name],
-        )
-    script = (
-        f"HEADROOMS = {HEADROOMS!r}\n"
-        + textwrap.dedent(UNDER_LIMIT)
-        + "path = sys.argv[1]\n"
-        + textwrap.dedent(setup)
-        + f"under_limit(lambda: {operation})\n"
-    )
+        setup, operation = ON_A_FILE_SETUP, ON_A_FILE[name]
+    script = limited([mib << 10 for mib in HEADROOMS], setup, operation)
     child = run_child(script, str(snapshot_file))
     assert child.returncode == 0, f"{name}: exit status {child.returncode}\n{child.stderr[-2000:]}"
     assert "memory allocation of" not in child.stderr
@@ -147,34 +153,12 @@ def test_out_of_memory_raises_memory_error(snapshot_file, name):
 # as the test above meets them: `dump` once grew its buffers without checking, and at some of
 # these limits a large growth, or a small one after the allocator's reserve was spent,
 # aborted the process (CPython 3.9: 10 of 40 limits between 17 and 22 MiB).
-DUMP_AFTER_TWO_FAILURES = """
-import gc, resource, sys
-import alloctrace
-
-def vm_size():
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[0]) * resource.getpagesize()
-
-snapshot = alloctrace.Snapshot.load(sys.argv[1])
-soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-outcomes = []
-for kib in (1024, 4096, int(sys.argv[2])):
-    gc.collect()
-    resource.setrlimit(resource.RLIMIT_AS, (vm_size() + (kib << 10), hard))
-    try:
-        snapshot.dump(sys.argv[1] + ".out")
-        outcomes.append("ok")
-    except MemoryError:
-        outcomes.append("MemoryError")
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-print(" ".join(outcomes))
-"""
-
-
 def test_dump_never_aborts_at_limits_between_the_headrooms(snapshot_file):
     for kib in range(16 * 1024, 24 * 1024, 512):
-        child = run_child(DUMP_AFTER_TWO_FAILURES, str(snapshot_file), str(kib))
+        script = limited([1024, 4096, kib], ON_A_FILE_SETUP, ON_A_FILE["dump"])
+        child = run_child(script, str(snapshot_file))
         assert child.returncode == 0, f"{kib} KiB: exit {child.returncode}\n{child.stderr[-2000:]}"
         assert "memory allocation of" not in child.stderr
-        assert set(child.stdout.split()) <= {"ok", "MemoryError"}, child.stdout
+        outcomes, went_on = child.stdout.split("\n")[:2]
+        assert set(outcomes.split()) <= {"ok", "MemoryError"}, outcomes
+        assert went_on == "the program went on"
