@@ -4,6 +4,27 @@
 //! stores a 32-bit id, not frames. Tracebacks are interned by their raw frames (code object
 //! address, byte offset), hashed as plain words, so the hook never computes a line number.
 //!
+//! ## Offsets that share a line
+//!
+//! `tracemalloc` knows a frame by its line, and a line may hold several calls
+//! (`return f(n - 1) + f(n - 2)`, `g(a(), b())`): stacks that pass through it at different
+//! offsets are one traceback to `tracemalloc`, and would be several here. Under such a line
+//! the distinct stacks multiply with every level: a recursion through one made a new traceback
+//! for nearly every call (pyperformance's coroutines at 25 frames: a traceback per coroutine
+//! created, 7 MB of tracer memory for twenty runs of `fib(20)` where `tracemalloc` kept a few
+//! dozen). So a stack is stored with each offset replaced by its line's *canonical offset*,
+//! the first offset of the code object with the same line: stacks equal line for line share
+//! one traceback, and a snapshot still resolves every frame to the line it ran.
+//!
+//! This is not line-number computation on the hot path. A code object's line table is read
+//! once, into runs of offsets that share a canonical offset, when a stack naming it first
+//! misses the flat copies (below); an offset's run is then found by a binary search, and a
+//! memo of the frames canonicalized last answers most of those in a few instructions. Only
+//! stacks that miss the flat copies are canonicalized at all, and the flat copies keep both
+//! kinds: raw stacks, so that a loop's stacks are found as they are walked, and canonical
+//! ones, so that a program whose raw stacks are too many for them (that recursion) still
+//! finds its few canonical stacks by comparing a copy.
+//!
 //! ## Stacks as a trie
 //!
 //! Deep programs make many distinct stacks that differ only near the top (recursion, a
@@ -13,9 +34,9 @@
 //! with an interned one, so memory grows with the number of distinct frames-in-context rather
 //! than with depth times stacks (recursion to depth `d` costs `d` nodes, not `d²/2` frames).
 //! Storage grows in fixed-size chunks ([`Chunked`]), so no doubling ever holds twice what is
-//! used. The hook still finds a known stack with one hash of its raw frames and one probe
-//! (compared by walking the trie), and the stack it interned last is kept flat as well, so the
-//! common case — a loop allocating on one line — compares a few words.
+//! used. The hook finds a known stack in flat copies of recent stacks first (a loop allocating
+//! from a few lines compares a few words), and otherwise with one hash of its canonical frames
+//! and one probe, the candidate compared by walking the trie.
 //!
 //! ## Code objects: pinned while running, buried when dead
 //!
@@ -24,6 +45,8 @@
 //! `(address, offset)` would then match frames of that other code. So a node takes a strong
 //! reference to its code object (the "pin") — taken in the hook, which only increments a
 //! reference count.
+//!
+//! The line runs of a code object (above) are kept while it is pinned, and dropped with the pin.
 //!
 //! Pins must not keep code alive, or a program compiling code in a loop leaks under tracing
 //! (jinja2 without its template cache grew 10 MiB per 400 renders). The sweep
@@ -64,6 +87,88 @@ pub const UNKNOWN_TRACEBACK: TracebackId = 0;
 
 /// The fewest new pins that make a sweep due (see the module docs).
 pub const SWEEP_MIN_PINS: usize = 256;
+
+/// Reads a code object's line runs ([`Interpreter::line_runs`]); an interner field so that a
+/// test can stand in for the interpreter.
+type ReadRuns = unsafe fn(usize, &mut Vec<(i32, i32)>) -> Option<()>;
+
+/// [`ReadRuns`] from the interpreter's own line table.
+///
+/// # Safety
+/// `code` is a live code object and the GIL is held.
+unsafe fn read_runs(code: usize, out: &mut Vec<(i32, i32)>) -> Option<()> {
+    Current::line_runs(code as *mut ffi::PyObject, out)
+}
+
+/// Turns a code object's line runs `(start offset, line)` into `(start offset, canonical
+/// offset)`, a line's canonical offset being the start of its first run, and merges
+/// neighbouring runs that end up with the same one. `order` is scratch. `None` if memory
+/// cannot be had.
+fn canonical_runs(runs: &mut Vec<(i32, i32)>, order: &mut Vec<u32>) -> Option<()> {
+    order.clear();
+    order.try_reserve(runs.len()).ok()?;
+    order.extend(0..runs.len() as u32);
+    // Grouped by line, each group in offset order: its first run gives the canonical offset.
+    order.sort_unstable_by_key(|&i| (runs[i as usize].1, runs[i as usize].0));
+    let mut group = None;
+    let mut canonical = 0;
+    for &i in order.iter() {
+        let (start, line) = runs[i as usize];
+        if group != Some(line) {
+            group = Some(line);
+            canonical = start;
+        }
+        runs[i as usize].1 = canonical;
+    }
+    runs.dedup_by_key(|run| run.1);
+    Some(())
+}
+
+/// The canonical offset of `offset` in a code object's [`canonical_runs`]. An offset before
+/// the first run (negative: a generator not yet started) stays as it is.
+#[inline]
+fn canonical_offset(runs: &[(i32, i32)], offset: i32) -> i32 {
+    match runs.partition_point(|&(start, _)| start <= offset) {
+        0 => offset,
+        run => runs[run - 1].1,
+    }
+}
+
+/// A cheap hash of a whole stack (a rotate and an exclusive or per frame), for the stacks that
+/// missed their first set in [`Interner::deep`] (see [`Interner::intern_deep`]).
+#[inline]
+fn print_of(frames: &[RawFrame]) -> u64 {
+    frames.iter().fold(0u64, |h, frame| {
+        h.rotate_left(7) ^ frame_word(frame.code, frame.offset)
+    })
+}
+
+/// A print in 16 bits, for [`Stack::first_print`]: equal stacks have equal prints, and
+/// different ones rarely do, which is all that use needs (a collision only leaves out a flat
+/// copy).
+#[inline]
+fn short_print(print: u64) -> u16 {
+    let word = print ^ print >> 32;
+    (word ^ word >> 16) as u16
+}
+
+/// Slots of [`Interner::canonical_memo`], 16 KiB.
+const MEMO: usize = 1024;
+
+/// A raw frame and its canonical offset (`code == 0`: an empty slot).
+#[derive(Clone, Copy, Default)]
+struct Memo {
+    code: usize,
+    offset: i32,
+    canonical: i32,
+}
+
+/// The slot of a raw frame in [`Interner::canonical_memo`].
+#[inline(always)]
+fn memo_slot(frame: &RawFrame) -> usize {
+    let word = frame_word(frame.code, frame.offset);
+    (word.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - MEMO.trailing_zeros())) as usize
+}
 
 /// "No node": the parent of an outermost frame, the end of a code object's node chain.
 const NO_NODE: u32 = u32::MAX;
@@ -156,6 +261,10 @@ struct Stack {
     keep: bool,
     verdict_generation: u32,
     hash: u64,
+    /// The [`short_print`] of the raw stack that stored it: another print seen later means the
+    /// stack has several raw forms, and its canonical copy is then worth a flat slot (see
+    /// [`Interner::intern_deep`]). Fits the padding: a stack is still 24 bytes.
+    first_print: u16,
 }
 
 /// Mixes one word into a hash with one folded 128-bit multiply (a single `mul` on x86-64): the
@@ -237,7 +346,7 @@ pub struct Interner {
     /// loop: with 256 single slots, nbody (a few dozen float-making lines) missed on 22% of
     /// its allocations at 25 frames and raytrace on 30%; with 512 sets of 4, 0.3% and 0.7%
     /// (callgrind, one loop, CPython 3.11). At most 2048 flat copies, ~400 B each at 25
-    /// frames.
+    /// frames, raw stacks and canonical ones (see the module docs) alike.
     deep: Vec<Flat>,
     /// The stack stored last, outermost frame first, each frame with its node. A new stack
     /// usually shares its outer frames with the one stored before it (a traversal's siblings,
@@ -245,6 +354,22 @@ pub struct Interner {
     /// `node_index` once per frame, a cache miss each on a large trie: storing new stacks
     /// was a third of pyperformance's generators and coroutines at 25 frames.
     path: Vec<(RawFrame, u32)>,
+    /// Per code object, its [`canonical_runs`], read when a stack naming it first reached
+    /// [`Interner::lookup_or_insert`]. Only pinned code objects have an entry (an address is
+    /// only meaningful while its object lives), and burying one drops it.
+    same_line: hashbrown::HashMap<usize, Box<[(i32, i32)]>, BuildAddressHasher>,
+    /// The runs in `same_line`, in all.
+    same_line_runs: usize,
+    /// Raw frames recently canonicalized, direct-mapped: a stack that misses the flat copies
+    /// is mostly made of frames seen a moment ago, and finding one here is a few instructions
+    /// where `same_line` costs a probe and a binary search (a recursion through a line with
+    /// two calls, `fib(20)` at 25 frames: 0.18 s without this memo, untraced 0.03 s).
+    canonical_memo: Box<[Memo; MEMO]>,
+    read_runs: ReadRuns,
+    /// Scratch for reading runs, sorting them, and the canonical copy of a stack.
+    runs: Vec<(i32, i32)>,
+    order: Vec<u32>,
+    canonical: Vec<RawFrame>,
 }
 
 /// Sets of [`Interner::deep`], each of [`DEEP_WAYS`] flat stacks.
@@ -301,6 +426,13 @@ fn deep_slot(frames: &[RawFrame], total_nframe: u16) -> usize {
     (h >> (64 - DEEP_SETS.trailing_zeros())) as usize * DEEP_WAYS
 }
 
+/// The second set of a stack in [`Interner::deep`], by the [`print_of`] all its frames.
+#[inline]
+fn print_slot(print: u64, total_nframe: u16) -> usize {
+    let h = mix(print, u64::from(total_nframe));
+    (h >> (64 - DEEP_SETS.trailing_zeros())) as usize * DEEP_WAYS
+}
+
 /// Slots of [`Interner::recent`], 16 KiB. A recursive program allocates on the same line at
 /// many depths, each its own stack: pyperformance's raytrace at one frame missed 128 slots
 /// indexed by the frame alone on a third of its stacks (the depths of one line evicting each
@@ -353,6 +485,13 @@ impl Interner {
             recent: Box::new([Recent::default(); RECENT]),
             deep: Vec::new(),
             path: Vec::new(),
+            same_line: hashbrown::HashMap::with_hasher(BuildAddressHasher),
+            same_line_runs: 0,
+            canonical_memo: Box::new([Memo::default(); MEMO]),
+            read_runs,
+            runs: Vec::new(),
+            order: Vec::new(),
+            canonical: Vec::new(),
         };
         // tracemalloc reports an unreadable stack as one unknown frame out of one.
         // SAFETY: the unknown frame names no code object.
@@ -410,16 +549,8 @@ impl Interner {
         }
         if (2..=DEEP_MAX).contains(&frames.len()) {
             let slot = deep_slot(frames, total_nframe);
-            if let Some(set) = self.deep.get_mut(slot..slot + DEEP_WAYS) {
-                if let Some(id) = set[0].find(frames, total_nframe) {
-                    return Some(id);
-                }
-                for way in 1..DEEP_WAYS {
-                    if let Some(id) = set[way].find(frames, total_nframe) {
-                        set[..=way].rotate_right(1);
-                        return Some(id);
-                    }
-                }
+            if let Some(id) = self.find_deep(slot, frames, total_nframe) {
+                return Some(id);
             }
             return self.intern_deep(slot, frames, total_nframe);
         }
@@ -431,9 +562,59 @@ impl Interner {
         Some(id)
     }
 
-    /// [`Interner::intern`] for a stack not in its [`Interner::deep`] set: finds or stores
-    /// it, then keeps a flat copy first in the set, in place of the least recently used one.
-    /// Out of line, so that the hit path inlined into the hooks stays small.
+    /// The id of a stack kept flat in [`Interner::deep`]'s set `slot`, which then puts it
+    /// first.
+    #[inline(always)]
+    fn find_deep(&mut self, slot: usize, frames: &[RawFrame], total: u16) -> Option<TracebackId> {
+        let set = self.deep.get_mut(slot..slot + DEEP_WAYS)?;
+        if let Some(id) = set[0].find(frames, total) {
+            return Some(id);
+        }
+        for way in 1..DEEP_WAYS {
+            if let Some(id) = set[way].find(frames, total) {
+                set[..=way].rotate_right(1);
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    /// Keeps a flat copy of a stack first in [`Interner::deep`]'s set `slot`, in place of the
+    /// least recently used one.
+    fn keep_deep(&mut self, slot: usize, frames: &[RawFrame], total: u16, id: TracebackId) {
+        if self.deep.is_empty() {
+            if self.deep.try_reserve_exact(DEEP_SETS * DEEP_WAYS).is_err() {
+                return;
+            }
+            self.deep.resize_with(DEEP_SETS * DEEP_WAYS, Flat::default);
+        }
+        let set = &mut self.deep[slot..slot + DEEP_WAYS];
+        set.rotate_right(1);
+        set[0].keep(frames, total, id);
+    }
+
+    /// [`Interner::intern`] for a stack not in its first [`Interner::deep`] set, which the two
+    /// innermost frames choose (cheap, for the hit path). Stacks that differ only further out
+    /// share that set: a loop calling one function from ten lines (pyperformance's logging)
+    /// cycled ten stacks through its four ways and missed on 61% of its allocations at 25
+    /// frames. So a miss looks next in a second set chosen by all the frames ([`print_of`]),
+    /// where a stack found in the index after missing both is kept too (a stack seen for the
+    /// first time is kept in its first set only, or every new stack would take two ways).
+    /// Choosing the only set by all the frames instead cost the hit path a pass over them:
+    /// nbody 6% slower at 25 frames.
+    ///
+    /// Then its canonical copy (see the module docs) is looked for in that copy's own first
+    /// set: where the raw stacks are too many for the sets (a recursion through a line with
+    /// two calls makes one per call) the canonical ones may fit, and comparing a flat copy is
+    /// cheaper than hashing the stack and walking its nodes. Otherwise the stack is found or
+    /// stored, and its canonical copy kept if the stack was stored from another raw form
+    /// (keeping it for every miss doubles the copies of a program whose raw stacks already
+    /// overflow the sets). The raw copy goes to its first set either way: a line that makes
+    /// several objects (`x * x + y * y`) reaches one canonical stack from several raw ones,
+    /// and each must find itself next time without being canonicalized (nbody at 25 frames:
+    /// 0.196 s, 0.271 s when only the first raw stack of each canonical one was kept;
+    /// untraced 0.059 s). Out of line, so that the hit path inlined into the hooks stays
+    /// small.
     ///
     /// # Safety
     /// As [`Interner::intern`].
@@ -441,20 +622,33 @@ impl Interner {
     unsafe fn intern_deep(
         &mut self,
         slot: usize,
-        frames: &[RawFrame],
+        raw: &[RawFrame],
         total: u16,
     ) -> Option<TracebackId> {
-        let id = self.lookup_or_insert(frames, total)?;
-        if self.deep.is_empty() {
-            if self.deep.try_reserve_exact(DEEP_SETS * DEEP_WAYS).is_err() {
+        let print = print_of(raw);
+        let second = print_slot(print, total);
+        if second != slot {
+            if let Some(id) = self.find_deep(second, raw, total) {
                 return Some(id);
             }
-            self.deep.resize_with(DEEP_SETS * DEEP_WAYS, Flat::default);
         }
-        let set = &mut self.deep[slot..slot + DEEP_WAYS];
-        set.rotate_right(1);
-        set[0].keep(frames, total, id);
-        Some(id)
+        let print = short_print(print);
+        self.canonically(raw, |interner, frames| {
+            let canonical_slot = (frames != raw).then(|| deep_slot(frames, total));
+            if let Some(id) = canonical_slot.and_then(|c| interner.find_deep(c, frames, total)) {
+                interner.keep_deep(slot, raw, total, id);
+                return Some(id);
+            }
+            let (id, first, stored) = interner.find_or_store(frames, total, print)?;
+            if let (Some(canonical_slot), true) = (canonical_slot, first != print) {
+                interner.keep_deep(canonical_slot, frames, total, id);
+            }
+            if !stored && second != slot {
+                interner.keep_deep(second, raw, total, id);
+            }
+            interner.keep_deep(slot, raw, total, id);
+            Some(id)
+        })
     }
 
     /// Whether stack `id` is exactly `frames` out of `total_nframe`.
@@ -478,19 +672,130 @@ impl Interner {
         true
     }
 
+    /// Finds or stores the stack `raw`, by its frames' canonical offsets.
+    ///
     /// # Safety
     /// As [`Interner::intern`].
-    unsafe fn lookup_or_insert(
+    unsafe fn lookup_or_insert(&mut self, raw: &[RawFrame], total: u16) -> Option<TracebackId> {
+        self.canonically(raw, |interner, frames| {
+            Some(
+                interner
+                    .find_or_store(frames, total, short_print(print_of(raw)))?
+                    .0,
+            )
+        })
+    }
+
+    /// `find(self, canonical copy of raw)`, the copy made in the interner's scratch.
+    ///
+    /// # Safety
+    /// As [`Interner::intern`].
+    #[inline(always)]
+    unsafe fn canonically(
+        &mut self,
+        raw: &[RawFrame],
+        find: impl FnOnce(&mut Self, &[RawFrame]) -> Option<TracebackId>,
+    ) -> Option<TracebackId> {
+        let mut frames = std::mem::take(&mut self.canonical);
+        let id = self
+            .canonicalize(raw, &mut frames)
+            .and_then(|()| find(self, &frames));
+        self.canonical = frames;
+        if id.is_none() {
+            // Runs read for a code object that no stored stack names (so not pinned) would
+            // outlive its meaning: the address may go to another code object.
+            for frame in raw {
+                if !self.pins.contains_key(&frame.code) {
+                    self.forget_lines(frame.code);
+                }
+            }
+            self.canonical_memo.fill(Memo::default());
+        }
+        id
+    }
+
+    /// Writes `raw` into `out` with each offset replaced by its canonical offset, reading
+    /// the runs of code objects met for the first time. `None` if memory cannot be had.
+    ///
+    /// # Safety
+    /// As [`Interner::intern`].
+    unsafe fn canonicalize(&mut self, raw: &[RawFrame], out: &mut Vec<RawFrame>) -> Option<()> {
+        out.clear();
+        out.try_reserve(raw.len()).ok()?;
+        for frame in raw {
+            let slot = memo_slot(frame);
+            let seen = self.canonical_memo[slot];
+            let offset = if seen.code == frame.code && seen.offset == frame.offset {
+                seen.canonical
+            } else if frame.code == 0 {
+                frame.offset
+            } else {
+                let canonical = match self.same_line.get(&frame.code) {
+                    Some(runs) => canonical_offset(runs, frame.offset),
+                    None => canonical_offset(self.learn_lines(frame.code)?, frame.offset),
+                };
+                self.canonical_memo[slot] = Memo {
+                    code: frame.code,
+                    offset: frame.offset,
+                    canonical,
+                };
+                canonical
+            };
+            out.push(RawFrame {
+                code: frame.code,
+                offset,
+            });
+        }
+        Some(())
+    }
+
+    /// Reads the line runs of a code object not in `same_line` yet, and keeps them there.
+    ///
+    /// # Safety
+    /// As [`Interner::intern`]; `code` is a live code object.
+    #[cold]
+    #[inline(never)]
+    unsafe fn learn_lines(&mut self, code: usize) -> Option<&[(i32, i32)]> {
+        (self.read_runs)(code, &mut self.runs)?;
+        canonical_runs(&mut self.runs, &mut self.order)?;
+        let mut runs = Vec::new();
+        runs.try_reserve_exact(self.runs.len()).ok()?;
+        runs.extend_from_slice(&self.runs);
+        self.same_line.try_reserve(1).ok()?;
+        self.same_line_runs += runs.len();
+        Some(
+            self.same_line
+                .entry(code)
+                .or_insert(runs.into_boxed_slice()),
+        )
+    }
+
+    /// Drops a code object's line runs (it is being released, or was never pinned). The
+    /// caller empties the memo.
+    fn forget_lines(&mut self, code: usize) {
+        if let Some(runs) = self.same_line.remove(&code) {
+            self.same_line_runs -= runs.len();
+        }
+    }
+
+    /// [`Interner::lookup_or_insert`] for a stack of canonical offsets, reached from a raw
+    /// stack of [`short_print`] `print`. Returns its id, the print of the raw stack that
+    /// stored it, and whether that is this one (the stack is new).
+    ///
+    /// # Safety
+    /// As [`Interner::intern`].
+    unsafe fn find_or_store(
         &mut self,
         frames: &[RawFrame],
         total_nframe: u16,
-    ) -> Option<TracebackId> {
+        print: u16,
+    ) -> Option<(TracebackId, u16, bool)> {
         let hash = hash_stack(frames, total_nframe);
         if let Some(&id) = self
             .index
             .find(hash, |&id| self.matches(id, hash, frames, total_nframe))
         {
-            return Some(id);
+            return Some((id, self.stacks.get(id).first_print, false));
         }
         self.reserve_for(frames.len())?;
         let shared = self
@@ -512,6 +817,7 @@ impl Interner {
             keep: true,
             verdict_generation: 0,
             hash,
+            first_print: print,
         });
         let stacks = &self.stacks;
         self.index
@@ -519,7 +825,7 @@ impl Interner {
         if self.pins_since_sweep >= SWEEP_MIN_PINS.max(self.pins_at_sweep / 2) {
             crate::tracer::schedule_sweep();
         }
-        Some(id)
+        Some((id, print, true))
     }
 
     /// The node of `frame` under `parent`, made (and its code object pinned) if new.
@@ -685,12 +991,14 @@ impl Interner {
                 n.offset = line as i32;
             }
             self.pins.remove(&code.code);
+            self.forget_lines(code.code);
             released.push(code.code);
         }
         // The flat copies of recent stacks may name a code object being released.
         self.last.forget();
         self.path.clear();
         self.recent.fill(Recent::default());
+        self.canonical_memo.fill(Memo::default());
         self.deep.iter_mut().for_each(Flat::forget);
         released
     }
@@ -698,6 +1006,9 @@ impl Interner {
     /// Hands over the pinned code objects, for the caller to release once it no longer holds
     /// any borrow of tracer state (releasing may run arbitrary code through weakref callbacks).
     pub fn take_pins(&mut self) -> Vec<usize> {
+        self.canonical_memo.fill(Memo::default());
+        self.same_line.clear();
+        self.same_line_runs = 0;
         self.pins.drain().map(|(code, _)| code).collect()
     }
 
@@ -711,8 +1022,14 @@ impl Interner {
             + self.last.memory_usage()
             + self.path.capacity() * std::mem::size_of::<(RawFrame, u32)>()
             + std::mem::size_of::<[Recent; RECENT]>()
+            + std::mem::size_of::<[Memo; MEMO]>()
             + self.deep.capacity() * std::mem::size_of::<Flat>()
             + self.deep.iter().map(Flat::memory_usage).sum::<usize>()
+            + self.same_line.capacity() * (std::mem::size_of::<(usize, Box<[(i32, i32)]>)>() + 1)
+            + self.same_line_runs * std::mem::size_of::<(i32, i32)>()
+            + self.runs.capacity() * std::mem::size_of::<(i32, i32)>()
+            + self.order.capacity() * std::mem::size_of::<u32>()
+            + self.canonical.capacity() * std::mem::size_of::<RawFrame>()
     }
 }
 
@@ -1193,5 +1510,125 @@ mod tests {
             assert_eq!(*chunked.get(i as u32), i as u32 * 7);
         }
         assert_eq!(chunked.memory_usage() / CHUNK / 4, 4);
+    }
+
+    #[test]
+    fn a_stack_takes_24_bytes() {
+        assert_eq!(std::mem::size_of::<Stack>(), 24);
+    }
+
+    #[test]
+    fn runs_map_each_line_to_its_first_offset() {
+        type Runs = &'static [(i32, i32)];
+        // (runs as (start, line), the same runs as (start, canonical offset))
+        let cases: &[(Runs, Runs)] = &[
+            (&[], &[]),
+            (&[(0, 5)], &[(0, 0)]),
+            // A line split by another: its second run takes the first run's start.
+            (
+                &[(0, 5), (4, 6), (10, 5), (14, 7)],
+                &[(0, 0), (4, 4), (10, 0), (14, 14)],
+            ),
+            // Neighbours with one line (or one canonical offset) merge.
+            (&[(0, 5), (2, 5), (6, 6), (8, 5)], &[(0, 0), (6, 6), (8, 0)]),
+            // No line (-1): those runs share one canonical offset too, past-the-end included.
+            (
+                &[(0, 3), (6, -1), (8, 4), (12, -1)],
+                &[(0, 0), (6, 6), (8, 8), (12, 6)],
+            ),
+            // Lines need not ascend.
+            (
+                &[(0, 9), (4, 2), (8, 9), (12, 2)],
+                &[(0, 0), (4, 4), (8, 0), (12, 4)],
+            ),
+        ];
+        for &(runs, expected) in cases {
+            let mut runs = runs.to_vec();
+            canonical_runs(&mut runs, &mut Vec::new()).unwrap();
+            assert_eq!(runs, expected);
+        }
+    }
+
+    #[test]
+    fn offsets_take_the_canonical_offset_of_their_run() {
+        let runs = [(0, 0), (4, 4), (10, 0), (14, 14)];
+        // (offset, canonical offset)
+        let cases = [
+            (-2, -2),
+            (0, 0),
+            (2, 0),
+            (4, 4),
+            (8, 4),
+            (10, 0),
+            (12, 0),
+            (14, 14),
+            (90, 14),
+        ];
+        for (offset, expected) in cases {
+            assert_eq!(canonical_offset(&runs, offset), expected, "offset {offset}");
+        }
+        assert_eq!(canonical_offset(&[], 6), 6);
+    }
+
+    /// Stands in for a code object's line table: offsets 0-5 and 10-13 on one line, 6-9 on
+    /// another, 14 on a third.
+    unsafe fn fake_runs(_code: usize, out: &mut Vec<(i32, i32)>) -> Option<()> {
+        out.clear();
+        out.extend_from_slice(&[(0, 20), (6, 21), (10, 20), (14, 22)]);
+        Some(())
+    }
+
+    /// Something `Py_INCREF` may count on: a reference count of 1, leaked.
+    fn fake_code() -> usize {
+        Box::leak(Box::new([1usize, 0, 0, 0])) as *mut _ as usize
+    }
+
+    #[test]
+    fn stacks_equal_line_for_line_share_a_traceback() {
+        let mut interner = Interner::new();
+        interner.read_runs = fake_runs;
+        let (a, b) = (fake_code(), fake_code());
+        // (stack, total depth, which traceback: equal numbers, equal ids)
+        let cases: &[(&[RawFrame], u16, u32)] = &[
+            (&[f(a, 2), f(b, 6)], 2, 0),
+            (&[f(a, 12), f(b, 8)], 2, 0), // both frames on the same lines as the first
+            (&[f(a, 4), f(b, 0)], 2, 1),  // the outer frame on another line
+            (&[f(a, 8), f(b, 6)], 2, 2),
+            (&[f(a, 12)], 1, 3),
+            (&[f(a, 0)], 1, 3),
+            (&[f(a, 12)], 2, 4), // other depth
+            (&[f(b, 40), f(b, 14), f(a, 2)], 5, 5),
+            (&[f(b, 14), f(b, 15), f(a, 13)], 5, 5),
+            (&[f(a, -2)], 1, 6), // a generator not yet started keeps its offset
+        ];
+        let ids: Vec<_> = cases
+            .iter()
+            .map(|(frames, total, _)| unsafe { interner.intern(frames, *total) }.unwrap())
+            .collect();
+        for (i, (frames, total, group)) in cases.iter().enumerate() {
+            for (j, (_, _, other)) in cases.iter().enumerate() {
+                assert_eq!(ids[i] == ids[j], group == other, "cases {i} and {j}");
+            }
+            // Found again raw, past the flat copies, and stored by canonical offsets.
+            assert_eq!(
+                unsafe { interner.lookup_or_insert(frames, *total) },
+                Some(ids[i])
+            );
+            let canonical: Vec<_> = frames
+                .iter()
+                .map(|frame| {
+                    f(
+                        frame.code,
+                        canonical_offset(&[(0, 0), (6, 6), (10, 0), (14, 14)], frame.offset),
+                    )
+                })
+                .collect();
+            assert_eq!(frames_of(&interner, ids[i]), (canonical, *total));
+        }
+        assert_eq!(interner.len(), 8);
+        assert_eq!(interner.same_line.len(), 2);
+        // Releasing the pins forgets the runs read under those addresses.
+        assert_eq!(interner.take_pins().len(), 2);
+        assert_eq!((interner.same_line.len(), interner.same_line_runs), (0, 0));
     }
 }

@@ -109,6 +109,76 @@ pub unsafe fn by_address_ranges(code: *mut ffi::PyObject, offsets: &[i32], out: 
     }));
 }
 
+/// 3.10+: the code object's line table as runs `(first byte offset, line)`, ascending, each
+/// run's line holding up to the next run's offset; the last run, `(end, -1)`, stands for the
+/// offsets past the table, which `PyCode_Addr2Line` answers with -1. The interner reads this
+/// once per code object to tell which offsets share a line (see [`crate::intern`]). Runs in
+/// hooks, so `out` grows only by a fallible reservation made first (a table entry is at least
+/// a byte, so there are at most as many runs as bytes, plus the last); `None` without it.
+///
+/// # Safety
+/// `code` is a live code object and the GIL is held.
+#[cfg(Py_3_10)]
+pub unsafe fn runs_by_address_ranges(
+    code: *mut ffi::PyObject,
+    out: &mut Vec<(i32, i32)>,
+) -> Option<()> {
+    let (first, table) = table_of(code);
+    out.clear();
+    out.try_reserve(table.len() + 1).ok()?;
+    let mut range = AddressRange {
+        ar_start: -1,
+        ar_end: 0,
+        ar_line: -1,
+        opaque: Opaque {
+            computed_line: first,
+            lo_next: table.as_ptr(),
+            limit: table.as_ptr_range().end,
+        },
+    };
+    let mut offset = 0;
+    loop {
+        let line = _PyCode_CheckLineNumber(offset, &mut range);
+        if range.ar_end <= offset || out.len() == table.len() {
+            // The table is exhausted: the cursor did not move past `offset`.
+            break;
+        }
+        out.push((offset, line));
+        offset = range.ar_end;
+    }
+    out.push((offset, -1));
+    Some(())
+}
+
+/// 3.9: as [`runs_by_address_ranges`], over `co_lnotab`; its last line holds for every offset
+/// past the table, as 3.9's `PyCode_Addr2Line` reads it.
+///
+/// # Safety
+/// `code` is a live code object and the GIL is held.
+#[cfg(not(Py_3_10))]
+pub unsafe fn runs_by_lnotab(code: *mut ffi::PyObject, out: &mut Vec<(i32, i32)>) -> Option<()> {
+    let (first, table) = table_of(code);
+    lnotab_runs(table, first, out)
+}
+
+/// The runs of a 3.9 `co_lnotab` (see [`LnotabCursor`] for how it reads): a pair with a
+/// bytecode increment ends a run at its offset; pairs with none only move the line.
+#[cfg_attr(Py_3_10, allow(dead_code))]
+fn lnotab_runs(table: &[u8], first: i32, out: &mut Vec<(i32, i32)>) -> Option<()> {
+    out.clear();
+    out.try_reserve(table.len() / 2 + 1).ok()?;
+    let (mut address, mut line) = (0, first);
+    for pair in table.chunks_exact(2) {
+        if pair[0] != 0 {
+            out.push((address, line));
+            address += i32::from(pair[0]);
+        }
+        line += i32::from(pair[1] as i8);
+    }
+    out.push((address, line));
+    Some(())
+}
+
 /// 3.9: as [`by_address_ranges`], over `co_lnotab`.
 ///
 /// # Safety
@@ -179,6 +249,32 @@ mod tests {
             line += i32::from(pair[1] as i8);
         }
         line
+    }
+
+    #[test]
+    fn lnotab_runs_answer_as_addr2line() {
+        let tables: &[&[u8]] = &[
+            &[],
+            &[0, 1],
+            &[6, 1, 8, 1, 0, 2, 10, 255, 4, 3],
+            &[255, 0, 45, 1, 2, 128, 0, 127, 12, 246],
+        ];
+        for (t, table) in tables.iter().enumerate() {
+            let mut runs = Vec::new();
+            super::lnotab_runs(table, 40, &mut runs).unwrap();
+            assert!(
+                runs.windows(2).all(|w| w[0].0 < w[1].0),
+                "table {t}: {runs:?}"
+            );
+            for offset in 0..320 {
+                let run = runs.partition_point(|&(start, _)| start <= offset) - 1;
+                assert_eq!(
+                    runs[run].1,
+                    addr2line(table, 40, offset),
+                    "table {t}, offset {offset}"
+                );
+            }
+        }
     }
 
     #[test]

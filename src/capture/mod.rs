@@ -107,6 +107,15 @@ pub trait Interpreter {
     /// # Safety
     /// `code` is a live code object and the GIL is held.
     unsafe fn lines(code: *mut ffi::PyObject, offsets: &[i32], out: &mut Vec<i32>);
+
+    /// Replaces `out` with the code object's line table as runs `(first byte offset, line)`,
+    /// ascending: every offset from a run's start to the next run's has the run's line, as
+    /// [`Interpreter::lines`] gives it, and the last run holds for every offset past it. For
+    /// hooks: `None`, and nothing allocated, if `out` cannot grow.
+    ///
+    /// # Safety
+    /// `code` is a live code object and the GIL is held.
+    unsafe fn line_runs(code: *mut ffi::PyObject, out: &mut Vec<(i32, i32)>) -> Option<()>;
 }
 
 /// The interpreter a thread state belongs to (to tell the main interpreter's threads apart).

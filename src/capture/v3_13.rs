@@ -35,4 +35,8 @@ impl Interpreter for Python313 {
     unsafe fn lines(code: *mut ffi::PyObject, offsets: &[i32], out: &mut Vec<i32>) {
         super::lines::by_address_ranges(code, offsets, out)
     }
+
+    unsafe fn line_runs(code: *mut ffi::PyObject, out: &mut Vec<(i32, i32)>) -> Option<()> {
+        super::lines::runs_by_address_ranges(code, out)
+    }
 }

@@ -26,4 +26,8 @@ impl Interpreter for Python39 {
     unsafe fn lines(code: *mut ffi::PyObject, offsets: &[i32], out: &mut Vec<i32>) {
         super::lines::by_lnotab(code, offsets, out)
     }
+
+    unsafe fn line_runs(code: *mut ffi::PyObject, out: &mut Vec<(i32, i32)>) -> Option<()> {
+        super::lines::runs_by_lnotab(code, out)
+    }
 }
