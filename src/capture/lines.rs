@@ -77,6 +77,24 @@ const _: () = {
 };
 
 #[cfg(Py_3_10)]
+impl AddressRange {
+    /// A cursor before the first entry of a line table, as `_PyCode_InitAddressRange` starts
+    /// it; `table` must outlive its use.
+    fn before(first: i32, table: &[u8]) -> Self {
+        AddressRange {
+            ar_start: -1,
+            ar_end: 0,
+            ar_line: -1,
+            opaque: Opaque {
+                computed_line: first,
+                lo_next: table.as_ptr(),
+                limit: table.as_ptr_range().end,
+            },
+        }
+    }
+}
+
+#[cfg(Py_3_10)]
 extern "C" {
     fn _PyCode_CheckLineNumber(lasti: i32, bounds: *mut AddressRange) -> i32;
 }
@@ -90,16 +108,7 @@ extern "C" {
 #[cfg(Py_3_10)]
 pub unsafe fn by_address_ranges(code: *mut ffi::PyObject, offsets: &[i32], out: &mut Vec<i32>) {
     let (first, table) = table_of(code);
-    let mut range = AddressRange {
-        ar_start: -1,
-        ar_end: 0,
-        ar_line: -1,
-        opaque: Opaque {
-            computed_line: first,
-            lo_next: table.as_ptr(),
-            limit: table.as_ptr_range().end,
-        },
-    };
+    let mut range = AddressRange::before(first, table);
     out.extend(offsets.iter().map(|&offset| {
         if offset < 0 {
             first
@@ -126,16 +135,7 @@ pub unsafe fn runs_by_address_ranges(
     let (first, table) = table_of(code);
     out.clear();
     out.try_reserve(table.len() + 1).ok()?;
-    let mut range = AddressRange {
-        ar_start: -1,
-        ar_end: 0,
-        ar_line: -1,
-        opaque: Opaque {
-            computed_line: first,
-            lo_next: table.as_ptr(),
-            limit: table.as_ptr_range().end,
-        },
-    };
+    let mut range = AddressRange::before(first, table);
     let mut offset = 0;
     loop {
         let line = _PyCode_CheckLineNumber(offset, &mut range);
@@ -251,15 +251,19 @@ mod tests {
         line
     }
 
+    /// 3.9 line tables, with 40 as the first line.
+    const TABLES: &[&[u8]] = &[
+        &[],
+        &[0, 1],
+        &[6, 1, 8, 1, 0, 2, 10, 255, 4, 3],
+        // A jump of more than 255 bytes is split into (255, 0) pairs; a line decrease is a
+        // negative increment.
+        &[255, 0, 45, 1, 2, 128, 0, 127, 12, 246],
+    ];
+
     #[test]
     fn lnotab_runs_answer_as_addr2line() {
-        let tables: &[&[u8]] = &[
-            &[],
-            &[0, 1],
-            &[6, 1, 8, 1, 0, 2, 10, 255, 4, 3],
-            &[255, 0, 45, 1, 2, 128, 0, 127, 12, 246],
-        ];
-        for (t, table) in tables.iter().enumerate() {
+        for (t, table) in TABLES.iter().enumerate() {
             let mut runs = Vec::new();
             super::lnotab_runs(table, 40, &mut runs).unwrap();
             assert!(
@@ -279,15 +283,7 @@ mod tests {
 
     #[test]
     fn lnotab_cursor_answers_as_addr2line_in_any_order() {
-        let tables: &[&[u8]] = &[
-            &[],
-            &[0, 1],
-            &[6, 1, 8, 1, 0, 2, 10, 255, 4, 3],
-            // A jump of more than 255 bytes is split into (255, 0) pairs; a line decrease is
-            // a negative increment.
-            &[255, 0, 45, 1, 2, 128, 0, 127, 12, 246],
-        ];
-        for (t, table) in tables.iter().enumerate() {
+        for (t, table) in TABLES.iter().enumerate() {
             let ascending: Vec<i32> = (-2..320).collect();
             let mut scrambled = ascending.clone();
             scrambled.reverse();
