@@ -50,6 +50,9 @@ int main(void) {
 #endif
 #if PY_VERSION_HEX >= 0x030C0000
     printf("pub const OWNED_BY_CSTACK: u8 = %d;\n", FRAME_OWNED_BY_CSTACK);
+    OFF("TSTATE_PY_RECURSION_LIMIT", PyThreadState, py_recursion_limit);
+    OFF("TSTATE_PY_RECURSION_REMAINING", PyThreadState, py_recursion_remaining);
+    OFF("TSTATE_DATASTACK_CHUNK", PyThreadState, datastack_chunk);
 #endif
     OFF("CODE_FILENAME", PyCodeObject, co_filename);
     printf("pub const GC_HEAD_SIZE: usize = %zu;\n", sizeof(PyGC_Head));

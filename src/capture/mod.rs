@@ -20,6 +20,9 @@ pub(crate) mod layout {
     include!(concat!(env!("OUT_DIR"), "/layout.rs"));
 }
 
+// The 3.9 and 3.10 walks count frame by frame (see the module).
+#[cfg_attr(not(Py_3_11), allow(dead_code))]
+pub(crate) mod depth;
 mod lines;
 #[cfg(all(Py_3_10, not(Py_3_11)))]
 mod v3_10;
@@ -310,16 +313,17 @@ unsafe fn preheader_size(obj: *mut ffi::PyObject, extra_flags: std::os::raw::c_u
 
 /// The frame walk shared by 3.11–3.13, where frames are `_PyInterpreterFrame`s linked by
 /// `previous`. `skips_cstack` is whether the version has shim frames owned by the C stack
-/// (3.12+), which are always incomplete.
+/// (3.12+), which are always incomplete. `counter` is what CPython's own count of the thread's
+/// frames says ([`depth`]).
 ///
-/// This loop runs over the whole stack on every allocation (tracemalloc reports the full
-/// depth), so on deep stacks it is most of the hook's cost. Once `out` is full, only the
-/// depth is still needed, and the tail is counted from the frames alone, without touching
-/// their code objects: shim frames are skipped, but the "not yet at its first traceable
-/// instruction" test is not repeated. That test only matters for the frame being set up,
-/// which is at the top of the stack, inside the limit; a frame below it can be in its
-/// prologue only if a finalizer ran Python code during that prologue (then `total_nframe`
-/// counts that frame, where tracemalloc would not).
+/// `tracemalloc` reports the stack's full depth, so once `out` is full the rest of the stack
+/// is still counted: by the counter when every frame passed so far was complete (each of them
+/// is then one of the captured frames, so the counter is the full depth), otherwise frame by
+/// frame. That count does not touch the frames' code objects: shim frames are skipped, but the
+/// "not yet at its first traceable instruction" test is not repeated. That test only matters
+/// for the frame being set up, which is at the top of the stack, inside the limit; a frame
+/// below it can be in its prologue only if a finalizer ran Python code during that prologue
+/// (then `total_nframe` counts that frame, where tracemalloc would not; so does the counter).
 ///
 /// # Safety
 /// As [`Interpreter::walk`]; `frame` is the thread's current interpreter frame.
@@ -329,6 +333,7 @@ unsafe fn walk_interpreter_frames(
     mut frame: *mut c_void,
     out: &mut [RawFrame],
     skips_cstack: bool,
+    counter: depth::Counter,
 ) -> (usize, u16) {
     #[cfg(not(Py_3_12))]
     let _ = skips_cstack;
@@ -339,30 +344,53 @@ unsafe fn walk_interpreter_frames(
         return false;
     };
     let mut n = 0;
+    // Whether every frame passed (shims aside) was complete, and so captured.
+    let mut all_captured = true;
     while !frame.is_null() && n < out.len() {
         let owner = *(frame.cast::<u8>().add(layout::IFRAME_OWNER));
         let next = read_ptr(frame, layout::IFRAME_PREVIOUS);
         let code = read_ptr(frame, layout::IFRAME_CODE);
-        if !is_shim(owner) && is_code(code) {
-            let start = code as usize + layout::CODE_ADAPTIVE;
-            let instr = read_ptr(frame, layout::IFRAME_INSTR) as usize;
-            // `_PyFrame_IsIncomplete`: a frame that has not yet reached its first traceable
-            // instruction (still setting up cells and the like), unless a generator owns it.
-            let first = *(code.cast::<u8>().add(layout::CODE_FIRSTTRACEABLE) as *const i32);
-            if owner == layout::OWNED_BY_GENERATOR || instr >= start + 2 * first as usize {
-                out[n] = RawFrame {
-                    code: code as usize,
-                    offset: instr.wrapping_sub(start) as isize as i32,
-                };
-                n += 1;
+        if !is_shim(owner) {
+            let mut complete = false;
+            if is_code(code) {
+                let start = code as usize + layout::CODE_ADAPTIVE;
+                let instr = read_ptr(frame, layout::IFRAME_INSTR) as usize;
+                // `_PyFrame_IsIncomplete`: a frame that has not yet reached its first
+                // traceable instruction (still setting up cells and the like), unless a
+                // generator owns it.
+                let first = *(code.cast::<u8>().add(layout::CODE_FIRSTTRACEABLE) as *const i32);
+                complete =
+                    owner == layout::OWNED_BY_GENERATOR || instr >= start + 2 * first as usize;
+                if complete {
+                    out[n] = RawFrame {
+                        code: code as usize,
+                        offset: instr.wrapping_sub(start) as isize as i32,
+                    };
+                    n += 1;
+                }
             }
+            all_captured &= complete;
         }
         frame = next;
+    }
+    if frame.is_null() {
+        if all_captured {
+            counter.whole(n);
+        }
+        return (n, total_nframe(n, 0));
+    }
+    if all_captured {
+        if let Some(depth) = counter.depth(n) {
+            return (n, total_nframe(depth, 0));
+        }
     }
     let mut below = 0usize;
     while !frame.is_null() {
         below += usize::from(!is_shim(*(frame.cast::<u8>().add(layout::IFRAME_OWNER))));
         frame = read_ptr(frame, layout::IFRAME_PREVIOUS);
+    }
+    if all_captured {
+        counter.walked(n + below);
     }
     (n, total_nframe(n, below))
 }

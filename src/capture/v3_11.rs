@@ -25,7 +25,7 @@ impl Interpreter for Python311 {
             return (0, 0);
         }
         let frame = read_ptr(cframe, layout::CFRAME_CURRENT_FRAME);
-        super::walk_interpreter_frames(frame, out, false)
+        super::walk_interpreter_frames(frame, out, false, super::depth::Counter::read(tstate))
     }
 
     unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {

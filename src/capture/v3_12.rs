@@ -30,7 +30,7 @@ impl Interpreter for Python312 {
             return (0, 0);
         }
         let frame = read_ptr(cframe, layout::CFRAME_CURRENT_FRAME);
-        super::walk_interpreter_frames(frame, out, true)
+        super::walk_interpreter_frames(frame, out, true, super::depth::Counter::read(tstate))
     }
 
     unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {

@@ -25,7 +25,7 @@ impl Interpreter for Python313 {
     #[inline(always)]
     unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
         let frame = read_ptr(tstate.cast(), layout::TSTATE_CURRENT_FRAME);
-        super::walk_interpreter_frames(frame, out, true)
+        super::walk_interpreter_frames(frame, out, true, super::depth::Counter::read(tstate))
     }
 
     unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {

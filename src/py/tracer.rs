@@ -273,8 +273,18 @@ fn _freelist_mechanism() -> Option<&'static str> {
     crate::freelist::mechanism()
 }
 
+/// Whether the stack depth comes from CPython's recursion counter (3.12+), how many times that
+/// counter was checked against a walk and how many of those it disagreed; `check_every`
+/// changes how often it is checked (1: on every use). For tests.
+#[pyfunction]
+#[pyo3(signature = (check_every=None))]
+fn _depth_counter(check_every: Option<u32>) -> (bool, u64, u64) {
+    crate::capture::depth::state(check_every)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_freelist_mechanism, m)?)?;
+    m.add_function(wrap_pyfunction!(_depth_counter, m)?)?;
     m.add_function(wrap_pyfunction!(is_tracing_native, m)?)?;
     m.add_function(wrap_pyfunction!(_native_redirected_slots, m)?)?;
     m.add("NATIVE_DOMAIN", crate::native::DOMAIN)?;

@@ -1,0 +1,185 @@
+"""Each traceback's full depth (``total_nframe``) is tracemalloc's, however the stack got there.
+
+From CPython 3.12 the depth comes from the interpreter's own frame counter instead of a walk to
+the bottom of the stack, on the stack where a walk last agreed with it (src/capture/depth.rs).
+These tests compare ``total_nframe`` and the frames with tracemalloc's for objects made on
+stacks built in different ways (recursion, generators, coroutines, threads, finalizers, trace
+functions, greenlets, which switch stacks without the counter), and check the counter against
+a walk on every use over a workload that goes through those paths.
+"""
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from subproc import run_python
+
+# The child: makes a marker object in each scenario, once under tracemalloc and once under
+# alloctrace, and prints, per scenario, both tracers' (total_nframe, frames) of that object.
+CHILD = textwrap.dedent(
+    """
+    import asyncio, gc, json, sys, threading, tracemalloc
+    import alloctrace
+    from alloctrace import _native
+
+    NFRAME, CHECK_EVERY = int(sys.argv[1]), int(sys.argv[2])
+    if CHECK_EVERY:
+        _native._depth_counter(CHECK_EVERY)
+    try:
+        import greenlet
+    except ImportError:
+        greenlet = None
+
+    class Marker:
+        __slots__ = ()
+
+    # Preallocated, so that the marking line allocates nothing but the marker.
+    made = [None] * 64
+    count = 0
+
+    def mark():
+        global count
+        made[count] = Marker()
+        count += 1
+
+    def down(n, then):
+        if n == 0:
+            return then()
+        return down(n - 1, then)
+
+    def churn():
+        # Allocations between scenarios, so that the counter answers often.
+        return [str(i) for i in range(300)]
+
+    def gen():
+        yield
+        mark()
+        yield
+
+    def in_generator():
+        g = gen()
+        next(g)
+        down(7, lambda: next(g))
+
+    async def leaf():
+        await asyncio.sleep(0)
+        mark()
+
+    async def middle(n):
+        if n:
+            return await middle(n - 1)
+        return await leaf()
+
+    class Dies:
+        def __del__(self):
+            mark()
+
+    def dying():
+        d = Dies()
+        return 1
+
+    def in_thread():
+        t = threading.Thread(target=lambda: down(11, mark))
+        t.start()
+        t.join()
+
+    def traced():
+        def tracer(frame, event, arg):
+            return None
+        sys.settrace(tracer)
+        try:
+            down(5, mark)
+        finally:
+            sys.settrace(None)
+
+    def in_greenlet(depth):
+        def run():
+            down(depth, mark)
+            main.switch()
+            down(2, mark)
+        main = greenlet.getcurrent()
+        g = greenlet.greenlet(run)
+        down(30, g.switch)
+        churn()
+        mark()
+        down(4, g.switch)
+        mark()
+
+    SCENARIOS = {
+        "shallow": mark,
+        "recursion 40": lambda: down(40, mark),
+        "recursion 150": lambda: down(150, mark),
+        "generator": in_generator,
+        "coroutines": lambda: asyncio.run(middle(12)),
+        "thread": in_thread,
+        "finalizer": lambda: down(9, dying),
+        "settrace": traced,
+    }
+    if greenlet is not None:
+        SCENARIOS["greenlet 3"] = lambda: in_greenlet(3)
+        SCENARIOS["greenlet 60"] = lambda: in_greenlet(60)
+
+    MARK_LINE = mark.__code__.co_firstlineno + 2
+
+    def run(module):
+        global count
+        result = {}
+        for name, scenario in SCENARIOS.items():
+            count = 0
+            for _ in range(20):
+                churn()
+            module.start(NFRAME)
+            scenario()
+            traces = module.take_snapshot().traces
+            module.stop()
+            result[name] = sorted(
+                [t.traceback.total_nframe, t.size, [(f.filename, f.lineno) for f in t.traceback]]
+                for t in traces
+                if t.traceback[-1].lineno == MARK_LINE and t.traceback[-1].filename == __file__
+            )
+            made[:] = [None] * 64
+        return result
+
+    # Both tracers run from the same line, so that the outermost frames compare equal.
+    result = {module.__name__: run(module) for module in (tracemalloc, alloctrace)}
+    print(json.dumps({
+        **result,
+        "counter": _native._depth_counter(),
+        "greenlet": greenlet is not None,
+    }))
+    """
+)
+
+
+def compare(tmp_path, nframe, check_every):
+    script = tmp_path / "depths.py"
+    script.write_text(CHILD)
+    proc = run_python([str(script), str(nframe), str(check_every)])
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["alloctrace"] == got["tracemalloc"]
+    return got
+
+
+@pytest.mark.parametrize("nframe", [1, 25])
+def test_total_nframe_is_tracemallocs(tmp_path, nframe):
+    got = compare(tmp_path, nframe, 0)
+    # Every scenario made its markers (a scenario that made none would compare nothing).
+    assert all(got["alloctrace"].values())
+    assert got["greenlet"], "tests/requirements.txt installs greenlet"
+    usable, checked, disagreed = got["counter"]
+    if sys.version_info >= (3, 12):
+        # The counter answered (it is checked once every 64 answers) and was never wrong.
+        assert usable and checked > 0 and disagreed == 0
+    else:
+        assert not usable
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="the counter exists from CPython 3.12")
+def test_the_counter_agrees_with_a_walk_on_every_use(tmp_path):
+    got = compare(tmp_path, 1, 1)
+    usable, checked, disagreed = got["counter"]
+    assert (usable, disagreed) == (True, 0)
+    assert checked > 1_000
