@@ -82,8 +82,8 @@ impl Counter {
         let int = |offset: usize| i64::from(*(base.add(offset) as *const std::os::raw::c_int));
         let entered =
             int(layout::TSTATE_PY_RECURSION_LIMIT) - int(layout::TSTATE_PY_RECURSION_REMAINING);
-        // The root chunk: its `previous` (the chunk's first field) is null. A stack 100 frames
-        // deep fits in the first chunk (16 KiB), so this is a load or two.
+        // The root chunk: its `previous` (the chunk's first field) is null. The first chunk
+        // (16 KiB) holds a few dozen frames, so this is a load or two.
         let mut root = super::read_ptr(base.cast(), layout::TSTATE_DATASTACK_CHUNK);
         while !root.is_null() {
             let previous = super::read_ptr(root, 0);
