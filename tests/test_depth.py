@@ -16,11 +16,12 @@ import pytest
 
 from subproc import run_python
 
-# The child: makes a marker object in each scenario, once under tracemalloc and once under
-# alloctrace, and prints, per scenario, both tracers' (total_nframe, frames) of that object.
+# The child: makes marker objects in each scenario, once under tracemalloc and once under
+# alloctrace, and prints, per scenario, both tracers' (total_nframe, size, frames) of the traces
+# made on the marking line.
 CHILD = textwrap.dedent(
     """
-    import asyncio, gc, json, sys, threading, tracemalloc
+    import asyncio, json, sys, threading, tracemalloc
     import alloctrace
     from alloctrace import _native
 

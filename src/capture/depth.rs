@@ -134,32 +134,38 @@ impl Counter {
     }
 
     /// A walk of a stack whose captured frames were all complete found `walked` frames to the
-    /// bottom. Cold: the counter answers most of the time.
+    /// bottom, for a check or because the counter could not answer. Cold: the counter answers
+    /// most of the time.
     #[cold]
     pub fn walked(&self, walked: usize) {
-        if self.entered == usize::MAX {
-            return;
+        if self.entered != usize::MAX {
+            self.compare(walked, true);
         }
+    }
+
+    /// The captured frames, all complete, were the whole stack: a check for free, apart from
+    /// [`Counter::walked`] because it is common (at 25 frames, most stacks) and agreeing at home
+    /// needs nothing done, not even counting the check.
+    #[inline(always)]
+    pub fn whole(&self, captured: usize) {
+        if self.entered != usize::MAX && (self.entered != captured || !self.is_home()) {
+            self.compare(captured, false);
+        }
+    }
+
+    /// What a walk that found `walked` frames means: at home, a check (counted if `count`), and
+    /// the end of the counter if it disagrees; elsewhere, a new home if it agrees.
+    #[cold]
+    fn compare(&self, walked: usize, count: bool) {
         if self.is_home() {
-            CHECKED.fetch_add(1, Relaxed);
+            if count {
+                CHECKED.fetch_add(1, Relaxed);
+            }
             if walked != self.entered {
                 disagree();
             }
         } else if walked == self.entered {
             self.make_home();
-        }
-    }
-
-    /// The captured frames, all complete, were the whole stack: a check for free.
-    #[inline(always)]
-    pub fn whole(&self, captured: usize) {
-        if self.entered == usize::MAX {
-            return;
-        }
-        match (self.entered == captured, self.is_home()) {
-            (true, false) => self.make_home(),
-            (false, true) => disagree(),
-            _ => {}
         }
     }
 
@@ -193,13 +199,13 @@ pub fn state(check_every: Option<u32>) -> (bool, u64, u64) {
 mod tests {
     use super::*;
 
-    /// The one test that touches the statics: a stack becomes home when a walk agrees, the
-    /// counter then answers (and is checked), another stack is walked, and one disagreement
-    /// at home puts the counter out of use.
     /// What happens, the stack, frames captured, its depth by a walk (if walked), what the
     /// counter answers.
     type Step = (&'static str, Counter, usize, Option<usize>, Option<usize>);
 
+    /// The one test that touches the statics: a stack becomes home when a walk agrees, the
+    /// counter then answers (and is checked), another stack is walked, and one disagreement
+    /// at home puts the counter out of use.
     #[test]
     fn the_counter_answers_only_on_its_home_stack() {
         let home = Counter {
