@@ -321,6 +321,9 @@ pub(crate) fn count_dropped() {
 /// Called from a hook, inside a [`ReentrancyGuard`].
 #[inline(always)]
 unsafe fn record_current(address: usize, size: usize, gil_held: bool) {
+    if gil_held && table().is_large() {
+        young::prefetch_evictee(table(), address);
+    }
     match current_traceback(gil_held, DEFAULT_DOMAIN, size) {
         Ok(Some(traceback)) if gil_held && traceback != UNKNOWN_TRACEBACK => {
             deferred::forget(address);
@@ -377,6 +380,9 @@ pub unsafe fn on_reused_block(block: usize) {
     if FILTERS.get().set.is_none() {
         // Without filters every stack is kept (`Ok(None)` does not happen); without memory
         // for a new traceback the block keeps the one it has.
+        if table.is_large() {
+            deferred::prefetch_evictee(table, block);
+        }
         if let Ok(Some(new)) = traceback_of(tstate, DEFAULT_DOMAIN) {
             deferred::defer(block, new);
         }

@@ -58,6 +58,14 @@ const EMPTY: Slot = Slot {
 
 static WAITING: [Slot; SLOTS] = [EMPTY; SLOTS];
 
+/// The block a slot gave up last, filed only when the next one is given up (or when every
+/// block is filed). Filing a block not touched for a while waits on the table's cache lines
+/// for it; [`prefetch_evictee`] asks for them before the stack walk of the allocation that
+/// evicts it, and waiting here gives them until the next eviction to arrive, instead of the
+/// few dozen instructions of one walk (`benches/loops.py points 1000000`, 3.11: see
+/// docs/benchmarks.md). A block here is found by every lookup the slots answer.
+static PENDING: Slot = EMPTY;
+
 /// How this module changes the totals: every caller holds the main interpreter's GIL (see the
 /// module's doc), so without locked instructions.
 // SAFETY: the functions of this module that charge or discharge run only on a thread holding
@@ -68,7 +76,7 @@ const SERIAL: Writer = unsafe { Writer::holding_main_gil() };
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// The slots, counted in the tracer's own memory (they are static).
-pub const MEMORY_USAGE: usize = std::mem::size_of::<[Slot; SLOTS]>();
+pub const MEMORY_USAGE: usize = std::mem::size_of::<[Slot; SLOTS + 1]>();
 
 /// Blocks of one 256-byte granule, 16-byte aligned as pymalloc's are.
 const GRANULE_SLOTS: usize = 16;
@@ -120,6 +128,11 @@ pub unsafe fn record(table: &TraceTable, address: usize, trace: Trace) -> bool {
     if !table.charge(address, trace, SERIAL) {
         return false;
     }
+    if PENDING.block.load(Relaxed) == address {
+        // Freed unseen while it waited to be filed (see `make_room`).
+        PENDING.block.store(0, Relaxed);
+        table.discharge(address, trace_in(&PENDING), SERIAL);
+    }
     let slot = slot_of(address);
     let there = slot.block.load(Relaxed);
     if there != 0 {
@@ -131,17 +144,36 @@ pub unsafe fn record(table: &TraceTable, address: usize, trace: Trace) -> bool {
     true
 }
 
-/// The slot `address` wants holds the block `there`: filed, or, if it is the same address (a
-/// block freed without our free hook seeing it, e.g. by an allocator installed over ours),
-/// forgotten as the table forgets an entry it replaces. Called by [`record`], with the main
-/// interpreter's GIL.
+/// The slot `address` wants holds the block `there`: moved to [`PENDING`] (filing the block
+/// pending before it), or, if it is the same address (a block freed without our free hook
+/// seeing it, e.g. by an allocator installed over ours), forgotten as the table forgets an
+/// entry it replaces. Called by [`record`], with the main interpreter's GIL.
 #[inline(never)]
 fn make_room(table: &TraceTable, slot: &Slot, there: usize, address: usize) {
     let old = trace_in(slot);
     if there == address {
         table.discharge(there, old, SERIAL);
+        return;
+    }
+    let pending = PENDING.block.load(Relaxed);
+    if pending != 0 {
+        file(table, pending, trace_in(&PENDING));
+    }
+    PENDING.block.store(there, Relaxed);
+    PENDING.size.store(old.size as u32, Relaxed);
+    PENDING.traceback.store(old.traceback, Relaxed);
+}
+
+/// Where the block at `address` waits, if it does: its slot, or [`PENDING`].
+#[inline(always)]
+fn find(address: usize) -> Option<&'static Slot> {
+    let slot = slot_of(address);
+    if slot.block.load(Relaxed) == address {
+        Some(slot)
+    } else if PENDING.block.load(Relaxed) == address {
+        Some(&PENDING)
     } else {
-        file(table, there, old);
+        None
     }
 }
 
@@ -155,11 +187,26 @@ fn file(table: &TraceTable, block: usize, trace: Trace) {
     }
 }
 
+/// A block is about to be recorded at `address` (a stack walk away): if its slot holds
+/// another block, which recording will make the pending one (filed at the next eviction),
+/// the table starts bringing that block's lines into the cache now (see
+/// [`TraceTable::prefetch`]).
+#[inline(always)]
+pub fn prefetch_evictee(table: &TraceTable, address: usize) {
+    if !ENABLED.load(Relaxed) {
+        return;
+    }
+    let there = slot_of(address).block.load(Relaxed);
+    if there != 0 && there != address {
+        table.prefetch(there);
+    }
+}
+
 /// Whether the block at `address` may wait here, without the reentrancy guard: in sampled
 /// mode one load of a flag (the slots stay out of the cache), in exact mode one of its slot.
 #[inline(always)]
 pub fn holds(address: usize) -> bool {
-    ENABLED.load(Relaxed) && slot_of(address).block.load(Relaxed) == address
+    ENABLED.load(Relaxed) && find(address).is_some()
 }
 
 /// The trace of the block at `address` if it waits here, for a reader that looks a few blocks
@@ -168,7 +215,10 @@ pub fn holds(address: usize) -> bool {
 /// # Safety
 /// The main interpreter's GIL is held.
 pub unsafe fn get(address: usize) -> Option<Trace> {
-    holds(address).then(|| trace_in(slot_of(address)))
+    if !ENABLED.load(Relaxed) {
+        return None;
+    }
+    find(address).map(trace_in)
 }
 
 /// Takes out the block at `address` if it waits here, for a free or a reallocation; its
@@ -180,10 +230,7 @@ pub unsafe fn get(address: usize) -> Option<Trace> {
 /// module's doc), or has checked.
 #[inline(always)]
 pub unsafe fn take(table: &TraceTable, address: usize) -> Option<Trace> {
-    let slot = slot_of(address);
-    if slot.block.load(Relaxed) != address {
-        return None;
-    }
+    let slot = find(address)?;
     slot.block.store(0, Relaxed);
     let trace = trace_in(slot);
     table.discharge(address, trace, SERIAL);
@@ -200,10 +247,9 @@ pub unsafe fn retrace<F>(table: &TraceTable, block: usize, traceback: F) -> Resu
 where
     F: FnOnce(Trace) -> Option<TracebackId>,
 {
-    let slot = slot_of(block);
-    if slot.block.load(Relaxed) != block {
+    let Some(slot) = find(block) else {
         return Err(traceback);
-    }
+    };
     let old = trace_in(slot);
     match table.rehome(block, old, traceback(old), SERIAL) {
         Rehomed::Stays(id) => slot.traceback.store(id, Relaxed),
@@ -217,7 +263,7 @@ where
 /// # Safety
 /// The main interpreter's GIL is held, inside the reentrancy guard or outside any hook.
 pub unsafe fn file_all(table: &TraceTable) {
-    for slot in &WAITING {
+    for slot in WAITING.iter().chain([&PENDING]) {
         let block = slot.block.load(Relaxed);
         if block != 0 {
             slot.block.store(0, Relaxed);
@@ -232,7 +278,7 @@ pub unsafe fn file_all(table: &TraceTable) {
 /// # Safety
 /// The GIL is held.
 pub unsafe fn discard() {
-    for slot in &WAITING {
+    for slot in WAITING.iter().chain([&PENDING]) {
         slot.block.store(0, Relaxed);
     }
 }
@@ -245,14 +291,20 @@ mod tests {
         Trace { size, traceback }
     }
 
-    /// Every step changes the totals at once and the table's entries only when filed.
-    /// `collides` is an address whose slot is 0x1000's, so recording it files 0x1000.
+    /// Every step changes the totals at once and the table's entries only when filed: a
+    /// block a slot gives up waits as the pending one, and is filed when the next is given up.
     #[test]
     fn waiting_blocks_count_at_once_and_reach_the_table_when_filed() {
-        let collides = (1..1 << 20)
-            .map(|k| 0x1000 + 16 * k)
-            .find(|&a| std::ptr::eq(slot_of(a), slot_of(0x1000)))
-            .unwrap();
+        // An address, above `above`, whose slot is `address`'s.
+        let collider = |address: usize, above: usize| {
+            (1..1 << 20)
+                .map(|k| above + 16 * k)
+                .find(|&a| std::ptr::eq(slot_of(a), slot_of(address)))
+                .unwrap()
+        };
+        let a = collider(0x1000, 0x10_0000);
+        let b = collider(0x3000, 0x20_0000);
+        let c = collider(0x4000, 0x30_0000);
         enum Op {
             Record(usize, usize, TracebackId),
             Take(usize),
@@ -268,33 +320,47 @@ mod tests {
             (Take(0x2000), 100, vec![]),
             (Take(0x2000), 100, vec![]), // no longer waits: nothing taken
             (Retrace(0x1000, Some(7)), 100, vec![]),
-            (Record(collides, 10, 3), 110, vec![(0x1000, t(100, 7))]),
-            (Record(collides, 20, 4), 120, vec![(0x1000, t(100, 7))]), // freed unseen
-            (Retrace(collides, None), 100, vec![(0x1000, t(100, 7))]),
-            (Record(0x3000, 5, 5), 105, vec![(0x1000, t(100, 7))]),
-            (FileAll, 105, vec![(0x1000, t(100, 7)), (0x3000, t(5, 5))]),
+            (Record(a, 10, 3), 110, vec![]),         // 0x1000 pending
+            (Retrace(0x1000, Some(8)), 110, vec![]), // found pending
+            (Record(a, 20, 4), 120, vec![]),         // freed unseen
+            (Retrace(a, None), 100, vec![]),
+            (Record(0x3000, 5, 5), 105, vec![]),
+            // 0x3000 pending, 0x1000 filed.
+            (Record(b, 1, 6), 106, vec![(0x1000, t(100, 8))]),
+            (Take(0x3000), 101, vec![(0x1000, t(100, 8))]), // taken while pending
+            (Record(0x4000, 2, 7), 103, vec![(0x1000, t(100, 8))]),
+            (Record(c, 3, 8), 106, vec![(0x1000, t(100, 8))]), // 0x4000 pending
+            (Record(0x4000, 4, 9), 108, vec![(0x1000, t(100, 8))]), // freed unseen pending
             (
-                Take(0x3000),
-                105,
-                vec![(0x1000, t(100, 7)), (0x3000, t(5, 5))],
+                FileAll,
+                108,
+                vec![
+                    (0x1000, t(100, 8)),
+                    (0x4000, t(4, 9)),
+                    (b, t(1, 6)),
+                    (c, t(3, 8)),
+                ],
+            ),
+            (
+                Take(b),
+                108,
+                vec![
+                    (0x1000, t(100, 8)),
+                    (0x4000, t(4, 9)),
+                    (b, t(1, 6)),
+                    (c, t(3, 8)),
+                ],
             ), // filed
             // 8 GiB: too big for a slot, filed at once.
             (
                 Record(0x5000, 1 << 33, 6),
-                105 + (1 << 33),
+                108 + (1 << 33),
                 vec![
-                    (0x1000, t(100, 7)),
-                    (0x3000, t(5, 5)),
+                    (0x1000, t(100, 8)),
+                    (0x4000, t(4, 9)),
                     (0x5000, t(1 << 33, 6)),
-                ],
-            ),
-            (
-                Take(0x5000),
-                105 + (1 << 33),
-                vec![
-                    (0x1000, t(100, 7)),
-                    (0x3000, t(5, 5)),
-                    (0x5000, t(1 << 33, 6)),
+                    (b, t(1, 6)),
+                    (c, t(3, 8)),
                 ],
             ),
         ];

@@ -32,7 +32,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
 
-use crate::table::TracebackId;
+use crate::table::{TraceTable, TracebackId};
 use crate::tally::Writer;
 use crate::tracer::{table, GilCell};
 
@@ -53,6 +53,13 @@ const EMPTY: Slot = Slot {
 };
 
 static WAITING: [Slot; SLOTS] = [EMPTY; SLOTS];
+
+/// The re-attribution a slot gave up last, written into the table only when the next one is
+/// given up (or when all are settled): the table's lines for its block, asked for by
+/// [`prefetch_evictee`] before the stack walk that preceded its eviction, then have until the
+/// next eviction to arrive (as [`crate::young`]'s pending block). Found by [`take`] as the
+/// slots are.
+static PENDING: Slot = EMPTY;
 
 /// Slots filled since the last [`settle`] (a slot emptied by [`forget`] meanwhile stays
 /// listed), so that settling visits only those.
@@ -79,7 +86,7 @@ fn slot_of(block: usize) -> usize {
 
 /// The slots and their occupancy list, counted in the tracer's own memory (they are static).
 pub const MEMORY_USAGE: usize =
-    std::mem::size_of::<[Slot; SLOTS]>() + std::mem::size_of::<Filled>();
+    std::mem::size_of::<[Slot; SLOTS + 1]>() + std::mem::size_of::<Filled>();
 
 /// Writes one waiting re-attribution into the table, or into the block's slot among the
 /// [`crate::young`] blocks if it waits there. A block no longer traced (freed, or never
@@ -98,7 +105,7 @@ unsafe fn apply(block: usize, traceback: TracebackId) {
 
 /// `block` (an object's block, reused from a free list) now belongs to `traceback`; the
 /// table learns it later. The block's slot, if another block's re-attribution waits there,
-/// writes that one first.
+/// makes that one the pending one, writing the one pending before it.
 ///
 /// # Safety
 /// The main interpreter's GIL is held, inside the tracer's reentrancy guard.
@@ -107,8 +114,20 @@ pub unsafe fn defer(block: usize, traceback: TracebackId) {
     let slot = &WAITING[slot_of(block)];
     let there = slot.block.load(Relaxed);
     if there != block {
+        if PENDING.block.load(Relaxed) == block {
+            // Superseded: only the block's last re-attribution is to reach the table, and the
+            // block must wait in one place only.
+            PENDING.block.store(0, Relaxed);
+        }
         if there != 0 {
-            apply(there, slot.traceback.load(Relaxed));
+            let pending = PENDING.block.load(Relaxed);
+            if pending != 0 {
+                apply(pending, PENDING.traceback.load(Relaxed));
+            }
+            PENDING.block.store(there, Relaxed);
+            PENDING
+                .traceback
+                .store(slot.traceback.load(Relaxed), Relaxed);
         } else {
             // SAFETY: the GIL is held (caller) and no other borrow of the cell is live.
             let filled = FILLED.get();
@@ -122,6 +141,18 @@ pub unsafe fn defer(block: usize, traceback: TracebackId) {
         slot.block.store(block, Relaxed);
     }
     slot.traceback.store(traceback, Relaxed);
+}
+
+/// `block` is about to be re-attributed (a stack walk away): if its slot holds another
+/// block's re-attribution, which [`defer`] will make the pending one (written at the next
+/// eviction), the table starts bringing that block's lines into the cache now (see [`TraceTable::prefetch`]). Any thread
+/// holding the main interpreter's GIL.
+#[inline(always)]
+pub fn prefetch_evictee(table: &TraceTable, block: usize) {
+    let there = WAITING[slot_of(block)].block.load(Relaxed);
+    if there != 0 && there != block {
+        table.prefetch(there);
+    }
 }
 
 /// A new block is about to be recorded at `address`: a re-attribution still waiting for the
@@ -160,6 +191,11 @@ pub unsafe fn before_insert(size: usize) {
 /// As [`settle`].
 #[inline(never)]
 unsafe fn settle_filled(filled: &mut Filled) {
+    let pending = PENDING.block.load(Relaxed);
+    if pending != 0 {
+        apply(pending, PENDING.traceback.load(Relaxed));
+        PENDING.block.store(0, Relaxed);
+    }
     for &index in &filled.slots[..filled.len] {
         let slot = &WAITING[usize::from(index)];
         let block = slot.block.load(Relaxed);
@@ -178,7 +214,7 @@ unsafe fn settle_filled(filled: &mut Filled) {
 /// # Safety
 /// The GIL is held and no other borrow of the occupancy list is live.
 pub unsafe fn discard() {
-    for slot in &WAITING {
+    for slot in WAITING.iter().chain([&PENDING]) {
         slot.block.store(0, Relaxed);
     }
     FILLED.get().len = 0;
@@ -192,10 +228,77 @@ pub fn take(address: usize) -> Option<TracebackId> {
     if ANY.load(Relaxed) == 0 {
         return None;
     }
-    let slot = &WAITING[slot_of(address)];
+    let mut slot = &WAITING[slot_of(address)];
     if slot.block.load(Relaxed) != address {
-        return None;
+        slot = &PENDING;
+        if slot.block.load(Relaxed) != address {
+            return None;
+        }
     }
     slot.block.store(0, Relaxed);
     Some(slot.traceback.load(Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::Trace;
+
+    /// A re-attribution reaches the table when its slot is wanted twice over (once to become
+    /// the pending one, once to be written) or at a settle, never twice and never after its
+    /// block was taken. The blocks share a slot; the addresses are this test's own (the table
+    /// is the process's).
+    #[test]
+    fn a_reattribution_reaches_the_table_once_and_in_order() {
+        let first = 0x7f00_0000_0000_usize;
+        let mut blocks = (1..1 << 20)
+            .map(|k| first + 16 * k)
+            .filter(|&a| slot_of(a) == slot_of(first));
+        let (a, b, c) = (first, blocks.next().unwrap(), blocks.next().unwrap());
+        enum Op {
+            Defer(usize, TracebackId),
+            Take(usize, Option<TracebackId>),
+            Settle,
+        }
+        use Op::*;
+        // (operation, the tracebacks of a, b and c in the table after it)
+        let steps = [
+            (Defer(a, 2), [1, 1, 1]),
+            (Defer(b, 3), [1, 1, 1]),      // a pending
+            (Defer(c, 4), [2, 1, 1]),      // b pending, a written
+            (Defer(b, 5), [2, 1, 1]),      // b's pending 3 superseded, c pending
+            (Take(c, Some(4)), [2, 1, 1]), // taken while pending
+            (Take(c, None), [2, 1, 1]),
+            (Settle, [2, 5, 1]),
+            (Defer(a, 6), [2, 5, 1]),
+            (Defer(b, 7), [2, 5, 1]), // a pending
+            (Settle, [6, 7, 1]),
+        ];
+        let table = table();
+        for block in [a, b, c] {
+            assert!(table.insert(
+                block,
+                Trace {
+                    size: 32,
+                    traceback: 1
+                },
+                Writer::ANY
+            ));
+        }
+        for (i, (op, tracebacks)) in steps.into_iter().enumerate() {
+            // SAFETY: this is the only test using the slots, on one thread.
+            unsafe {
+                match op {
+                    Defer(block, traceback) => defer(block, traceback),
+                    Take(block, expected) => assert_eq!(take(block), expected, "step {i}"),
+                    Settle => settle(),
+                }
+            }
+            let found = [a, b, c].map(|block| table.get(block).unwrap().traceback);
+            assert_eq!(found, tracebacks, "step {i}");
+        }
+        for block in [a, b, c] {
+            table.remove(block, Writer::ANY);
+        }
+    }
 }
