@@ -203,7 +203,8 @@ pub fn prefetch_evictee(table: &TraceTable, address: usize) {
 }
 
 /// Whether the block at `address` may wait here, without the reentrancy guard: in sampled
-/// mode one load of a flag (the slots stay out of the cache), in exact mode one of its slot.
+/// mode one load of a flag (the slots stay out of the cache), in exact mode one of its slot
+/// and, if it is not there, one of the pending block.
 #[inline(always)]
 pub fn holds(address: usize) -> bool {
     ENABLED.load(Relaxed) && find(address).is_some()

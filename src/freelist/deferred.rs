@@ -6,7 +6,8 @@
 //! into the table costs a shard lock, a probe and four atomic counter updates: about a third of
 //! the time tracing added to such a loop (CPython 3.11, one frame). So a re-attribution is kept
 //! here instead, one slot per block (a later one for the same block overwrites it), and written
-//! to the table when the slot is wanted by another block or when someone may look:
+//! to the table when the slot has been wanted by other blocks twice (the first time makes it
+//! the [`PENDING`] one) or when someone may look:
 //!
 //! - before traces are read ([`settle`]: snapshots, `get_object_traceback`, the per-line
 //!   object sites), and before the peak is reset;
@@ -145,8 +146,8 @@ pub unsafe fn defer(block: usize, traceback: TracebackId) {
 
 /// `block` is about to be re-attributed (a stack walk away): if its slot holds another
 /// block's re-attribution, which [`defer`] will make the pending one (written at the next
-/// eviction), the table starts bringing that block's lines into the cache now (see [`TraceTable::prefetch`]). Any thread
-/// holding the main interpreter's GIL.
+/// eviction), the table starts bringing that block's lines into the cache now (see
+/// [`TraceTable::prefetch`]). Any thread holding the main interpreter's GIL.
 #[inline(always)]
 pub fn prefetch_evictee(table: &TraceTable, block: usize) {
     let there = WAITING[slot_of(block)].block.load(Relaxed);
