@@ -321,13 +321,14 @@ pub(crate) fn count_dropped() {
 /// Called from a hook, inside a [`ReentrancyGuard`].
 #[inline(always)]
 unsafe fn record_current(address: usize, size: usize, gil_held: bool) {
-    if gil_held && table().is_large() {
-        young::prefetch_evictee(table(), address);
+    let table = table();
+    if gil_held && table.is_large() {
+        young::prefetch_evictee(table, address);
     }
     match current_traceback(gil_held, DEFAULT_DOMAIN, size) {
         Ok(Some(traceback)) if gil_held && traceback != UNKNOWN_TRACEBACK => {
             deferred::forget(address);
-            if !young::record(table(), address, Trace { size, traceback }) {
+            if !young::record(table, address, Trace { size, traceback }) {
                 count_dropped();
             }
         }
