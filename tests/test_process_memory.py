@@ -43,8 +43,10 @@ def test_anonymous_and_shared_memory_show_in_their_parts():
 @pytest.fixture
 def live_snapshot(stopped_tracer):
     alloctrace.start(1)
+    held = bytearray(1000)  # a block for the snapshot to hold, whatever else runs
     snapshot = alloctrace.take_snapshot()
     alloctrace.stop()
+    del held
     return snapshot
 
 

@@ -306,6 +306,9 @@ def test_limit_and_bad_arguments(leaky):
 
 
 def test_traceback_when_tracing(leaky, stopped_tracer):
+    # Garbage left by earlier tests, freed by a collection in the middle of sessions(), would
+    # put untraced dicts back on the free list (as with tracemalloc): collect it first.
+    gc.collect()
     alloctrace.start(1)
     # The last one: the first few dicts come from the interpreter's free list, allocated
     # before tracing started (as with tracemalloc).

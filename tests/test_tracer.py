@@ -248,8 +248,12 @@ def test_threads_allocating_while_another_snapshots_and_restarts():
         t.start()
     try:
         for i in range(30):
+            # Right after clear_traces() or a restart, the workers may not have run yet:
+            # this block is the one the snapshot must hold whatever they did.
+            held = bytearray(300)
             snapshot = alloctrace.take_snapshot()
             assert len(snapshot.traces) > 0
+            del held
             if i % 5 == 0:
                 alloctrace.clear_traces()
             if i % 7 == 0:

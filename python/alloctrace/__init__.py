@@ -187,6 +187,13 @@ def get_sample_interval() -> int | None:
     return _native.get_sample_interval()
 
 
+def _check_count(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, not {value}")
+
+
 def get_object_traceback(obj):
     """Get the traceback where the Python object *obj* was allocated.
 
@@ -233,11 +240,20 @@ def take_snapshot(
 
     Raises :exc:`RuntimeError` if the module is not tracing.
     """
-    for name, value in (("retention", retention), ("retention_limit", retention_limit)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, not {value}")
+    # Until the traces are read, nothing here may create an object (a tuple of the arguments,
+    # a call through a type such as bool() on 3.9, a Python call's frame on 3.9 and 3.10): it
+    # would take a block off a free list and charge it to this file, where tracemalloc's
+    # snapshot leaves it on the line that last made it.
+    if (
+        isinstance(retention, bool)
+        or not isinstance(retention, int)
+        or retention < 0
+        or isinstance(retention_limit, bool)
+        or not isinstance(retention_limit, int)
+        or retention_limit < 0
+    ):
+        _check_count("retention", retention)
+        _check_count("retention_limit", retention_limit)
     if peak and (objects or retention):
         raise ValueError(
             "take_snapshot(peak=True) takes neither objects nor retention: the objects alive "
@@ -252,9 +268,12 @@ def take_snapshot(
     if _get_traces is _native.get_traces:
         # The fast path: traces go from the live table to the snapshot without ever
         # becoming Python tuples.
-        snapshot = Snapshot._from_data(_native.take_snapshot(bool(objects), bool(peak)))
+        # Read first: the bound method Snapshot._from_data is an object too.
+        data = _native.take_snapshot(True if objects else False, True if peak else False)
+        snapshot = Snapshot._from_data(data)
     elif peak:
-        return Snapshot._from_data(_native.take_snapshot(False, True))
+        data = _native.take_snapshot(False, True)
+        return Snapshot._from_data(data)
     else:
         if objects:
             raise RuntimeError(
@@ -312,6 +331,9 @@ def load_ipython_extension(ipython) -> None:
     load(ipython)
 
 
+_NO_ARGUMENT = object()
+
+
 def _refuse_tracemalloc_while_tracing() -> None:
     """Make the standard ``tracemalloc.start()`` refuse while alloctrace traces.
 
@@ -324,13 +346,20 @@ def _refuse_tracemalloc_while_tracing() -> None:
     if getattr(original, "_alloctrace_guard", False):
         return
 
-    def start(*args, **kwargs):
+    # No *args tuple or **kwargs dict: made before tracemalloc's hooks go in and dropped
+    # after, they would sit untraced on the free lists, and the program's next tuple and
+    # dicts would then be missing from tracemalloc's traces.
+    def start(nframe=_NO_ARGUMENT, /, *more):
         if is_tracing():
             raise RuntimeError(
                 "alloctrace is tracing: call alloctrace.stop() before tracemalloc.start() "
                 "(the two cannot trace at the same time)"
             )
-        return original(*args, **kwargs)
+        if more:
+            return original(nframe, *more)
+        if nframe is _NO_ARGUMENT:
+            return original()
+        return original(nframe)
 
     start._alloctrace_guard = True
     start.__doc__ = original.__doc__

@@ -13,9 +13,24 @@ use crate::{allocator, fallible};
 
 /// Refuses to start while the standard `tracemalloc` traces: both would wrap the same
 /// allocators and each would corrupt the other's view when it stops.
+///
+/// The module is taken from `sys.modules` (the package imports it), not imported:
+/// `PyImport_Import` makes and drops a list, which lands on the list free list just before the
+/// hooks go in, untraced; the program's next list then reuses it and is missing from the
+/// traces where `tracemalloc.start()` leaves no such list behind.
 fn refuse_if_tracemalloc_is_tracing(py: Python<'_>) -> PyResult<()> {
-    let tracing = py
-        .import("_tracemalloc")
+    let name = pyo3::intern!(py, "_tracemalloc");
+    // SAFETY: the GIL is held; `name` is a valid str; the result is a new reference or null.
+    let imported = unsafe { pyo3::ffi::PyImport_GetModule(name.as_ptr()) };
+    let module = if imported.is_null() {
+        // Not imported (or sys.modules replaced): importing is the only way to ask.
+        PyErr::take(py);
+        py.import("_tracemalloc").map(Bound::into_any)
+    } else {
+        // SAFETY: a new, non-null reference, owned from here on.
+        Ok(unsafe { Bound::from_owned_ptr(py, imported) })
+    };
+    let tracing = module
         .and_then(|m| m.call_method0("is_tracing"))
         .and_then(|r| r.extract::<bool>())
         .unwrap_or(false);
