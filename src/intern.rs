@@ -77,6 +77,7 @@ use std::collections::HashMap;
 use hashbrown::HashTable;
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::sync::Interned;
 use pyo3::types::{PyBytes, PyString};
 
 use crate::capture::{Current, Interpreter, RawFrame};
@@ -1072,6 +1073,48 @@ pub struct ResolvedFunction {
     pub first_lineno: u32,
 }
 
+/// The code-object attributes the resolver reads, as interned strings made once, when the
+/// module is imported ([`prepare_names`]). A name made afresh for each lookup would not only
+/// cost an allocation: CPython's type attribute cache keeps a reference to the name it was
+/// asked for, so a few such strings per snapshot stayed alive, traced and charged to the line
+/// that took the snapshot (or the previous one), where `tracemalloc` charges nothing.
+#[cfg(Py_3_11)]
+static CODE_NAME: Interned = Interned::new("co_qualname");
+/// 3.9 and 3.10 have no `co_qualname`: asking for it would raise (and allocate) every time.
+#[cfg(not(Py_3_11))]
+static CODE_NAME: Interned = Interned::new("co_name");
+static CO_FIRSTLINENO: Interned = Interned::new("co_firstlineno");
+static CO_FILENAME: Interned = Interned::new("co_filename");
+
+/// Makes the attribute names of [`CODE_NAME`] and its siblings; called when the module is
+/// imported, before anything is traced.
+pub fn prepare_names(py: Python<'_>) {
+    for name in [&CODE_NAME, &CO_FIRSTLINENO, &CO_FILENAME] {
+        name.get(py);
+    }
+}
+
+/// `name` encoded as UTF-8 with lone surrogates kept (`surrogatepass`), as snapshots store
+/// names. Through the C API rather than a call of `str.encode`, whose argument tuple would
+/// come off the tuple free list while tracing.
+fn encoded<'py>(name: &Bound<'py, PyString>) -> Option<Bound<'py, PyBytes>> {
+    let py = name.py();
+    // SAFETY: `name` is a str and the GIL is held (the Bound proves both); the result is a
+    // new reference to bytes, or null with an exception set, which is taken and dropped.
+    unsafe {
+        let bytes = ffi::PyUnicode_AsEncodedString(
+            name.as_ptr(),
+            c"utf-8".as_ptr(),
+            c"surrogatepass".as_ptr(),
+        );
+        if bytes.is_null() {
+            PyErr::take(py);
+            return None;
+        }
+        Bound::from_owned_ptr(py, bytes).cast_into::<PyBytes>().ok()
+    }
+}
+
 /// Maps raw frames to `(filename, lineno)`, once per distinct (code, offset), when someone
 /// looks: a snapshot, `_get_traces()`, `get_object_traceback()`; and code objects to their
 /// function, for snapshots only. Only called from Python-facing functions, never from a hook,
@@ -1233,14 +1276,12 @@ impl Resolver {
     unsafe fn resolve_function(&mut self, py: Python<'_>, code: usize) -> Option<u32> {
         let code = Bound::from_borrowed_ptr(py, code as *mut ffi::PyObject);
         let name = code
-            .getattr("co_qualname")
-            .or_else(|_| code.getattr("co_name"))
+            .getattr(CODE_NAME.get(py))
             .ok()
             .and_then(|name| name.cast_into::<PyString>().ok())
-            .and_then(|name| name.call_method1("encode", ("utf-8", "surrogatepass")).ok())
-            .and_then(|b| b.cast_into::<PyBytes>().ok());
+            .and_then(|name| encoded(&name));
         let first_lineno = code
-            .getattr("co_firstlineno")
+            .getattr(CO_FIRSTLINENO.get(py))
             .and_then(|n| n.extract::<u32>())
             .unwrap_or(0);
         name.map(|name| {
@@ -1255,17 +1296,13 @@ impl Resolver {
     unsafe fn resolve_filename(&mut self, py: Python<'_>, code: usize) -> u32 {
         let code = Bound::from_borrowed_ptr(py, code as *mut ffi::PyObject);
         let name = code
-            .getattr("co_filename")
+            .getattr(CO_FILENAME.get(py))
             .ok()
             .and_then(|name| name.cast_into::<PyString>().ok());
         let Some(name) = name else {
             return 0;
         };
-        let bytes = name
-            .call_method1("encode", ("utf-8", "surrogatepass"))
-            .ok()
-            .and_then(|b| b.cast_into::<PyBytes>().ok());
-        match bytes {
+        match encoded(&name) {
             Some(bytes) => {
                 let bytes = bytes.as_bytes().to_vec();
                 self.push_filename(name.unbind(), &bytes)

@@ -50,6 +50,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The reserve behind `MemoryError` on small allocations (see `allocator`); if it cannot
     // be mapped now, the first guarded operation tries again.
     crate::allocator::arm();
+    crate::intern::prepare_names(m.py());
     m.add(
         "SnapshotFormatError",
         m.py().get_type::<SnapshotFormatError>(),
