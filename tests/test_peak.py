@@ -18,6 +18,10 @@ def _allocate_and_free():
     # The peak is when both lists are alive; they are freed before any snapshot.
     big = [bytearray(BIG) for _ in range(60)]  # line A
     mid = [bytearray(MID) for _ in range(25)]  # line B
+    # The peak, once the comprehensions' own temporaries are gone (the end of line B, with
+    # them, would otherwise be the peak when the snapshot below allocates little).
+    spike = bytearray(64 * BIG)
+    del spike
     alive = alloctrace.take_snapshot()
     del big, mid
     after = [bytearray(SMALL) for _ in range(10)]  # smaller than the peak
