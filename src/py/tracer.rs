@@ -31,7 +31,7 @@ fn refuse_if_tracemalloc_is_tracing(py: Python<'_>) -> PyResult<()> {
         Ok(unsafe { Bound::from_owned_ptr(py, imported) })
     };
     let tracing = module
-        .and_then(|m| m.call_method0("is_tracing"))
+        .and_then(|m| m.call_method0(pyo3::intern!(py, "is_tracing")))
         .and_then(|r| r.extract::<bool>())
         .unwrap_or(false);
     if tracing {
