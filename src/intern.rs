@@ -78,9 +78,10 @@ use hashbrown::HashTable;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::Interned;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::PyString;
 
 use crate::capture::{Current, Interpreter, RawFrame};
+use crate::py::strings::str_bytes;
 use crate::table::{BuildAddressHasher, TracebackId};
 
 /// The id of the `('<unknown>', 0)` traceback, used where no stack could be read.
@@ -1094,27 +1095,6 @@ pub fn prepare_names(py: Python<'_>) {
     }
 }
 
-/// `name` encoded as UTF-8 with lone surrogates kept (`surrogatepass`), as snapshots store
-/// names. Through the C API rather than a call of `str.encode`, whose argument tuple would
-/// come off the tuple free list while tracing.
-fn encoded<'py>(name: &Bound<'py, PyString>) -> Option<Bound<'py, PyBytes>> {
-    let py = name.py();
-    // SAFETY: `name` is a str and the GIL is held (the Bound proves both); the result is a
-    // new reference to bytes, or null with an exception set, which is taken and dropped.
-    unsafe {
-        let bytes = ffi::PyUnicode_AsEncodedString(
-            name.as_ptr(),
-            c"utf-8".as_ptr(),
-            c"surrogatepass".as_ptr(),
-        );
-        if bytes.is_null() {
-            PyErr::take(py);
-            return None;
-        }
-        Bound::from_owned_ptr(py, bytes).cast_into::<PyBytes>().ok()
-    }
-}
-
 /// Maps raw frames to `(filename, lineno)`, once per distinct (code, offset), when someone
 /// looks: a snapshot, `_get_traces()`, `get_object_traceback()`; and code objects to their
 /// function, for snapshots only. Only called from Python-facing functions, never from a hook,
@@ -1279,14 +1259,14 @@ impl Resolver {
             .getattr(CODE_NAME.get(py))
             .ok()
             .and_then(|name| name.cast_into::<PyString>().ok())
-            .and_then(|name| encoded(&name));
+            .and_then(|name| str_bytes(&name).ok());
         let first_lineno = code
             .getattr(CO_FIRSTLINENO.get(py))
             .and_then(|n| n.extract::<u32>())
             .unwrap_or(0);
         name.map(|name| {
             self.functions.push(ResolvedFunction {
-                name: name.as_bytes().into(),
+                name: name.into_boxed_slice(),
                 first_lineno,
             });
             (self.functions.len() - 1) as u32
@@ -1302,12 +1282,9 @@ impl Resolver {
         let Some(name) = name else {
             return 0;
         };
-        match encoded(&name) {
-            Some(bytes) => {
-                let bytes = bytes.as_bytes().to_vec();
-                self.push_filename(name.unbind(), &bytes)
-            }
-            None => 0,
+        match str_bytes(&name) {
+            Ok(bytes) => self.push_filename(name.unbind(), &bytes),
+            Err(_) => 0,
         }
     }
 

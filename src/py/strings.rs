@@ -7,9 +7,17 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
 /// A `str` as surrogatepass UTF-8.
+///
+/// Only an ASCII `str` is read in place: asking any other for its UTF-8 (`to_str`) makes
+/// CPython cache a copy inside the `str` for as long as it lives, an allocation that, while
+/// tracing, is charged to the line that read (code objects' names are resolved at every
+/// reading) where `tracemalloc` allocates nothing. The others are encoded into a temporary.
 pub(crate) fn str_bytes(s: &Bound<'_, PyString>) -> PyResult<Vec<u8>> {
-    if let Ok(text) = s.to_str() {
-        return Ok(text.as_bytes().to_vec());
+    // SAFETY: `s` is a live, ready str (3.9-3.11 ready every str they hand out as such).
+    if unsafe { pyo3::ffi::PyUnicode_IS_ASCII(s.as_ptr()) } != 0 {
+        if let Ok(text) = s.to_str() {
+            return Ok(text.as_bytes().to_vec());
+        }
     }
     // SAFETY: `s` is a live str; the codec and error handler names are NUL-terminated.
     let encoded = unsafe {
