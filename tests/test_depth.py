@@ -5,7 +5,10 @@ the bottom of the stack, on the stack where a walk last agreed with it (src/capt
 These tests compare ``total_nframe`` and the frames with tracemalloc's for objects made on
 stacks built in different ways (recursion, generators, coroutines, threads, finalizers, trace
 functions, greenlets, which switch stacks without the counter), and check the counter against
-a walk on every use over a workload that goes through those paths.
+a walk on every use over a workload that goes through those paths. On 3.9 and 3.10 the depth
+below the captured frames comes from depths remembered per frame object, forgotten when a frame
+is created at the same address (src/capture/frame_depths.rs): a scenario calls the same
+functions over stacks of different depths, which CPython serves with the same frame objects.
 """
 
 import json
@@ -108,8 +111,19 @@ CHILD = textwrap.dedent(
         down(4, g.switch)
         mark()
 
+    def helper():
+        mark()
+
+    def same_frames_other_depths():
+        # On 3.9 and 3.10 a function's frame object is reused for its next call (the code
+        # object keeps it), so the frame below the marking one is at the same address each
+        # time, over stacks of other depths; a depth remembered for it must not be reused.
+        for depth in (2, 12, 2, 30, 5, 5):
+            down(depth, helper)
+
     SCENARIOS = {
         "shallow": mark,
+        "same frames, other depths": same_frames_other_depths,
         "recursion 40": lambda: down(40, mark),
         "recursion 150": lambda: down(150, mark),
         "generator": in_generator,

@@ -40,6 +40,7 @@ int main(void) {
     OFF("FRAME_BACK", PyFrameObject, f_back);
     OFF("FRAME_CODE", PyFrameObject, f_code);
     OFF("FRAME_LASTI", PyFrameObject, f_lasti);
+    OFF("CODE_FLAGS", PyCodeObject, co_flags);
 #endif
 #if PY_VERSION_HEX >= 0x030B0000
     OFF("IFRAME_PREVIOUS", _PyInterpreterFrame, previous);

@@ -23,6 +23,10 @@
 //! before anything is written; an interpreter built otherwise is left alone. The patch is
 //! written with the GIL held: only a thread holding it runs `_Py_NewReference`. `stop()`
 //! writes the original operands back.
+//!
+//! On 3.9 and 3.10 every frame object is created through `_Py_NewReference` too, so while the
+//! patch is in place the stack walker may remember depths per frame object
+//! (`crate::capture::frame_depths`), told here of each frame created.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -66,6 +70,10 @@ static REAL_FLAG: AtomicUsize = AtomicUsize::new(0);
 
 /// What `_Py_NewReference` now calls instead of `_PyTraceMalloc_NewReference`.
 unsafe extern "C" fn new_reference(op: *mut ffi::PyObject) -> c_int {
+    #[cfg(not(Py_3_11))]
+    if (*op).ob_type == std::ptr::addr_of_mut!(ffi::PyFrame_Type) {
+        crate::capture::frame_depths::created(op as usize);
+    }
     // SAFETY: REAL_FLAG is the address of the interpreter's `int tracing`, set before the
     // patch that makes this function reachable.
     if *(REAL_FLAG.load(Relaxed) as *const c_int) != 0 {
@@ -278,6 +286,9 @@ pub unsafe fn install() -> bool {
             return false;
         }
     }
+    // Every frame creation now reaches `new_reference`.
+    #[cfg(not(Py_3_11))]
+    crate::capture::frame_depths::activate();
     true
 }
 
@@ -290,6 +301,8 @@ unsafe fn restore(plan: &Plan) {
 }
 
 pub unsafe fn uninstall() {
+    #[cfg(not(Py_3_11))]
+    crate::capture::frame_depths::deactivate();
     if let Some(plan) = planned() {
         restore(plan);
     }
