@@ -6,15 +6,15 @@
 //! 1.40x, 1.42x walking to the bottom on 3.12, 1.36x, 1.34x with the counter below; 3.13
 //! 1.39x, 1.39x and 1.34x, 1.34x).
 //!
-//! (3.9 and 3.10 remember depths per frame object instead, see [`super::frame_depths`];
-//! 3.11 walks.) From 3.12 CPython keeps that depth itself: `py_recursion_limit - py_recursion_remaining` is
-//! the number of Python frames this thread has entered and not left. A frame is counted where
-//! it is linked into the chain (the interpreter's entry, an inlined call) and uncounted where it
-//! is unlinked (return, yield, unwinding); shim frames are never counted, and `tracemalloc`
-//! never counts them either. Within CPython the counter and the chain disagree only about a
-//! frame linked but not yet started (the entry path raises its C-stack `RecursionError` before
-//! counting the frame it just linked); such a frame is incomplete, so the walker uses the
-//! counter only when every frame it passed was complete ([`super::walk_interpreter_frames`]).
+//! (3.9 and 3.10 remember depths per frame object instead, see `super::frame_depths`; 3.11 walks.)
+//! From 3.12 CPython keeps that depth itself: `py_recursion_limit - py_recursion_remaining` is the
+//! number of Python frames this thread has entered and not left. A frame is counted where it is
+//! linked into the chain (the interpreter's entry, an inlined call) and uncounted where it is
+//! unlinked (return, yield, unwinding); shim frames are never counted, and `tracemalloc` never
+//! counts them either. Within CPython the counter and the chain disagree only about a frame linked
+//! but not yet started (the entry path raises its C-stack `RecursionError` before counting the
+//! frame it just linked); such a frame is incomplete, so the walker uses the counter only when
+//! every frame it passed was complete ([`super::walk_interpreter_frames`]).
 //!
 //! Outside CPython, a stack switcher moves the chain and sets the counter its own way: a new
 //! greenlet starts with an empty chain and its parent's count. Such a switcher also gives each
