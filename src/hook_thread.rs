@@ -14,11 +14,15 @@ use std::cell::Cell;
 
 use crate::sampler;
 
-pub(crate) struct HookThread {
+pub struct HookThread {
     /// Set while this thread is inside the tracer, so nothing the tracer does is traced and no
     /// hook re-enters tracer state it already holds (e.g. a shard lock held across `fork()`).
     pub(crate) in_tracer: Cell<bool>,
     pub(crate) sampler: sampler::State,
+    /// Where this thread's interpreter keeps its current thread state (3.12 and later; see
+    /// [`crate::capture::thread_state`]).
+    #[cfg(Py_3_12)]
+    pub(crate) tstate_slot: Cell<usize>,
 }
 
 thread_local! {
@@ -26,6 +30,8 @@ thread_local! {
         HookThread {
             in_tracer: Cell::new(false),
             sampler: sampler::State::new(),
+            #[cfg(Py_3_12)]
+            tstate_slot: Cell::new(crate::capture::thread_state::NOT_LOOKED_UP),
         }
     };
 }

@@ -21,7 +21,7 @@
 //! and the interner grow only through fallible reservations, and a block whose trace cannot
 //! be stored is left untraced and counted in [`dropped_traces`].
 
-use std::cell::{Cell, UnsafeCell};
+use std::cell::UnsafeCell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::Relaxed};
@@ -117,9 +117,10 @@ static LIMIT: GilCell<usize> = GilCell::new(1);
 /// Marks this thread as inside the tracer (its [`HookThread::in_tracer`] flag); `None` if it
 /// already is.
 ///
-/// Holds the flag's address so that leaving costs no second thread-local lookup (in a shared
+/// Holds this thread's [`HookThread`] so that leaving, and reading the thread state on 3.12
+/// and later ([`Current::gil_thread_state`]), cost no second thread-local lookup (in a shared
 /// library each lookup is a call into the dynamic loader).
-struct ReentrancyGuard(*const Cell<bool>);
+struct ReentrancyGuard(*const HookThread);
 
 impl ReentrancyGuard {
     #[inline(always)]
@@ -144,15 +145,21 @@ impl ReentrancyGuard {
             return None;
         }
         inside.set(true);
-        Some(ReentrancyGuard(inside))
+        Some(ReentrancyGuard(thread))
+    }
+
+    /// This thread's hook state.
+    #[inline(always)]
+    fn thread(&self) -> &HookThread {
+        // SAFETY: as in `on`; the guard never leaves its thread (raw pointers are !Send).
+        unsafe { &*self.0 }
     }
 }
 
 impl Drop for ReentrancyGuard {
     #[inline(always)]
     fn drop(&mut self) {
-        // SAFETY: as in `enter`; the guard never leaves its thread (raw pointers are !Send).
-        unsafe { (*self.0).set(false) };
+        self.thread().in_tracer.set(false);
     }
 }
 
@@ -171,11 +178,12 @@ pub(crate) fn table() -> &'static TraceTable {
 /// Called from a hook, inside a [`ReentrancyGuard`].
 #[inline(always)]
 unsafe fn current_traceback(
+    thread: &HookThread,
     gil_held: bool,
     domain: u32,
     size: usize,
 ) -> std::result::Result<Option<TracebackId>, OutOfMemory> {
-    let tstate = Current::gil_thread_state(gil_held);
+    let tstate = Current::gil_thread_state(thread, gil_held);
     if !is_main(tstate) {
         return Ok(unknown_traceback(domain));
     }
@@ -320,12 +328,12 @@ pub(crate) fn count_dropped() {
 /// # Safety
 /// Called from a hook, inside a [`ReentrancyGuard`].
 #[inline(always)]
-unsafe fn record_current(address: usize, size: usize, gil_held: bool) {
+unsafe fn record_current(thread: &HookThread, address: usize, size: usize, gil_held: bool) {
     let table = table();
     if gil_held && table.is_large() {
         young::prefetch_evictee(table, address);
     }
-    match current_traceback(gil_held, DEFAULT_DOMAIN, size) {
+    match current_traceback(thread, gil_held, DEFAULT_DOMAIN, size) {
         Ok(Some(traceback)) if gil_held && traceback != UNKNOWN_TRACEBACK => {
             deferred::forget(address);
             if !young::record(table, address, Trace { size, traceback }) {
@@ -349,10 +357,10 @@ pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool, scope: &samp
     if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) || !scope.keep(size) {
         return;
     }
-    let Some(_guard) = ReentrancyGuard::within(scope) else {
+    let Some(guard) = ReentrancyGuard::within(scope) else {
         return;
     };
-    record_current(address, size, gil_held);
+    record_current(guard.thread(), address, size, gil_held);
     if gil_held {
         crate::freelist::note_allocated(address);
     }
@@ -370,13 +378,13 @@ pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool, scope: &samp
 #[inline]
 pub unsafe fn on_reused_block(block: usize) {
     let table = table();
-    let tstate = Current::gil_thread_state(true);
+    let Some(guard) = ReentrancyGuard::enter() else {
+        return;
+    };
+    let tstate = Current::gil_thread_state(guard.thread(), true);
     if !is_main(tstate) {
         return;
     }
-    let Some(_guard) = ReentrancyGuard::enter() else {
-        return;
-    };
     // SAFETY: the GIL is held and no other borrow of the cell is live.
     if FILTERS.get().set.is_none() {
         // Without filters every stack is kept (`Ok(None)` does not happen); without memory
@@ -433,13 +441,13 @@ pub fn may_trace_free(address: usize) -> bool {
 pub fn on_free(address: usize, gil_held: bool) {
     let table = table();
     let young = gil_held && young::holds(address);
-    if let Some(_guard) = ReentrancyGuard::enter() {
+    if let Some(guard) = ReentrancyGuard::enter() {
         // SAFETY: a hook of the MEM or OBJ domains (`gil_held`) runs with the GIL held.
         if young && unsafe { young::take(table, address) }.is_some() {
             return;
         }
         if table.may_contain(address) {
-            table.remove(address, hook_writer(gil_held));
+            table.remove(address, hook_writer(guard.thread(), gil_held));
         }
     }
 }
@@ -450,11 +458,11 @@ pub fn on_free(address: usize, gil_held: bool) {
 /// be one of the main interpreter's (a sub-interpreter may have a GIL of its own), which
 /// costs a read of the thread state, well under the locked instructions it saves.
 #[inline(always)]
-fn hook_writer(gil_held: bool) -> Writer {
+fn hook_writer(thread: &HookThread, gil_held: bool) -> Writer {
     // SAFETY: reading this thread's state and its interpreter has no effect; `gil_held` says
     // this thread holds a GIL, the version or `is_main` that it is the main interpreter's.
     unsafe {
-        if gil_held && (Current::MINOR < 12 || is_main(Current::gil_thread_state(true))) {
+        if gil_held && (Current::MINOR < 12 || is_main(Current::gil_thread_state(thread, true))) {
             Writer::holding_main_gil()
         } else {
             Writer::ANY
@@ -470,14 +478,14 @@ pub fn on_realloc_start(address: usize, gil_held: bool, scope: &sampler::Scope) 
     }
     let table = table();
     let young = gil_held && young::holds(address);
-    let _guard = ReentrancyGuard::within(scope)?;
+    let guard = ReentrancyGuard::within(scope)?;
     // SAFETY: as in `on_free`.
     let mut trace = match young
         .then(|| unsafe { young::take(table, address) })
         .flatten()
     {
         Some(trace) => trace,
-        None => table.remove(address, hook_writer(gil_held))?,
+        None => table.remove(address, hook_writer(guard.thread(), gil_held))?,
     };
     // `_PyTuple_Resize` reallocates an object's block: a re-attribution still waiting for it
     // goes with its trace (kept if the realloc fails, or while recording is disabled).
@@ -508,7 +516,7 @@ pub unsafe fn on_realloc_end(
     if !TRACING.load(Relaxed) {
         return;
     }
-    let Some(_guard) = ReentrancyGuard::within(scope) else {
+    let Some(guard) = ReentrancyGuard::within(scope) else {
         return;
     };
     if new == 0 {
@@ -517,7 +525,7 @@ pub unsafe fn on_realloc_end(
         }
     } else if RECORDING.load(Relaxed) {
         if scope.keep(size) {
-            record_current(new, size, gil_held);
+            record_current(guard.thread(), new, size, gil_held);
             if gil_held {
                 // `_PyTuple_Resize` creates the object again in the resized block.
                 crate::freelist::note_allocated(new);
@@ -545,17 +553,17 @@ pub(crate) unsafe fn on_native_alloc(address: usize, size: usize, scope: &sample
     if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) || !scope.keep(size) {
         return;
     }
-    let Some(_guard) = ReentrancyGuard::within(scope) else {
+    let Some(guard) = ReentrancyGuard::within(scope) else {
         return;
     };
-    record_native(native_key(address), size);
+    record_native(guard.thread(), native_key(address), size);
 }
 
 /// # Safety
 /// Inside a [`ReentrancyGuard`].
 #[inline(always)]
-unsafe fn record_native(key: usize, size: usize) {
-    match current_traceback(false, crate::native::DOMAIN, size) {
+unsafe fn record_native(thread: &HookThread, key: usize, size: usize) {
+    match current_traceback(thread, false, crate::native::DOMAIN, size) {
         Ok(Some(traceback)) => record(key, Trace { size, traceback }),
         Ok(None) => {}
         Err(OutOfMemory) => {
@@ -606,7 +614,7 @@ pub(crate) unsafe fn on_native_realloc_end(
     if !TRACING.load(Relaxed) {
         return;
     }
-    let Some(_guard) = ReentrancyGuard::within(scope) else {
+    let Some(guard) = ReentrancyGuard::within(scope) else {
         return;
     };
     match new {
@@ -618,7 +626,7 @@ pub(crate) unsafe fn on_native_realloc_end(
         Some(_) if old.is_none() && !untracked_too => {}
         Some(new) if RECORDING.load(Relaxed) => {
             if scope.keep(size) {
-                record_native(native_key(new), size);
+                record_native(guard.thread(), native_key(new), size);
             }
         }
         Some(new) => {
@@ -656,10 +664,10 @@ pub(crate) unsafe fn tracked_traceback(
     if !scope.keep(size) {
         return Ok(None);
     }
-    let Some(_guard) = ReentrancyGuard::within(&scope) else {
+    let Some(guard) = ReentrancyGuard::within(&scope) else {
         return Ok(None);
     };
-    current_traceback(true, domain, size).map_err(|OutOfMemory| {
+    current_traceback(guard.thread(), true, domain, size).map_err(|OutOfMemory| {
         count_dropped();
     })
 }
@@ -667,12 +675,12 @@ pub(crate) unsafe fn tracked_traceback(
 /// Records a block an extension tracks in domain 0 (replacing the hook's trace of it, if
 /// any); `false` if out of memory.
 pub(crate) fn record_tracked(address: usize, trace: Trace) -> bool {
-    let Some(_guard) = ReentrancyGuard::enter() else {
+    let Some(guard) = ReentrancyGuard::enter() else {
         return true;
     };
     deferred::forget(address);
     let table = table();
-    take_young_if_gil(table, address);
+    take_young_if_gil(guard.thread(), table, address);
     let stored = table.insert(address, trace, Writer::ANY);
     if !stored {
         count_dropped();
@@ -685,14 +693,14 @@ pub(crate) fn record_tracked(address: usize, trace: Trace) -> bool {
 /// interpreter's GIL may touch the slots, and only such a thread can have put the block there.
 ///
 /// Called inside the reentrancy guard.
-fn take_young_if_gil(table: &TraceTable, address: usize) {
+fn take_young_if_gil(thread: &HookThread, table: &TraceTable, address: usize) {
     if !young::holds(address) {
         return;
     }
     // SAFETY: reading this thread's state, and its interpreter, has no effect; `take` runs
     // only if this thread holds the main interpreter's GIL (checked), inside the guard.
     unsafe {
-        if is_main(Current::gil_thread_state(false)) {
+        if is_main(Current::gil_thread_state(thread, false)) {
             young::take(table, address);
         }
     }
@@ -711,9 +719,9 @@ pub(crate) fn account_tracked(domain: u32, old: Option<Trace>, trace: Trace) -> 
 
 /// Forgets a block an extension untracks in domain 0.
 pub(crate) fn forget_tracked(address: usize) {
-    if let Some(_guard) = ReentrancyGuard::enter() {
+    if let Some(guard) = ReentrancyGuard::enter() {
         let table = table();
-        take_young_if_gil(table, address);
+        take_young_if_gil(guard.thread(), table, address);
         table.remove(address, Writer::ANY);
     }
 }
@@ -833,6 +841,12 @@ pub fn start(py: Python<'_>, nframe: i64, sampling: Sampling, native: Option<boo
         });
         *RESOLVER.get() = Some(Resolver::new(py));
         *LIMIT.get() = nframe;
+    }
+    // Before anything may read a thread state (a thread's first read keeps what it found).
+    // SAFETY: the GIL is held.
+    #[cfg(Py_3_12)]
+    unsafe {
+        capture::thread_state::prepare();
     }
     MAIN_INTERPRETER.store(here.cast(), Relaxed);
     RECORDING.store(true, Relaxed);

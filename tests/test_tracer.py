@@ -270,6 +270,62 @@ def test_threads_allocating_while_another_snapshots_and_restarts():
     assert current == total
 
 
+def test_each_thread_is_attributed_its_own_stack():
+    # Every thread reads its own current frame: from 3.12 the tracer reads the interpreter's
+    # thread-local thread state through an address each thread looks up once, so a thread
+    # using another's address would file its blocks under that thread's line. Threads started
+    # before and after start() allocate blocks of a size of their own on a line of their own,
+    # switching the GIL as often as CPython allows.
+    rounds, per_round = 20, 50
+
+    def allocate(index, size):
+        if index == 0:
+            return [bytearray(size) for _ in range(per_round)], here()[1]
+        if index == 1:
+            return [bytearray(size) for _ in range(per_round)], here()[1]
+        if index == 2:
+            return [bytearray(size) for _ in range(per_round)], here()[1]
+        return [bytearray(size) for _ in range(per_round)], here()[1]
+
+    kept, lines = {}, {}
+    tracing = threading.Event()
+
+    def run(index):
+        keep = []
+        tracing.wait()
+        for _ in range(rounds):
+            blocks, lines[index] = allocate(index, 3_000 + index)
+            keep.append(blocks)
+        kept[index] = keep
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads[0].start()
+        threads[1].start()
+        alloctrace.start()
+        tracing.set()
+        threads[2].start()
+        threads[3].start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    snapshot = alloctrace.take_snapshot()
+    alloctrace.stop()
+    assert len(set(lines.values())) == 4
+    seen = {index: set() for index in range(4)}
+    counts = {index: 0 for index in range(4)}
+    for trace in snapshot.traces:
+        index = trace.size - 3_001  # a bytearray's buffer holds a trailing NUL
+        if index in seen and trace.traceback[0].filename == __file__:
+            seen[index].add(trace.traceback[0].lineno)
+            counts[index] += 1
+    assert seen == {index: {lines[index]} for index in range(4)}, (seen, lines)
+    assert counts == {index: rounds * per_round for index in range(4)}
+
+
 def raw_allocator(holding_gil):
     """PyMem_RawMalloc and PyMem_RawFree, called through ctypes either with the GIL held
     (``ctypes.pythonapi``) or released (``ctypes.CDLL``, as C code without the GIL would)."""

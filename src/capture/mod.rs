@@ -15,6 +15,8 @@ use std::ffi::c_void;
 
 use pyo3::ffi;
 
+use crate::hook_thread::HookThread;
+
 #[allow(dead_code)]
 pub(crate) mod layout {
     include!(concat!(env!("OUT_DIR"), "/layout.rs"));
@@ -26,6 +28,10 @@ pub(crate) mod depth;
 #[cfg(not(Py_3_11))]
 pub(crate) mod frame_depths;
 mod lines;
+// Compiled on every version so that its tests of the code reading run wherever cargo test
+// does; only 3.12 and later read the thread state through it.
+#[cfg_attr(not(Py_3_12), allow(dead_code))]
+pub(crate) mod thread_state;
 #[cfg(all(Py_3_10, not(Py_3_11)))]
 mod v3_10;
 #[cfg(all(Py_3_11, not(Py_3_12)))]
@@ -82,9 +88,14 @@ pub trait Interpreter {
     /// require it, and pymalloc is not thread-safe without it), which saves the check where
     /// it costs a thread-specific-data lookup.
     ///
+    /// `thread` is this thread's hook state, where 3.12 and later keep the address of the
+    /// interpreter's thread-local current state ([`thread_state`]).
+    ///
     /// # Safety
-    /// Callable from any thread, with or without the GIL; must not allocate.
-    unsafe fn gil_thread_state(gil_held: bool) -> *mut ffi::PyThreadState;
+    /// Callable from any thread, with or without the GIL; must not allocate (on 3.12 and
+    /// later a thread's first call asks the dynamic loader where the interpreter's
+    /// thread-local is, as the interpreter's own accessor does on every call).
+    unsafe fn gil_thread_state(thread: &HookThread, gil_held: bool) -> *mut ffi::PyThreadState;
 
     /// Writes up to `out.len()` frames of `tstate`'s stack into `out`, most recent first,
     /// skipping incomplete frames as `tracemalloc` does. Returns how many were written and the

@@ -4,13 +4,14 @@
 use pyo3::ffi;
 
 use super::{Interpreter, RawFrame};
+use crate::hook_thread::HookThread;
 
 pub struct Python310;
 
 impl Interpreter for Python310 {
     const MINOR: u8 = 10;
 
-    unsafe fn gil_thread_state(gil_held: bool) -> *mut ffi::PyThreadState {
+    unsafe fn gil_thread_state(_thread: &HookThread, gil_held: bool) -> *mut ffi::PyThreadState {
         super::gil_holder_if_this_thread(gil_held)
     }
 

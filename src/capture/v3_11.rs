@@ -5,6 +5,7 @@
 use pyo3::ffi;
 
 use super::{layout, read_ptr, Interpreter, RawFrame};
+use crate::hook_thread::HookThread;
 
 pub struct Python311;
 
@@ -14,7 +15,7 @@ const MANAGED_DICT: std::os::raw::c_ulong = 1 << 4;
 impl Interpreter for Python311 {
     const MINOR: u8 = 11;
 
-    unsafe fn gil_thread_state(gil_held: bool) -> *mut ffi::PyThreadState {
+    unsafe fn gil_thread_state(_thread: &HookThread, gil_held: bool) -> *mut ffi::PyThreadState {
         super::gil_holder_if_this_thread(gil_held)
     }
 

@@ -5,22 +5,20 @@
 use pyo3::ffi;
 
 use super::{layout, read_ptr, Interpreter, RawFrame};
+use crate::hook_thread::HookThread;
 
 pub struct Python312;
 
 /// `Py_TPFLAGS_MANAGED_DICT | Py_TPFLAGS_MANAGED_WEAKREF` (3.12).
 const PREHEADER_FLAGS: std::os::raw::c_ulong = (1 << 4) | (1 << 3);
 
-extern "C" {
-    fn _PyThreadState_UncheckedGet() -> *mut ffi::PyThreadState;
-}
-
 impl Interpreter for Python312 {
     const MINOR: u8 = 12;
 
-    unsafe fn gil_thread_state(_gil_held: bool) -> *mut ffi::PyThreadState {
+    #[inline(always)]
+    unsafe fn gil_thread_state(thread: &HookThread, _gil_held: bool) -> *mut ffi::PyThreadState {
         // The thread-local current state is set only while this thread holds the GIL.
-        _PyThreadState_UncheckedGet()
+        super::thread_state::current(thread)
     }
 
     #[inline(always)]

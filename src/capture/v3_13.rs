@@ -4,22 +4,20 @@
 use pyo3::ffi;
 
 use super::{layout, read_ptr, Interpreter, RawFrame};
+use crate::hook_thread::HookThread;
 
 pub struct Python313;
 
 /// `Py_TPFLAGS_MANAGED_DICT | Py_TPFLAGS_MANAGED_WEAKREF` (3.13).
 const PREHEADER_FLAGS: std::os::raw::c_ulong = (1 << 4) | (1 << 3);
 
-extern "C" {
-    fn PyThreadState_GetUnchecked() -> *mut ffi::PyThreadState;
-}
-
 impl Interpreter for Python313 {
     const MINOR: u8 = 13;
 
-    unsafe fn gil_thread_state(_gil_held: bool) -> *mut ffi::PyThreadState {
+    #[inline(always)]
+    unsafe fn gil_thread_state(thread: &HookThread, _gil_held: bool) -> *mut ffi::PyThreadState {
         // The thread-local current state is set only while this thread holds the GIL.
-        PyThreadState_GetUnchecked()
+        super::thread_state::current(thread)
     }
 
     #[inline(always)]
