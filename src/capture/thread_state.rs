@@ -25,7 +25,7 @@ use std::cell::Cell;
 #[cfg(Py_3_12)]
 use std::ffi::c_void;
 #[cfg(Py_3_12)]
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 #[cfg(Py_3_12)]
 use pyo3::ffi;
@@ -41,8 +41,6 @@ const USE_ACCESSOR: usize = 1;
 /// The accessor's `tls_index` (its address), or 0 while unknown or unusable.
 #[cfg(Py_3_12)]
 static DESCRIPTOR: AtomicUsize = AtomicUsize::new(0);
-#[cfg(Py_3_12)]
-static PREPARED: AtomicBool = AtomicBool::new(false);
 
 /// The x86-64 ELF `tls_index` that `__tls_get_addr` takes.
 #[cfg(Py_3_12)]
@@ -92,15 +90,12 @@ fn descriptor_in(code: &[u8], at: usize) -> Option<usize> {
 }
 
 /// Reads the accessor's descriptor and checks it on this thread. Called by `start()` with the
-/// GIL held (the accessor then answers a live state); later calls do nothing.
+/// GIL held (the accessor then answers a live state); a later call finds the same.
 ///
 /// # Safety
 /// The GIL is held.
 #[cfg(Py_3_12)]
 pub(crate) unsafe fn prepare() {
-    if PREPARED.swap(true, Relaxed) {
-        return;
-    }
     let at = accessor as *const () as usize;
     // SAFETY: the accessor's code is mapped and at least this long (the sequence alone is 16
     // bytes, the function returns after it).
@@ -109,11 +104,22 @@ pub(crate) unsafe fn prepare() {
         return;
     };
     let now = accessor();
-    // SAFETY: the descriptor is the accessor's own, which it passes to `__tls_get_addr`.
-    let slot = __tls_get_addr(descriptor as *const TlsIndex) as *const *mut ffi::PyThreadState;
-    if !now.is_null() && !slot.is_null() && slot.is_aligned() && *slot == now {
+    if !now.is_null() && checked_slot(descriptor, now).is_some() {
         DESCRIPTOR.store(descriptor, Relaxed);
     }
+}
+
+/// This thread's address of the variable the accessor reads, found with `descriptor`, if it
+/// holds `now` (what the accessor just answered on this thread).
+///
+/// # Safety
+/// `descriptor` is the accessor's own (see [`descriptor_in`]), which it passes to
+/// `__tls_get_addr`: the variable exists in every thread (for a libpython loaded at startup
+/// its block is in place already, else this call makes it, as the accessor's own would).
+#[cfg(Py_3_12)]
+unsafe fn checked_slot(descriptor: usize, now: *mut ffi::PyThreadState) -> Option<usize> {
+    let slot = __tls_get_addr(descriptor as *const TlsIndex) as *const *mut ffi::PyThreadState;
+    (!slot.is_null() && slot.is_aligned() && *slot == now).then_some(slot as usize)
 }
 
 /// This thread's current thread state: the accessor's answer, read where it keeps it.
@@ -141,13 +147,8 @@ unsafe fn look_up(slot: &Cell<usize>) -> *mut ffi::PyThreadState {
         slot.set(USE_ACCESSOR);
         let descriptor = DESCRIPTOR.load(Relaxed);
         if descriptor != 0 {
-            // SAFETY: as in `prepare`; the variable exists in every thread (for a libpython
-            // loaded at startup its block is in place already, else this call makes it, as
-            // the accessor's own would).
-            let found =
-                __tls_get_addr(descriptor as *const TlsIndex) as *const *mut ffi::PyThreadState;
-            if !found.is_null() && found.is_aligned() && *found == now {
-                slot.set(found as usize);
+            if let Some(found) = checked_slot(descriptor, now) {
+                slot.set(found);
             }
         }
     }
