@@ -44,6 +44,7 @@ static EPOCH: AtomicU64 = AtomicU64::new(1);
 static THREADS: AtomicU64 = AtomicU64::new(0);
 
 /// A thread's sampling state (kept in [`HookThread`]).
+#[derive(Debug, PartialEq)]
 pub(crate) struct State {
     /// Bytes left before the next sample; never stored negative.
     countdown: Cell<i64>,
@@ -56,6 +57,8 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// The state of a thread that never allocated (all zero: see `crate::hook_thread`).
+    #[cfg(test)]
     pub(crate) const fn new() -> State {
         State {
             countdown: Cell::new(0),
@@ -93,13 +96,9 @@ pub fn reseed_after_fork() {
 
 /// Makes this thread's next allocation reseed and draw a fresh distance.
 fn reset_this_thread() {
-    let thread = hook_thread::this();
-    if !thread.is_null() {
-        // SAFETY: this thread's own state, used on this thread only.
-        let state = unsafe { &(*thread).sampler };
-        state.countdown.set(0);
-        state.epoch.set(0);
-    }
+    let state = &hook_thread::this().sampler;
+    state.countdown.set(0);
+    state.epoch.set(0);
 }
 
 fn fresh_seed() -> u64 {
@@ -126,24 +125,21 @@ fn mix(mut z: u64) -> u64 {
 /// it, so that hooks nested in that call (pymalloc falling back on the RAW allocator) leave the
 /// countdown alone. Holds this thread's [`HookThread`], so the hook (and the tracer's
 /// reentrancy guard, see [`Scope::thread`]) looks the thread-local up once.
-pub struct Scope(*const HookThread);
+pub struct Scope(&'static HookThread);
 
 impl Scope {
     /// Enters: one thread-local lookup and an increment.
     #[inline(always)]
     pub fn enter() -> Scope {
         let thread = hook_thread::this();
-        if !thread.is_null() {
-            // SAFETY: a thread-local outlives every frame of its thread.
-            let depth = unsafe { &(*thread).sampler.depth };
-            depth.set(depth.get() + 1);
-        }
+        let depth = &thread.sampler.depth;
+        depth.set(depth.get() + 1);
         Scope(thread)
     }
 
-    /// This thread's state (null if unreachable), for the tracer's reentrancy guard.
+    /// This thread's state, for the tracer's reentrancy guard.
     #[inline(always)]
-    pub(crate) fn thread(&self) -> *const HookThread {
+    pub(crate) fn thread(&self) -> &'static HookThread {
         self.0
     }
 
@@ -152,13 +148,7 @@ impl Scope {
     /// countdown.
     #[inline(always)]
     pub fn keep(&self, size: usize) -> bool {
-        if self.0.is_null() {
-            // The thread's state is gone (thread exit): nesting unknown, so exact tracing
-            // records and sampling skips (no state to charge).
-            return INTERVAL.load(Relaxed) == 0;
-        }
-        // SAFETY: as in `enter`; the scope never leaves its thread (raw pointers are !Send).
-        let state = unsafe { &(*self.0).sampler };
+        let state = &self.0.sampler;
         if state.depth.get() != 1 {
             return false;
         }
@@ -172,11 +162,8 @@ impl Scope {
 impl Drop for Scope {
     #[inline(always)]
     fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: as in `keep`.
-            let depth = unsafe { &(*self.0).sampler.depth };
-            depth.set(depth.get() - 1);
-        }
+        let depth = &self.0.sampler.depth;
+        depth.set(depth.get() - 1);
     }
 }
 

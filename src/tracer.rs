@@ -120,7 +120,7 @@ static LIMIT: GilCell<usize> = GilCell::new(1);
 /// Holds this thread's [`HookThread`] so that leaving, and reading the thread state on 3.12
 /// and later ([`Current::gil_thread_state`]), cost no second thread-local lookup (in a shared
 /// library each lookup is a call into the dynamic loader).
-struct ReentrancyGuard(*const HookThread);
+struct ReentrancyGuard(&'static HookThread);
 
 impl ReentrancyGuard {
     #[inline(always)]
@@ -135,12 +135,8 @@ impl ReentrancyGuard {
     }
 
     #[inline(always)]
-    fn on(thread: *const HookThread) -> Option<Self> {
-        if thread.is_null() {
-            return None;
-        }
-        // SAFETY: a thread-local outlives every frame of its thread, this one included.
-        let inside = unsafe { &(*thread).in_tracer };
+    fn on(thread: &'static HookThread) -> Option<Self> {
+        let inside = &thread.in_tracer;
         if inside.get() {
             return None;
         }
@@ -151,8 +147,7 @@ impl ReentrancyGuard {
     /// This thread's hook state.
     #[inline(always)]
     fn thread(&self) -> &HookThread {
-        // SAFETY: as in `on`; the guard never leaves its thread (raw pointers are !Send).
-        unsafe { &*self.0 }
+        self.0
     }
 }
 

@@ -73,10 +73,10 @@ PRELUDE = textwrap.dedent(
 )
 
 
-def run_child(body, *, timeout=60, env=None, args=()):
-    """Run PRELUDE + body in a fresh interpreter; return its stdout lines. Fails the test on a
+def run_child(body, *, timeout=60, env=None, args=(), prelude=PRELUDE):
+    """Run prelude + body in a fresh interpreter; return its stdout lines. Fails the test on a
     non-zero exit, a signal, a timeout, or a last line other than ``ok``."""
-    code = PRELUDE + textwrap.dedent(body)
+    code = prelude + textwrap.dedent(body)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
     full_env.update(env or {})
     try:
@@ -224,6 +224,73 @@ def test_c_threads_without_thread_state_allocate_in_raw_domain():
         check_consistent("after C threads")
         print("ok")
         """
+    )
+
+
+@pytest.mark.parametrize("static_tls", ["default", "no reserve"])
+def test_threads_running_before_the_import_get_hook_state_of_their_own(static_tls):
+    # The hooks' per-thread state is a thread-local reached through a TLS descriptor (see
+    # src/hook_thread.rs): the loader places it in its static TLS reserve when that has room,
+    # as it usually has, and otherwise takes a slower path, which the glibc tunable forces
+    # here. Either way threads already running when the module is loaded, Python threads and
+    # C threads alike, must each find a zeroed state of their own: a shared one would leave
+    # one thread's blocks untraced while another is inside the tracer.
+    env = {}
+    if static_tls == "no reserve":
+        env["GLIBC_TUNABLES"] = "glibc.rtld.optional_static_tls=0"
+    run_child(
+        """
+        import ctypes, sys, threading
+
+        ROUNDS, PER_ROUND = 30, 40
+        go, done = threading.Event(), []
+
+        def allocate(index):
+            go.wait()
+            keep = [[bytearray(4_000 + index) for _ in range(PER_ROUND)] for _ in range(ROUNDS)]
+            done.append((index, keep))
+
+        threads = [threading.Thread(target=allocate, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        sys.setswitchinterval(1e-6)
+        import alloctrace  # noqa: E402 (after the threads, on purpose)
+
+        alloctrace.start()
+        go.set()
+        for t in threads:
+            t.join()
+        # C threads with no Python thread state, in the RAW domain.
+        libc = ctypes.CDLL(None)
+        raw_malloc = ctypes.cast(ctypes.pythonapi.PyMem_RawMalloc, ctypes.c_void_p).value
+        libc.pthread_create.argtypes = [
+            ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+        ]
+        libc.pthread_join.argtypes = [ctypes.c_ulong, ctypes.POINTER(ctypes.c_void_p)]
+        handles = [ctypes.c_ulong() for _ in range(8)]
+        for handle in handles:
+            assert libc.pthread_create(ctypes.byref(handle), None, raw_malloc, 55_555) == 0
+        blocks = []
+        for handle in handles:
+            result = ctypes.c_void_p()
+            assert libc.pthread_join(handle.value, ctypes.byref(result)) == 0
+            blocks.append(result.value)
+        snapshot = alloctrace.take_snapshot()
+        counts = {}
+        for trace in snapshot.traces:
+            counts[trace.size] = counts.get(trace.size, 0) + 1
+        # A bytearray's buffer holds a trailing NUL.
+        for index in range(4):
+            assert counts.get(4_001 + index) == ROUNDS * PER_ROUND, (index, counts)
+        assert all(blocks) and counts.get(55_555) == 8, counts.get(55_555)
+        alloctrace.disable()
+        current = alloctrace.get_traced_memory()[0]
+        total = sum(t[1] for t in alloctrace._get_traces())
+        assert current == total, (current, total)
+        print("ok")
+        """,
+        env=env,
+        prelude="",
     )
 
 
