@@ -17,6 +17,7 @@
 #include "internal/pycore_runtime.h"
 #elif PY_VERSION_HEX < 0x030C0000
 #include "internal/pycore_pymem.h"
+#include "internal/pycore_runtime.h"
 #endif
 
 #define OFF(name, type, field) \
@@ -54,6 +55,16 @@ int main(void) {
     OFF("TSTATE_PY_RECURSION_LIMIT", PyThreadState, py_recursion_limit);
     OFF("TSTATE_PY_RECURSION_REMAINING", PyThreadState, py_recursion_remaining);
     OFF("TSTATE_DATASTACK_CHUNK", PyThreadState, datastack_chunk);
+#endif
+#if PY_VERSION_HEX < 0x030C0000
+    /* Where the GIL holder's thread state is kept, which `_PyThreadState_UncheckedGet` reads;
+     * a 3.10 built with isolated sub-interpreters reads a thread-local instead. */
+#ifdef EXPERIMENTAL_ISOLATED_SUBINTERPRETERS
+    printf("pub const RUNTIME_TSTATE_CURRENT: Option<usize> = None;\n");
+#else
+    printf("pub const RUNTIME_TSTATE_CURRENT: Option<usize> = Some(%zu);\n",
+           offsetof(_PyRuntimeState, gilstate.tstate_current));
+#endif
 #endif
     OFF("CODE_FILENAME", PyCodeObject, co_filename);
     printf("pub const GC_HEAD_SIZE: usize = %zu;\n", sizeof(PyGC_Head));

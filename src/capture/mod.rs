@@ -172,15 +172,28 @@ unsafe fn read_ptr(base: *const c_void, offset: usize) -> *mut c_void {
 /// `gil_thread_state` before 3.12: the "current" thread state is the GIL holder's, whichever
 /// thread that is; it is ours only if it is also the state bound to this OS thread.
 ///
+/// The holder is read where `_PyThreadState_UncheckedGet` reads it, a field of the runtime
+/// state (its offset from the interpreter's own headers, as every other offset here): a
+/// load instead of a call into libpython on every hook.
+///
 /// # Safety
 /// As [`Interpreter::gil_thread_state`].
 #[cfg(not(Py_3_12))]
 #[inline(always)]
 unsafe fn gil_holder_if_this_thread(gil_held: bool) -> *mut ffi::PyThreadState {
+    use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
     extern "C" {
         fn _PyThreadState_UncheckedGet() -> *mut ffi::PyThreadState;
+        /// `_PyRuntimeState`, of which only the address is used.
+        static _PyRuntime: u8;
     }
-    let holder = _PyThreadState_UncheckedGet();
+    let holder = match layout::RUNTIME_TSTATE_CURRENT {
+        Some(offset) => {
+            let current = (&raw const _PyRuntime).add(offset);
+            (*current.cast::<AtomicPtr<ffi::PyThreadState>>()).load(Relaxed)
+        }
+        None => _PyThreadState_UncheckedGet(),
+    };
     if gil_held {
         return holder;
     }
