@@ -25,7 +25,7 @@ use std::cell::Cell;
 
 use crate::sampler;
 
-#[derive(Debug, PartialEq)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 pub struct HookThread {
     /// Set while this thread is inside the tracer, so nothing the tracer does is traced and no
     /// hook re-enters tracer state it already holds (e.g. a shard lock held across `fork()`).

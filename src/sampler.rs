@@ -44,7 +44,7 @@ static EPOCH: AtomicU64 = AtomicU64::new(1);
 static THREADS: AtomicU64 = AtomicU64::new(0);
 
 /// A thread's sampling state (kept in [`HookThread`]).
-#[derive(Debug, PartialEq)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 pub(crate) struct State {
     /// Bytes left before the next sample; never stored negative.
     countdown: Cell<i64>,
