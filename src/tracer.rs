@@ -118,8 +118,8 @@ static LIMIT: GilCell<usize> = GilCell::new(1);
 /// already is.
 ///
 /// Holds this thread's [`HookThread`] so that leaving, and reading the thread state on 3.12
-/// and later ([`Current::gil_thread_state`]), cost no second thread-local lookup (in a shared
-/// library each lookup is a call into the dynamic loader).
+/// and later ([`Current::gil_thread_state`]), cost no second thread-local lookup (each is a
+/// call into the dynamic loader, see [`crate::hook_thread`]).
 struct ReentrancyGuard(&'static HookThread);
 
 impl ReentrancyGuard {
