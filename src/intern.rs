@@ -403,7 +403,9 @@ struct Flat {
 impl Flat {
     #[inline(always)]
     fn find(&self, frames: &[RawFrame], total_nframe: u16) -> Option<TracebackId> {
-        (self.total_nframe == total_nframe && self.frames.as_slice() == frames).then_some(self.id)
+        (self.total_nframe == total_nframe
+            && RawFrame::words(&self.frames) == RawFrame::words(frames))
+        .then_some(self.id)
     }
 
     /// Keeps a copy of `frames`. Called from hooks, so the memory is reserved fallibly;
@@ -762,10 +764,7 @@ impl Interner {
                 };
                 canonical
             };
-            out.push(RawFrame {
-                code: frame.code,
-                offset,
-            });
+            out.push(RawFrame::new(frame.code, offset));
         }
         Some(())
     }
@@ -925,10 +924,7 @@ impl Interner {
         let mut node = stack.leaf;
         while node != NO_NODE {
             let n = self.nodes.get(node);
-            out.push(RawFrame {
-                code: n.code,
-                offset: n.offset,
-            });
+            out.push(RawFrame::new(n.code, n.offset));
             node = n.parent;
         }
         Some(stack.total_nframe)
@@ -1229,10 +1225,7 @@ impl Resolver {
                 let record = self.code(py, dying.code);
                 let frames: Vec<RawFrame> = dying
                     .offsets()
-                    .map(|offset| RawFrame {
-                        code: dying.code,
-                        offset,
-                    })
+                    .map(|offset| RawFrame::new(dying.code, offset))
                     .collect();
                 self.cache_lines(frames.clone());
                 let lines = frames.iter().map(|&frame| self.line(frame)).collect();
@@ -1309,7 +1302,7 @@ mod tests {
     use super::*;
 
     fn f(code: usize, offset: i32) -> RawFrame {
-        RawFrame { code, offset }
+        RawFrame::new(code, offset)
     }
 
     fn frames_of(interner: &Interner, id: TracebackId) -> (Vec<RawFrame>, u16) {

@@ -65,14 +65,38 @@ pub const MAX_NFRAME: usize = u16::MAX as usize;
 ///
 /// `offset` is the byte offset `PyCode_Addr2Line` expects. `code == 0` is the placeholder frame
 /// `('<unknown>', 0)` that stands for a stack that could not be read.
+#[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct RawFrame {
     pub code: usize,
     pub offset: i32,
+    /// Always zero: the padding after `offset`, made a field so that every byte of a frame is
+    /// set and a stack can be compared as words ([`RawFrame::words`]).
+    zero: u32,
 }
 
 impl RawFrame {
-    pub const UNKNOWN: RawFrame = RawFrame { code: 0, offset: 0 };
+    pub const UNKNOWN: RawFrame = RawFrame::new(0, 0);
+
+    #[inline(always)]
+    pub const fn new(code: usize, offset: i32) -> RawFrame {
+        RawFrame {
+            code,
+            offset,
+            zero: 0,
+        }
+    }
+
+    /// A stack as the words it is made of, two a frame: equal words, equal frames. Comparing
+    /// those is a `memcmp`, where the derived equality of frames tests each field with a
+    /// branch of its own (eight instructions a frame under callgrind).
+    #[inline(always)]
+    pub fn words(frames: &[RawFrame]) -> &[u64] {
+        const _: () = assert!(std::mem::size_of::<RawFrame>() == 16);
+        // SAFETY: `RawFrame` is `repr(C)`, 16 bytes with no padding (two words, the second
+        // `offset` and `zero`) and 8-byte aligned, so its memory is initialised `u64`s.
+        unsafe { std::slice::from_raw_parts(frames.as_ptr().cast(), frames.len() * 2) }
+    }
 }
 
 /// What differs between CPython versions, and nothing else.
@@ -219,10 +243,10 @@ unsafe fn walk_frame_objects(
     let mut n = 0;
     while !frame.is_null() && n < out.len() {
         let lasti = *(frame.cast::<u8>().add(layout::FRAME_LASTI) as *const i32);
-        out[n] = RawFrame {
-            code: read_ptr(frame, layout::FRAME_CODE) as usize,
-            offset: lasti.wrapping_mul(lasti_unit),
-        };
+        out[n] = RawFrame::new(
+            read_ptr(frame, layout::FRAME_CODE) as usize,
+            lasti.wrapping_mul(lasti_unit),
+        );
         n += 1;
         frame = read_ptr(frame, layout::FRAME_BACK);
     }
@@ -388,10 +412,8 @@ unsafe fn walk_interpreter_frames(
                 complete =
                     owner == layout::OWNED_BY_GENERATOR || instr >= start + 2 * first as usize;
                 if complete {
-                    out[n] = RawFrame {
-                        code: code as usize,
-                        offset: instr.wrapping_sub(start) as isize as i32,
-                    };
+                    out[n] =
+                        RawFrame::new(code as usize, instr.wrapping_sub(start) as isize as i32);
                     n += 1;
                 }
             }
@@ -423,7 +445,49 @@ unsafe fn walk_interpreter_frames(
 
 #[cfg(test)]
 mod tests {
-    use super::push_code_point;
+    use super::{push_code_point, RawFrame};
+
+    #[test]
+    fn stacks_compare_as_words_as_they_do_frame_by_frame() {
+        let f = RawFrame::new;
+        let base = [f(0x7f00_1000, 6), f(0x7f00_2000, 42), f(0x7f00_3000, -1)];
+        // (other stack, what derived equality says)
+        let cases: [(&[RawFrame], bool); 7] = [
+            (&base, true),
+            (&base[..2], false),
+            (
+                &[f(0x7f00_1000, 6), f(0x7f00_2000, 42), f(0x7f00_3000, 1)],
+                false,
+            ),
+            (
+                &[f(0x7f00_1000, 6), f(0x7f00_2008, 42), f(0x7f00_3000, -1)],
+                false,
+            ),
+            (
+                &[f(0x7f00_1000, 7), f(0x7f00_2000, 42), f(0x7f00_3000, -1)],
+                false,
+            ),
+            // An offset whose bits reach into the upper half of its word.
+            (
+                &[
+                    f(0x7f00_1000, i32::MIN),
+                    f(0x7f00_2000, 42),
+                    f(0x7f00_3000, -1),
+                ],
+                false,
+            ),
+            (&[], false),
+        ];
+        for (other, equal) in cases {
+            assert_eq!(base.as_slice() == other, equal, "{other:?}");
+            assert_eq!(
+                RawFrame::words(&base) == RawFrame::words(other),
+                equal,
+                "{other:?}"
+            );
+        }
+        assert_eq!(RawFrame::words(&[RawFrame::UNKNOWN]), &[0, 0]);
+    }
 
     #[test]
     fn total_nframe_stops_at_u16_max() {
