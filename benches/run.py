@@ -82,6 +82,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "(e.g. --quick --nframes 1,25 for both depths in one round)",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        help="interleaved rounds of the overhead part, overriding the preset's (e.g. --quick "
+        "--rounds 3: each figure the median of three children, which a machine's passing "
+        "slowdowns move less than one)",
+    )
+    parser.add_argument(
         "--benchmarks",
         help="comma-separated pyperformance benchmarks for the overhead and instructions parts "
         "(default: all of overhead.BENCHMARKS)",
@@ -123,6 +130,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = set(opts.only.split(",")) - set(PARTS)
     if unknown:
         parser.error(f"unknown part(s) in --only: {', '.join(sorted(unknown))}")
+    if opts.rounds is not None and opts.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {opts.rounds}")
     if opts.benchmarks:
         known = {b.name for b in overhead.BENCHMARKS}
         wrong = set(opts.benchmarks.split(",")) - known
@@ -182,6 +191,8 @@ def main(argv: list[str]) -> int:
             if opts.nframes and name == "overhead":
                 nframes = tuple(int(n) for n in opts.nframes.split(","))
                 settings = dataclasses.replace(settings, nframes=nframes)
+            if opts.rounds is not None and name == "overhead":
+                settings = dataclasses.replace(settings, rounds=opts.rounds)
             if name == "overhead" and (opts.native or opts.memray):
                 side = (overhead.NATIVE_MODES if opts.native else ()) + (
                     overhead.MEMRAY_MODES if opts.memray else ()

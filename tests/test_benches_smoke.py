@@ -92,6 +92,12 @@ def test_unsupported_python_is_rejected() -> None:
     assert "unsupported --python '2.7'" in proc.stderr
 
 
+def test_rounds_below_one_are_rejected() -> None:
+    proc = _run(["--only", "overhead", "--rounds", "0", "--python", "current"])
+    assert proc.returncode == 2
+    assert "--rounds must be at least 1, not 0" in proc.stderr
+
+
 def test_unknown_benchmark_is_rejected() -> None:
     proc = _run(["--only", "instructions", "--benchmarks", "float,nosuch", "--python", "current"])
     assert proc.returncode == 2
