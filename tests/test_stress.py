@@ -16,9 +16,41 @@ import pytest
 
 import alloctrace
 
+# The C library and Python's RAW allocator via ctypes, for allocating on C threads (no
+# alloctrace import: a test may need threads before it).
+C_THREADS = textwrap.dedent(
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    raw_malloc = ctypes.cast(ctypes.pythonapi.PyMem_RawMalloc, ctypes.c_void_p).value
+    raw_free = ctypes.cast(ctypes.pythonapi.PyMem_RawFree, ctypes.c_void_p).value
+    libc.pthread_create.argtypes = [
+        ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+    ]
+    libc.pthread_join.argtypes = [ctypes.c_ulong, ctypes.POINTER(ctypes.c_void_p)]
+
+    def c_threads(routine, args):
+        \"\"\"Run routine(arg) on one new C thread per arg (pthread_create straight into a C
+        function: no Python thread state exists on them); return their results.\"\"\"
+        handles = []
+        for arg in args:
+            handle = ctypes.c_ulong()
+            err = libc.pthread_create(ctypes.byref(handle), None, routine, arg)
+            assert err == 0, f"pthread_create: {err}"
+            handles.append(handle)
+        results = []
+        for handle in handles:
+            result = ctypes.c_void_p()
+            assert libc.pthread_join(handle.value, ctypes.byref(result)) == 0
+            results.append(result.value)
+        return results
+    """
+)
+
 # Shared by the child scripts: exact totals (current traced memory and the sum of the live
-# traces' sizes), and the C library and Python's RAW allocator via ctypes.
-PRELUDE = textwrap.dedent(
+# traces' sizes), and C threads.
+PRELUDE = C_THREADS + textwrap.dedent(
     """
     import ctypes, gc, os, sys, threading, time
     import alloctrace
@@ -45,30 +77,6 @@ PRELUDE = textwrap.dedent(
     def check_consistent(where):
         current, total, _ = totals()
         assert current == total, f"{where}: current {current} != sum of traces {total}"
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    raw_malloc = ctypes.cast(ctypes.pythonapi.PyMem_RawMalloc, ctypes.c_void_p).value
-    raw_free = ctypes.cast(ctypes.pythonapi.PyMem_RawFree, ctypes.c_void_p).value
-    libc.pthread_create.argtypes = [
-        ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
-    ]
-    libc.pthread_join.argtypes = [ctypes.c_ulong, ctypes.POINTER(ctypes.c_void_p)]
-
-    def c_threads(routine, args):
-        \"\"\"Run routine(arg) on one new C thread per arg (pthread_create straight into a C
-        function: no Python thread state exists on them); return their results.\"\"\"
-        handles = []
-        for arg in args:
-            handle = ctypes.c_ulong()
-            err = libc.pthread_create(ctypes.byref(handle), None, routine, arg)
-            assert err == 0, f"pthread_create: {err}"
-            handles.append(handle)
-        results = []
-        for handle in handles:
-            result = ctypes.c_void_p()
-            assert libc.pthread_join(handle.value, ctypes.byref(result)) == 0
-            results.append(result.value)
-        return results
     """
 )
 
@@ -240,7 +248,7 @@ def test_threads_running_before_the_import_get_hook_state_of_their_own(static_tl
         env["GLIBC_TUNABLES"] = "glibc.rtld.optional_static_tls=0"
     run_child(
         """
-        import ctypes, sys, threading
+        import sys, threading
 
         ROUNDS, PER_ROUND = 30, 40
         go, done = threading.Event(), []
@@ -261,20 +269,7 @@ def test_threads_running_before_the_import_get_hook_state_of_their_own(static_tl
         for t in threads:
             t.join()
         # C threads with no Python thread state, in the RAW domain.
-        libc = ctypes.CDLL(None)
-        raw_malloc = ctypes.cast(ctypes.pythonapi.PyMem_RawMalloc, ctypes.c_void_p).value
-        libc.pthread_create.argtypes = [
-            ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
-        ]
-        libc.pthread_join.argtypes = [ctypes.c_ulong, ctypes.POINTER(ctypes.c_void_p)]
-        handles = [ctypes.c_ulong() for _ in range(8)]
-        for handle in handles:
-            assert libc.pthread_create(ctypes.byref(handle), None, raw_malloc, 55_555) == 0
-        blocks = []
-        for handle in handles:
-            result = ctypes.c_void_p()
-            assert libc.pthread_join(handle.value, ctypes.byref(result)) == 0
-            blocks.append(result.value)
+        blocks = c_threads(raw_malloc, [55_555] * 8)
         snapshot = alloctrace.take_snapshot()
         counts = {}
         for trace in snapshot.traces:
@@ -290,7 +285,7 @@ def test_threads_running_before_the_import_get_hook_state_of_their_own(static_tl
         print("ok")
         """,
         env=env,
-        prelude="",
+        prelude=C_THREADS,
     )
 
 
