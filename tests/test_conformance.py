@@ -32,8 +32,8 @@ KNOWN_FAILURES: dict = {
         ("3.9", "3.10", "3.11", "3.12", "3.13") if _native._freelist_mechanism() is None else (),
         "An object reused from one of CPython's free lists (here a list) is created without "
         "calling the allocator, so a PEP 445 hook never sees it; this interpreter offers "
-        "alloctrace no way to see the object's creation (Debian's statically linked 3.11 "
-        "inlines _Py_NewReference into its callers), so it keeps the traceback of the "
+        "alloctrace no way to see the object's creation (a statically linked 3.9 or 3.10 "
+        "that inlined _Py_NewReference into its callers), so it keeps the traceback of the "
         "allocation that first made the memory.",
     ),
 }

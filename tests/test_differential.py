@@ -42,9 +42,10 @@ def moved_share(ours, theirs):
     return moved / max(sum(theirs.values()), 1)
 
 
-# Where alloctrace cannot see object creations (Debian's static 3.11, docs/freelists.md), free
-# list reuse moves 3-19% of these workloads' bytes: a known difference, measured in the README.
-# networkx's figures agree there too (0.06% measured on Debian's 3.11), so it is not marked.
+# Where alloctrace cannot see object creations (a static 3.9 or 3.10 that inlined
+# _Py_NewReference, docs/freelists.md), free list reuse moves whole objects to other lines:
+# 3-19% of these workloads' bytes on Debian's 3.11 before its inlined copies were patched.
+# networkx's figures agree even then (0.06% measured there), so it is not marked.
 NO_FREELIST = pytest.mark.xfail(
     _native._freelist_mechanism() is None,
     reason="no way to re-attribute free-list reuse on this interpreter",
@@ -81,8 +82,8 @@ def test_per_line_sizes_match_tracemalloc(workload):
         pytest.param("docutils_html.py", marks=NO_FREELIST),
         pytest.param("markdown_tree.py", marks=NO_FREELIST),
         "networkx_graph.py",
-        # 5.33% on Debian's static 3.11, where object creations cannot be seen (also with
-        # commit 8d327bf's wheel: a missing mark, not a regression).
+        # 5.33% where object creations cannot be seen (Debian's static 3.11 before its
+        # inlined copies of _Py_NewReference were patched).
         pytest.param("pygments_tokens.py", marks=NO_FREELIST),
     ],
 )

@@ -15,9 +15,12 @@
 //!   `_Py_NewReference` itself: the flag load reads a word that is always 1, and the call goes
 //!   to us. Nothing else in the interpreter sees a difference.
 //!
-//! Where neither applies (Debian's statically linked 3.11, whose link-time optimisation
-//! inlined `_Py_NewReference` into some 200 callers), [`mechanism`] is `None` and reused
-//! blocks keep their first traceback; see docs/freelists.md.
+//!   A libpython linked statically with link-time optimisation (Debian's and Ubuntu's
+//!   `/usr/bin/python3.11`) has `_Py_NewReference` copied into some 200 callers: on 3.11 and
+//!   3.12 [`inlined`] finds every copy and [`patch`] rewrites the same two operands in each.
+//!
+//! Where none applies, [`mechanism`] is `None` and reused blocks keep their first traceback;
+//! see docs/freelists.md.
 //!
 //! The call comes for every object created, not only reused ones. Most objects were just
 //! allocated by this very thread, with the same stack, and need nothing: the allocation hook
@@ -32,6 +35,9 @@ use pyo3::ffi;
 use crate::capture::{Current, Interpreter};
 
 pub(crate) mod deferred;
+// Plain code analysis, tested on every build; used by `patch` on 3.11 and 3.12.
+#[cfg_attr(any(not(Py_3_11), Py_3_13), allow(dead_code))]
+mod inlined;
 #[cfg(not(Py_3_13))]
 mod patch;
 #[cfg(Py_3_13)]
@@ -114,7 +120,8 @@ pub unsafe fn uninstall() {
 }
 
 /// How this interpreter lets the tracer see object creations: `"reftracer"` (3.13),
-/// `"patched"` (3.9–3.12 with the expected `_Py_NewReference`), or `None` if it cannot (reused
+/// `"patched"` (3.9–3.12 with the expected `_Py_NewReference`, or 3.11–3.12 with its copies
+/// all found in a static libpython), or `None` if it cannot (reused
 /// blocks then keep their first traceback). Probes without changing anything.
 pub fn mechanism() -> Option<&'static str> {
     active::available().then_some(active::NAME)
