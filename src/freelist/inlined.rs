@@ -412,46 +412,40 @@ mod tests {
         assert_eq!((sites.reads, sites.calls), (vec![read], vec![call]));
     }
 
+    /// A flag loaded and tested with `between_load` and `between_test` after the load and
+    /// after the test, then a `jne` to a call that follows either way; returns the call's
+    /// address.
+    fn tested(asm: &mut Asm, between_load: fn(&mut Asm), between_test: fn(&mut Asm)) -> u64 {
+        asm.load_flag();
+        between_load(asm);
+        asm.test_eax();
+        between_test(asm);
+        let at = asm.here() + 6;
+        asm.jcc(0x85, at);
+        asm.call(CALLEE);
+        at
+    }
+
     #[test]
     fn a_call_no_guard_leads_to_is_refused() {
-        // (the code before the guarded copy, what `find` says)
-        // Assembles the unguarded call; returns its address.
+        // (code with a call and what it shows; the code returns the call's address)
         type Before = fn(&mut Asm) -> u64;
         let cases: [(Before, &str); 3] = [
-            // A call with no guard at all.
             (
                 |asm| {
                     let at = asm.here();
                     asm.call(CALLEE);
                     at
                 },
-                "plain call",
+                "a call with no guard at all",
             ),
-            // The flags are changed between the test and the branch: not a guard.
             (
-                |asm| {
-                    asm.load_flag();
-                    asm.test_eax();
-                    asm.add_eax_1();
-                    let at = asm.here() + 6;
-                    asm.jcc(0x85, at);
-                    asm.call(CALLEE);
-                    at
-                },
-                "flags changed before the branch",
+                |asm| tested(asm, |_| {}, Asm::add_eax_1),
+                "the flags changed between the test and the branch",
             ),
-            // The loaded register is overwritten before its test: not a guard.
             (
-                |asm| {
-                    asm.load_flag();
-                    asm.mov_eax_5();
-                    asm.test_eax();
-                    let at = asm.here() + 6;
-                    asm.jcc(0x85, at);
-                    asm.call(CALLEE);
-                    at
-                },
-                "register overwritten before the test",
+                |asm| tested(asm, Asm::mov_eax_5, |_| {}),
+                "the loaded register overwritten before its test",
             ),
         ];
         for (before, what) in cases {
