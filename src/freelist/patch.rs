@@ -372,6 +372,7 @@ unsafe fn with_page(
     *((stub + 6) as *mut usize) =
         new_reference as unsafe extern "C" fn(*mut ffi::PyObject) -> c_int as usize;
     if libc::mprotect(page as *mut c_void, 4096, libc::PROT_READ | libc::PROT_EXEC) != 0 {
+        libc::munmap(page as *mut c_void, 4096);
         return None;
     }
     Some(Plan {
