@@ -71,6 +71,11 @@ impl Operand {
             to,
         }
     }
+
+    /// The displacement that makes the operand reach its place in `page`, if one can.
+    fn reaching(&self, page: usize) -> Option<i32> {
+        i32::try_from((page + self.to) as isize - (self.at + 4) as isize).ok()
+    }
 }
 
 struct Plan {
@@ -357,8 +362,11 @@ unsafe fn with_page(
     original_callee: usize,
 ) -> Option<Plan> {
     let page = page_near(near)?;
-    let fits = |o: &Operand| i32::try_from((page + o.to) as isize - (o.at + 4) as isize).is_ok();
-    if !reads.iter().chain(&calls).all(fits) {
+    if !reads
+        .iter()
+        .chain(&calls)
+        .all(|o| o.reaching(page).is_some())
+    {
         libc::munmap(page as *mut c_void, 4096);
         return None;
     }
@@ -432,12 +440,8 @@ pub unsafe fn install() -> bool {
     };
     REAL_FLAG.store(plan.real_flag, Relaxed);
     ORIGINAL_CALLEE.store(plan.original_callee, Relaxed);
-    let redirected = |o: &Operand| {
-        (
-            o.at,
-            ((plan.page + o.to) as isize - (o.at + 4) as isize) as i32,
-        )
-    };
+    // Every operand reaches the page: `with_page` checked it.
+    let redirected = |o: &Operand| (o.at, o.reaching(plan.page).unwrap_or(o.original));
     // Calls first: until the reads are redirected too, a call is only made when the standard
     // module traces, and then reaches us, who forward to it.
     if !write_code(plan.calls.iter().map(redirected))
