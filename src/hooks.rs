@@ -71,6 +71,73 @@ extern "C" fn hook_calloc(ctx: *mut c_void, nelem: usize, elsize: usize) -> *mut
     }
 }
 
+// Sampled mode's allocation hooks ([`SAMPLED`]). Most allocations are not recorded, so these
+// decide before calling the wrapped allocator ([`tracer::will_record`]): one that is not costs a
+// thread-local lookup, a few loads and the call, with three registers saved, where the hooks
+// above save six and set up a stack frame for the recording inlined in them. The recording is a
+// call apart here. Exact mode, where every allocation is recorded, keeps the hooks above: the
+// call apart cost it more than it saved sampled mode. Either pair is correct in either mode (a
+// RAW-domain hook may still be running one after `start()` installed the other).
+
+extern "C" fn malloc_sampled(ctx: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
+    unsafe {
+        let hook = hook(ctx);
+        let scope = sampler::Scope::enter();
+        if tracer::will_record(size, &scope) {
+            return malloc_recorded(hook, size, scope);
+        }
+        let orig = &hook.original;
+        (orig.malloc.unwrap_unchecked())(orig.ctx, size)
+    }
+}
+
+#[inline(never)]
+unsafe fn malloc_recorded(hook: &Hook, size: usize, scope: sampler::Scope) -> *mut c_void {
+    let orig = &hook.original;
+    let ptr = (orig.malloc.unwrap_unchecked())(orig.ctx, size);
+    if !ptr.is_null() {
+        tracer::on_recorded_alloc(ptr as usize, size, hook.gil_held, &scope);
+    }
+    ptr
+}
+
+extern "C" fn calloc_sampled(ctx: *mut c_void, nelem: usize, elsize: usize) -> *mut c_void {
+    // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
+    unsafe {
+        let hook = hook(ctx);
+        let scope = sampler::Scope::enter();
+        // A product that overflows is refused by the allocator; saturated, it is charged as
+        // the largest request.
+        if tracer::will_record(nelem.saturating_mul(elsize), &scope) {
+            return calloc_recorded(hook, nelem, elsize, scope);
+        }
+        let orig = &hook.original;
+        (orig.calloc.unwrap_unchecked())(orig.ctx, nelem, elsize)
+    }
+}
+
+#[inline(never)]
+unsafe fn calloc_recorded(
+    hook: &Hook,
+    nelem: usize,
+    elsize: usize,
+    scope: sampler::Scope,
+) -> *mut c_void {
+    let orig = &hook.original;
+    let ptr = (orig.calloc.unwrap_unchecked())(orig.ctx, nelem, elsize);
+    if !ptr.is_null() {
+        // The allocator refuses products that overflow, so a non-null block means it fits.
+        tracer::on_recorded_alloc(
+            ptr as usize,
+            nelem.wrapping_mul(elsize),
+            hook.gil_held,
+            &scope,
+        );
+    }
+    ptr
+}
+
 extern "C" fn hook_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *mut c_void {
     // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
     unsafe {
@@ -122,23 +189,58 @@ fn address<F: Copy>(f: Option<F>) -> usize {
     }
 }
 
-fn is_ours(allocator: &PyMemAllocatorEx) -> bool {
-    address(allocator.malloc)
-        == address(Some(
-            hook_malloc as extern "C" fn(*mut c_void, usize) -> *mut c_void,
-        ))
+type Malloc = extern "C" fn(*mut c_void, usize) -> *mut c_void;
+type Calloc = extern "C" fn(*mut c_void, usize, usize) -> *mut c_void;
+
+/// The allocation hooks of one mode; realloc and free are the same in both.
+#[derive(Clone, Copy)]
+struct Allocating {
+    malloc: Malloc,
+    calloc: Calloc,
 }
 
-/// Installs the hooks on the three domains. A domain whose current allocator is already our
-/// hook (left in place by an earlier `stop()`, see [`uninstall`]) keeps it.
+const EXACT: Allocating = Allocating {
+    malloc: hook_malloc,
+    calloc: hook_calloc,
+};
+
+const SAMPLED: Allocating = Allocating {
+    malloc: malloc_sampled,
+    calloc: calloc_sampled,
+};
+
+fn is_ours(allocator: &PyMemAllocatorEx) -> bool {
+    let malloc = address(allocator.malloc);
+    [EXACT, SAMPLED]
+        .iter()
+        .any(|hooks| malloc == address(Some(hooks.malloc)))
+}
+
+fn allocator(hook: *mut Hook, hooks: Allocating) -> PyMemAllocatorEx {
+    PyMemAllocatorEx {
+        ctx: hook.cast(),
+        malloc: Some(hooks.malloc),
+        calloc: Some(hooks.calloc),
+        realloc: Some(hook_realloc),
+        free: Some(hook_free),
+    }
+}
+
+/// Installs the hooks on the three domains, those of sampled mode if `sampling`. A domain
+/// whose current allocator is already our hook (left in place by an earlier `stop()`, see
+/// [`uninstall`]) keeps its `Hook`, with this mode's functions.
 ///
 /// # Safety
 /// The GIL is held.
-pub unsafe fn install() {
+pub unsafe fn install(sampling: bool) {
+    let hooks = if sampling { SAMPLED } else { EXACT };
     for (domain, slot) in DOMAINS.into_iter().zip(&HOOKS) {
         let mut current = std::mem::zeroed::<PyMemAllocatorEx>();
         ffi::PyMem_GetAllocator(domain, &mut current);
         if is_ours(&current) {
+            if address(current.malloc) != address(Some(hooks.malloc)) {
+                ffi::PyMem_SetAllocator(domain, &mut allocator(current.ctx.cast(), hooks));
+            }
             continue;
         }
         let mut hook = slot.load(Ordering::Acquire);
@@ -149,14 +251,7 @@ pub unsafe fn install() {
             }));
             slot.store(hook, Ordering::Release);
         }
-        let mut ours = PyMemAllocatorEx {
-            ctx: hook.cast(),
-            malloc: Some(hook_malloc),
-            calloc: Some(hook_calloc),
-            realloc: Some(hook_realloc),
-            free: Some(hook_free),
-        };
-        ffi::PyMem_SetAllocator(domain, &mut ours);
+        ffi::PyMem_SetAllocator(domain, &mut allocator(hook, hooks));
     }
 }
 

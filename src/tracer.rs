@@ -349,9 +349,32 @@ unsafe fn record_current(thread: &HookThread, address: usize, size: usize, gil_h
 /// Called from a hook with the block just returned by the wrapped allocator.
 #[inline(always)]
 pub unsafe fn on_alloc(address: usize, size: usize, gil_held: bool, scope: &sampler::Scope) {
-    if !TRACING.load(Relaxed) || !RECORDING.load(Relaxed) || !scope.keep(size) {
-        return;
+    if will_record(size, scope) {
+        on_recorded_alloc(address, size, gil_held, scope);
     }
+}
+
+/// Whether an allocation of `size` bytes in `scope` is to be recorded: tracing, recording,
+/// the outermost hook on the thread and, when sampling, the allocation that crosses the
+/// countdown (which this call moves on). In sampled mode the hooks ask before calling the
+/// wrapped allocator (see [`crate::hooks`]): an allocation that then fails has still been
+/// charged, which only moves the next sample by one draw.
+#[inline(always)]
+pub fn will_record(size: usize, scope: &sampler::Scope) -> bool {
+    TRACING.load(Relaxed) && RECORDING.load(Relaxed) && scope.keep(size)
+}
+
+/// A block was allocated that [`will_record`] said is to be recorded.
+///
+/// # Safety
+/// As [`on_alloc`].
+#[inline(always)]
+pub unsafe fn on_recorded_alloc(
+    address: usize,
+    size: usize,
+    gil_held: bool,
+    scope: &sampler::Scope,
+) {
     let Some(guard) = ReentrancyGuard::within(scope) else {
         return;
     };
@@ -848,7 +871,7 @@ pub fn start(py: Python<'_>, nframe: i64, sampling: Sampling, native: Option<boo
     TRACING.store(true, Relaxed);
     // SAFETY: the GIL is held.
     unsafe {
-        hooks::install();
+        hooks::install(interval != 0);
         crate::freelist::install();
     }
     crate::native::set_enabled(native.unwrap_or(false));
