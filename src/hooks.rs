@@ -1,8 +1,9 @@
 //! The PEP 445 allocator hooks: the hot path.
 //!
-//! Each hook forwards to the allocator it wrapped, then tells the tracer what happened. They do
-//! the least work possible: no Python API call, no line number, one shard lock (see
-//! [`crate::tracer`] for what is recorded).
+//! Each hook forwards to the allocator it wrapped, then tells the tracer what happened; in
+//! sampled mode the allocation hooks ask the tracer first whether the block is to be recorded
+//! (see [`SAMPLED`]). They do the least work possible: no Python API call, no line number, one
+//! shard lock (see [`crate::tracer`] for what is recorded).
 //!
 //! Installation wraps whatever allocators are in place at `start()`. The wrapped allocator is
 //! kept in a `Hook` that is never freed: a RAW-domain hook may still be running on another
