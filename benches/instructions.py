@@ -66,7 +66,8 @@ class Settings:
     #: nframe 25 it runs 10-40x the instructions and would dominate a run under valgrind.
     nframes: tuple[int, ...] = (1, 25)
     reference_nframes: tuple[int, ...] = (1,)
-    sampled: tuple[tuple[int, int], ...] = overhead.SAMPLED
+    #: The default sampled mode only (with re-attribution).
+    sampled: tuple[tuple[int, int, bool], ...] = overhead.SAMPLED[:1]
     memray: bool = True
     timeout: float = 900.0
 
@@ -89,7 +90,7 @@ def modes(settings: Settings, with_alloctrace: bool, with_memray: bool) -> list[
     result += [tracers.mode("tracemalloc", n) for n in settings.reference_nframes]
     if with_alloctrace:
         result += [tracers.mode("alloctrace", n) for n in settings.nframes]
-        result += [tracers.mode("alloctrace", n, i) for n, i in settings.sampled]
+        result += [tracers.mode("alloctrace", n, i, reattribute=r) for n, i, r in settings.sampled]
     if with_memray:
         result += list(MEMRAY_MODES)
     return result

@@ -76,9 +76,12 @@ BENCHMARKS = (
 
 NFRAMES = (1, 25)
 
-#: alloctrace's sampled mode as measured: (nframe, bytes between samples). The target is a
-#: geometric-mean slowdown of at most 1.05x at the default interval with deep tracebacks.
-SAMPLED = ((64, 512 * 1024),)
+#: alloctrace's sampled modes as measured: (nframe, bytes between samples, whether objects
+#: reused from free lists are re-attributed). The target is a geometric-mean slowdown of at most
+#: 1.05x at the default interval with deep tracebacks; the second mode is the same without
+#: re-attribution (`start(reattribute=False)`), the per-object callback it saves being most of
+#: what sampled mode costs.
+SAMPLED = ((64, 512 * 1024, True), (64, 512 * 1024, False))
 
 #: The mode that is run in fewer rounds (see Settings.reference_rounds).
 SLOW_REFERENCE = "tracemalloc:25"
@@ -107,7 +110,7 @@ class Settings:
     #: yields a lower bound on the time per operation, reported with a ">=".
     budget: float = 60.0
     #: alloctrace sampled modes run beside the exact ones (see SAMPLED).
-    sampled: tuple[tuple[int, int], ...] = SAMPLED
+    sampled: tuple[tuple[int, int, bool], ...] = SAMPLED
     #: Side-by-side modes at one frame (run.py's --native and --memray): alloctrace's native
     #: mode, memray's three (see tracers). Left out when their tracer cannot run.
     extra: tuple[str, ...] = ()
@@ -135,7 +138,7 @@ MEMRAY_MODES = tuple(tracers.memray_mode(option) for option in tracers.MEMRAY_OP
 def modes(
     nframes: tuple[int, ...],
     with_alloctrace: bool,
-    sampled: tuple[tuple[int, int], ...] = (),
+    sampled: tuple[tuple[int, int, bool], ...] = (),
     extra: tuple[str, ...] = (),
     with_memray: bool = False,
 ) -> list[str]:
@@ -143,7 +146,10 @@ def modes(
     result = [tracers.UNTRACED] + [tracers.mode("tracemalloc", n) for n in nframes]
     if with_alloctrace:
         result += [tracers.mode("alloctrace", n) for n in nframes]
-        result += [tracers.mode("alloctrace", n, interval) for n, interval in sampled]
+        result += [
+            tracers.mode("alloctrace", n, interval, reattribute=reattribute)
+            for n, interval, reattribute in sampled
+        ]
     for spec in extra:
         tracer, _ = tracers.parse(spec)
         if (tracer == "alloctrace" and with_alloctrace) or (tracer == "memray" and with_memray):
@@ -230,7 +236,7 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
     return {
         "modes": all_modes,
         "nframes": list(settings.nframes),
-        "sampled": [list(pair) for pair in settings.sampled] if with_alloctrace else [],
+        "sampled": [list(mode) for mode in settings.sampled] if with_alloctrace else [],
         "extra": [spec for spec in settings.extra if spec in all_modes],
         "extra_absent": [spec for spec in settings.extra if spec not in all_modes],
         "rows": rows,

@@ -167,9 +167,12 @@ def sampled_overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
     rows = []
     tm_nframe = min(part["nframes"]) if part["nframes"] else None
     tm_spec = f"tracemalloc:{tm_nframe}"
-    for nframe, interval in part.get("sampled", []):
-        spec = f"alloctrace:{nframe}@{interval}"
+    for nframe, interval, *rest in part.get("sampled", []):
+        reattribute = rest[0] if rest else True
+        spec = f"alloctrace:{nframe}@{interval}" + ("" if reattribute else "+noreattribute")
         label = f"{nframe}, sampled {_interval(interval)}"
+        if not reattribute:
+            label += ", reattribute=False"
         at_list, tm_list, bounded, tm_bounded = [], [], False, False
         for entry in part["rows"]:
             secs = entry["seconds"]

@@ -4,10 +4,12 @@ Each benchmark runs the same workload untraced, under the standard ``tracemalloc
 ``alloctrace``.  A mode is written as a short string so that it can travel on a child's command
 line: ``none``, ``tracemalloc:25``, ``alloctrace:1``, ``alloctrace:64@524288`` for alloctrace's
 sampled mode (one sample per 524288 bytes on average), ``alloctrace:1+native`` for its native
-mode, and, for side-by-side columns, ``memray``, ``memray+python-allocators`` and
-``memray+native``: memray's ``Tracker`` (what ``memray run`` runs the program under) with
-the options of ``memray run``, ``--trace-python-allocators`` and ``--native``, writing its
-capture file to a temporary directory.  Keeping the start, stop and "is it really on?" logic
+mode, ``alloctrace:64@524288+noreattribute`` for one that leaves objects reused from free lists
+with their first traceback (``start(reattribute=False)``), and, for side-by-side columns,
+``memray``, ``memray+python-allocators`` and ``memray+native``: memray's ``Tracker`` (what
+``memray run`` runs the program under) with the options of ``memray run``,
+``--trace-python-allocators`` and ``--native``, writing its capture file to a temporary
+directory.  Keeping the start, stop and "is it really on?" logic
 here means every part of the suite treats the tracers identically, and a result can never be
 reported for a tracer that silently failed to start.
 """
@@ -31,21 +33,33 @@ MEMRAY_OPTIONS: dict[str, dict[str, bool]] = {
     "python-allocators": {"trace_python_allocators": True},
     "native": {"native_traces": True},
 }
+#: alloctrace's option for ``start(reattribute=False)``.
+NO_REATTRIBUTE = "noreattribute"
 #: The running memray tracker and its temporary directory, between start() and stop().
 _memray: list[tuple[Any, str]] = []
 
 
-def mode(tracer: str, nframe: int, sample_interval: int | None = None, native: bool = False) -> str:
+def mode(
+    tracer: str,
+    nframe: int,
+    sample_interval: int | None = None,
+    native: bool = False,
+    reattribute: bool = True,
+) -> str:
     """Return the mode string for *tracer* capturing *nframe* frames per allocation, every
     allocation or (alloctrace only) one sample per *sample_interval* bytes, with (alloctrace
-    only) its native mode."""
+    only) its native mode, or without re-attributing objects reused from free lists."""
     if tracer not in TRACERS:
         raise ValueError(f"unknown tracer {tracer!r}; expected one of {TRACERS}")
-    if (sample_interval is not None or native) and tracer != "alloctrace":
-        raise ValueError(f"{tracer} has no sampled or native mode")
+    if (sample_interval is not None or native or not reattribute) and tracer != "alloctrace":
+        raise ValueError(f"{tracer} has no sampled or native mode and always re-attributes")
+    if native and not reattribute:
+        raise ValueError("one option per mode: native or noreattribute")
     spec = f"{tracer}:{nframe}"
     if sample_interval is not None:
         spec += f"@{sample_interval}"
+    if not reattribute:
+        spec += "+" + NO_REATTRIBUTE
     return spec + ("+native" if native else "")
 
 
@@ -68,6 +82,11 @@ def is_native(spec: str) -> bool:
     return spec.startswith("alloctrace:") and spec.endswith("+native")
 
 
+def reattributes(spec: str) -> bool:
+    """Whether a mode string leaves alloctrace's re-attribution of reused objects on."""
+    return not (spec.startswith("alloctrace:") and spec.endswith("+" + NO_REATTRIBUTE))
+
+
 def parse(spec: str) -> tuple[str | None, int]:
     """Split a mode string into (tracer name or None, nframe); memray's nframe is 0 (it keeps
     whole stacks)."""
@@ -84,8 +103,11 @@ def parse(spec: str) -> tuple[str | None, int]:
         raise ValueError(f"bad tracing mode {spec!r}; expected 'none' or 'TRACER:NFRAME'")
     if at and (tracer != "alloctrace" or not interval.isdigit() or int(interval) < 1):
         raise ValueError(f"bad sampled mode {spec!r}; expected 'alloctrace:NFRAME@BYTES'")
-    if plus and (tracer != "alloctrace" or option != "native"):
-        raise ValueError(f"bad native mode {spec!r}; expected 'alloctrace:NFRAME+native'")
+    if plus and (tracer != "alloctrace" or option not in ("native", NO_REATTRIBUTE)):
+        raise ValueError(
+            f"bad mode option in {spec!r}; expected 'alloctrace:NFRAME+native' or "
+            f"'alloctrace:NFRAME[@BYTES]+{NO_REATTRIBUTE}'"
+        )
     return tracer, int(nframe)
 
 
@@ -140,6 +162,8 @@ def start(spec: str) -> None:
         options["sample_interval"] = interval
     if is_native(spec):
         options["native"] = True
+    if not reattributes(spec):
+        options["reattribute"] = False
     mod.start(nframe, **options)
     check(spec)
 
@@ -175,6 +199,8 @@ def check(spec: str) -> None:
             native = getattr(mod, "is_tracing_native", lambda: False)()
             if native != is_native(spec):
                 raise RuntimeError(f"alloctrace native mode is {native} under {spec!r}")
+            if not reattributes(spec) and getattr(mod, "is_reattributing", lambda: True)():
+                raise RuntimeError(f"alloctrace re-attributes reused objects under {spec!r}")
     if bool(_memray) != (tracer == MEMRAY):
         state = "is not" if tracer == MEMRAY else "is unexpectedly"
         raise RuntimeError(f"memray {state} tracking under {spec!r}")

@@ -54,6 +54,10 @@ pub const DEFAULT_DOMAIN: u32 = 0;
 static TRACING: AtomicBool = AtomicBool::new(false);
 /// Cleared by `disable()`: new blocks are not recorded, frees still are.
 static RECORDING: AtomicBool = AtomicBool::new(true);
+/// Whether the running session was asked to re-attribute objects reused from free lists
+/// (`start(reattribute=...)`), and whether it does (the interpreter may offer no way).
+static REATTRIBUTE_ASKED: AtomicBool = AtomicBool::new(true);
+static REATTRIBUTING: AtomicBool = AtomicBool::new(false);
 static TABLE: OnceLock<TraceTable> = OnceLock::new();
 static MAIN_INTERPRETER: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 /// Blocks allocated while tracing but left untraced because the tracer could not get memory
@@ -792,6 +796,12 @@ fn check_interval(interval: u64) -> Result<u64> {
 }
 
 /// The sampling interval of the running session; `None` when exact or not tracing.
+/// Whether objects reused from free lists are being re-attributed: tracing, asked to
+/// (`start`'s `reattribute`), and this interpreter offers a way ([`crate::freelist::mechanism`]).
+pub fn is_reattributing() -> bool {
+    is_tracing() && REATTRIBUTING.load(Relaxed)
+}
+
 pub fn sample_interval() -> Option<u64> {
     if is_tracing() {
         sampler::interval()
@@ -806,10 +816,31 @@ pub fn sample_interval() -> Option<u64> {
 ///
 /// With `native` (`None` meaning off, or whatever is running), extensions' own `malloc`/`mmap`
 /// calls are recorded too, in the native domain (see [`crate::native`]).
-pub fn start(py: Python<'_>, nframe: i64, sampling: Sampling, native: Option<bool>) -> Result<()> {
+///
+/// With `reattribute` (`None` meaning on, or whatever is running), an object that CPython
+/// builds in a block taken from one of its free lists moves that block to the object's
+/// traceback, as `tracemalloc` does ([`crate::freelist`]). Off, such a block keeps the
+/// traceback of its first allocation, and no object creation reaches the tracer: the
+/// callback that every object CPython creates otherwise makes is most of what sampled mode
+/// costs on a program that allocates little but creates many objects (docs/sampling.md).
+pub fn start(
+    py: Python<'_>,
+    nframe: i64,
+    sampling: Sampling,
+    native: Option<bool>,
+    reattribute: Option<bool>,
+) -> Result<()> {
     let nframe = check_nframe(nframe)?;
     let interval = sampling.interval.map(check_interval).transpose()?;
     if is_tracing() {
+        let running = REATTRIBUTE_ASKED.load(Relaxed);
+        if reattribute.is_some_and(|r| r != running) {
+            let mode = if running { "with" } else { "without" };
+            return Err(Error::State(format!(
+                "alloctrace is already tracing {mode} re-attribution of reused objects: call \
+                 stop() before start() to change reattribute"
+            )));
+        }
         let running = crate::native::enabled();
         if native.is_some_and(|n| n != running) {
             let mode = if running { "with" } else { "without" };
@@ -872,7 +903,9 @@ pub fn start(py: Python<'_>, nframe: i64, sampling: Sampling, native: Option<boo
     // SAFETY: the GIL is held.
     unsafe {
         hooks::install(interval != 0);
-        crate::freelist::install();
+        let reattribute = reattribute.unwrap_or(true);
+        REATTRIBUTE_ASKED.store(reattribute, Relaxed);
+        REATTRIBUTING.store(reattribute && crate::freelist::install(), Relaxed);
     }
     crate::native::set_enabled(native.unwrap_or(false));
     tracked::enable();
@@ -888,7 +921,11 @@ pub fn stop(py: Python<'_>) {
     TRACING.store(false, Relaxed);
     // SAFETY: the GIL is held.
     unsafe {
-        crate::freelist::uninstall();
+        // Only what `start` installed: working out how to (a page mapped, a static
+        // libpython's copies searched) is not free.
+        if REATTRIBUTING.swap(false, Relaxed) {
+            crate::freelist::uninstall();
+        }
         hooks::uninstall();
     }
     tracked::disable();

@@ -66,14 +66,18 @@ def test_smoke_run_reports_every_part(pyperformance_path: str, tmp_path: Path) -
     assert parts == {"overhead", "hook", "memory", "snapshot", "objects"}
     have_alloctrace = importlib.util.find_spec("alloctrace") is not None
     # Every benchmark in the smoke preset got a slowdown under tracemalloc at both depths,
-    # and one more row for alloctrace's sampled mode when alloctrace is installed.
+    # and two more rows for alloctrace's sampled mode (with and without re-attribution of
+    # reused objects) when alloctrace is installed.
     for name in ("deepcopy", "deepcopy_memo", "deepcopy_reduce", "json_loads"):
-        expected = 3 if have_alloctrace else 2
+        expected = 4 if have_alloctrace else 2
         assert sum(f"| overhead | {name} (untraced" in line for line in rows) == expected, table
     if have_alloctrace:
         sampled = [line for line in rows if "sampled | 64, sampled 512 KiB" in line]
-        assert len(sampled) == 1 and "slowdown ≤1.05x" in sampled[0], table
-        assert sampled[0].split(" | ")[4].endswith("x"), table
+        assert len(sampled) == 2, table
+        assert "reattribute=False" not in sampled[0], table
+        assert "64, sampled 512 KiB, reattribute=False |" in sampled[1], table
+        for line in sampled:
+            assert "slowdown ≤1.05x" in line and line.split(" | ")[4].endswith("x"), table
         # alloctrace is installed, so its column must hold figures, not the absent marker.
         assert "alloctrace column absent" not in table
         overhead_rows = [line for line in rows if line.startswith("| overhead | json_loads")]

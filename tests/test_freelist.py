@@ -413,3 +413,98 @@ def test_start_and_snapshot_leave_the_free_lists_as_tracemalloc_does(tmp_path):
     ours, theirs = found["alloctrace"], found["tracemalloc"]
     assert theirs["13"][1] >= 2 and theirs["14"][1] >= 1000, theirs
     assert ours == theirs
+
+
+def under_no_reattribution(run, sample_interval=None):
+    run(50, [])
+    gc.collect()
+    alloctrace.start(1, sample_interval=sample_interval, reattribute=False)
+    try:
+        assert alloctrace.is_tracing() and not alloctrace.is_reattributing()
+        keep = []
+        run(N, keep)
+        return alloctrace.take_snapshot()
+    finally:
+        alloctrace.stop()
+
+
+@pytest.mark.parametrize("kind", ["float", "list"])
+def test_without_reattribution_reused_blocks_keep_their_first_traceback(stopped_tracer, kind):
+    # Each kept object is built in the block of the temporary dropped just before it, allocated
+    # on line 3: without re-attribution the kept objects stay there, as memray would show them.
+    filename, run = compile_snippet(kind)
+    ours = counts_by_line(under_no_reattribution(run), filename)
+    assert ours.get(TMP_LINE, 0) >= N, ours
+    assert ours.get(KEEP_LINE, 0) <= N // 100, ours
+
+
+@unfixed
+def test_reattribution_is_on_by_default_and_follows_start(stopped_tracer):
+    assert not alloctrace.is_reattributing()  # not tracing
+    alloctrace.start()
+    try:
+        assert alloctrace.is_reattributing()
+        alloctrace.start(reattribute=True)  # what is running: a no-op
+        alloctrace.start()
+        with pytest.raises(RuntimeError, match="already tracing with re-attribution.*stop"):
+            alloctrace.start(reattribute=False)
+        assert alloctrace.is_reattributing()
+    finally:
+        alloctrace.stop()
+    alloctrace.start(reattribute=False)
+    try:
+        assert not alloctrace.is_reattributing()
+        with pytest.raises(RuntimeError, match="already tracing without re-attribution"):
+            alloctrace.start(reattribute=True)
+        alloctrace.start()
+        assert not alloctrace.is_reattributing()
+    finally:
+        alloctrace.stop()
+    assert not alloctrace.is_reattributing()
+    # stop() put everything back: the next session re-attributes again.
+    filename, run = compile_snippet("float")
+    ours = counts_by_line(under(alloctrace, run), filename)
+    assert ours.get(KEEP_LINE, 0) >= N, ours
+
+
+def test_sampled_mode_without_reattribution(stopped_tracer):
+    # One sample per byte: every block is sampled, so the counts are exact.
+    filename, run = compile_snippet("float")
+    snapshot = under_no_reattribution(run, sample_interval=1)
+    assert snapshot.sample_interval == 1
+    ours = counts_by_line(snapshot, filename)
+    assert ours.get(TMP_LINE, 0) >= N and ours.get(KEEP_LINE, 0) <= N // 100, ours
+
+
+def test_reattribute_must_be_a_bool(stopped_tracer):
+    with pytest.raises(TypeError):
+        alloctrace.start(reattribute="no")
+    assert not alloctrace.is_tracing()
+
+
+@unfixed
+def test_reattribute_at_startup_and_in_run(tmp_path):
+    from subproc import run_python
+
+    probe = "import alloctrace; print(alloctrace.is_tracing(), alloctrace.is_reattributing())"
+    for env, expected in (
+        ({"ALLOCTRACE": "1"}, "True True"),
+        ({"ALLOCTRACE": "1", "ALLOCTRACE_REATTRIBUTE": "1"}, "True True"),
+        ({"ALLOCTRACE": "1", "ALLOCTRACE_REATTRIBUTE": "0"}, "True False"),
+        ({"ALLOCTRACE_SAMPLE_INTERVAL": "512KiB", "ALLOCTRACE_REATTRIBUTE": "0"}, "True False"),
+        # A setting of the tracing that other variables start: alone it starts nothing.
+        ({"ALLOCTRACE_REATTRIBUTE": "0"}, "False False"),
+    ):
+        done = run_python(["-c", probe], **env)
+        assert done.returncode == 0, (env, done.stderr)
+        assert done.stdout.split() == expected.split(), (env, done.stdout)
+    bad = run_python(["-c", "pass"], ALLOCTRACE="1", ALLOCTRACE_REATTRIBUTE="no")
+    assert bad.returncode != 0
+    assert "ALLOCTRACE_REATTRIBUTE='no' is invalid: expected 1 (on) or 0 (off)" in bad.stderr
+    script = tmp_path / "probe.py"
+    script.write_text(probe + "\n")
+    for option, expected in ((["--no-reattribute"], "True False"), ([], "True True")):
+        out = str(tmp_path / f"run{len(option)}.snap")
+        done = run_python(["-m", "alloctrace", "run", *option, "-q", "-o", out, str(script)])
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == expected.split(), done.stdout

@@ -33,6 +33,7 @@ from alloctrace._native import (
     get_traced_memory,
     get_tracemalloc_memory,
     is_enabled,
+    is_reattributing,
     is_tracing,
     is_tracing_native,
     reset_peak,
@@ -94,6 +95,7 @@ __all__ = [
     "get_traced_memory",
     "get_tracemalloc_memory",
     "is_enabled",
+    "is_reattributing",
     "is_tracing",
     "is_tracing_native",
     "referrer_paths",
@@ -119,6 +121,7 @@ def start(
     sample_interval: int | None = None,
     sample_seed: int | None = None,
     native: bool | None = None,
+    reattribute: bool | None = None,
     memory_limit: int | str | None = None,
     memory_limit_dump: str | _os.PathLike | None = None,
 ) -> None:
@@ -152,6 +155,19 @@ def start(
     running when already tracing; asking for the other mode while tracing
     raises :exc:`RuntimeError`. See docs/native.md for what cannot be seen.
 
+    CPython builds many objects (floats, tuples, lists, dicts...) in blocks
+    taken from free lists of dead objects, not from the allocator. Such a
+    block is moved to the traceback of the object now built in it, as
+    :mod:`tracemalloc` does (:func:`is_reattributing` says whether it is).
+    With *reattribute* false it keeps the traceback of its first allocation
+    instead (as in memray): every object created then costs nothing, which
+    matters most in sampled mode, where that per-object step is most of
+    what is left (a few percent on programs that create many floats; see
+    docs/sampling.md), but lines that reuse blocks are under-counted and the
+    lines that first allocated them over-counted. ``None`` means on, or
+    whatever is running when already tracing; asking for the other while
+    tracing raises :exc:`RuntimeError`.
+
     With *memory_limit*, a snapshot with its peak (see :func:`take_snapshot`)
     is written to *memory_limit_dump* (a path; ``{pid}`` and ``{time}`` are
     replaced) once, when the limit is first reached or a :exc:`MemoryError`
@@ -174,7 +190,13 @@ def start(
     elif not is_tracing():
         # A limit set with an earlier start() ends, even if its watcher has not seen the stop.
         _memory_limit.deactivate()
-    _native.start(nframe, sample_interval=sample_interval, sample_seed=sample_seed, native=native)
+    _native.start(
+        nframe,
+        sample_interval=sample_interval,
+        sample_seed=sample_seed,
+        native=native,
+        reattribute=reattribute,
+    )
     if limit is not None:
         limit.install()
 

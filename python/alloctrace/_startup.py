@@ -39,6 +39,11 @@ set; otherwise this module is never imported and costs nothing.
     Also trace the ``malloc`` family and anonymous ``mmap`` calls that extension modules make
     themselves (as ``start(native=True)``), in the ``native`` domain. ``0`` or empty: off.
     Implies ``ALLOCTRACE=1`` when tracing is not otherwise configured.
+``ALLOCTRACE_REATTRIBUTE=0``
+    Leave objects that CPython builds in blocks from its free lists with the traceback of the
+    block's first allocation (as ``start(reattribute=False)``); ``1`` or empty: re-attribute
+    them, as ``tracemalloc`` does. Only a setting of the tracing the variables above start: it
+    starts nothing by itself.
 ``ALLOCTRACE_RETENTION=N``
     With ``ALLOCTRACE_OBJECTS=1``, the number of sites that get a retention report in each
     dump (default :data:`RETENTION_SITES`; ``0``: object kinds only, no heap walk for reports).
@@ -88,6 +93,7 @@ ENV_SAMPLE_INTERVAL = "ALLOCTRACE_SAMPLE_INTERVAL"
 ENV_SAMPLE_SEED = "ALLOCTRACE_SAMPLE_SEED"
 ENV_OBJECTS = "ALLOCTRACE_OBJECTS"
 ENV_NATIVE = "ALLOCTRACE_NATIVE"
+ENV_REATTRIBUTE = "ALLOCTRACE_REATTRIBUTE"
 ENV_RETENTION = "ALLOCTRACE_RETENTION"
 ENV_SIGNAL = "ALLOCTRACE_SIGNAL"
 ENV_MEMORY_LIMIT = "ALLOCTRACE_MEMORY_LIMIT"
@@ -145,6 +151,7 @@ class Config:
         "objects",
         "retention",
         "native",
+        "reattribute",
     )
 
     def __init__(
@@ -157,6 +164,7 @@ class Config:
         objects: bool = False,
         retention: int = RETENTION_SITES,
         native: bool = False,
+        reattribute: bool = True,
     ):
         self.nframe = nframe
         self.dump = dump
@@ -166,12 +174,14 @@ class Config:
         self.objects = objects
         self.retention = retention
         self.native = native
+        self.reattribute = reattribute
 
     def __repr__(self) -> str:
         return (
             f"Config(nframe={self.nframe!r}, dump={self.dump!r}, interval={self.interval!r}, "
             f"sample_interval={self.sample_interval!r}, sample_seed={self.sample_seed!r}, "
-            f"objects={self.objects!r}, retention={self.retention!r}, native={self.native!r})"
+            f"objects={self.objects!r}, retention={self.retention!r}, native={self.native!r}, "
+            f"reattribute={self.reattribute!r})"
         )
 
 
@@ -201,6 +211,14 @@ def parse_objects(value: str) -> bool:
 
 def parse_native(value: str, source: str = ENV_NATIVE) -> bool:
     """Parse ``ALLOCTRACE_NATIVE``: ``1`` (trace native allocations too) or ``0`` (do not)."""
+    text = value.strip()
+    if text not in ("0", "1"):
+        raise ConfigError(f"{source}={value!r} is invalid: expected 1 (on) or 0 (off)")
+    return text == "1"
+
+
+def parse_reattribute(value: str, source: str = ENV_REATTRIBUTE) -> bool:
+    """Parse ``ALLOCTRACE_REATTRIBUTE``: ``1`` (re-attribute reused objects) or ``0`` (do not)."""
     text = value.strip()
     if text not in ("0", "1"):
         raise ConfigError(f"{source}={value!r} is invalid: expected 1 (on) or 0 (off)")
@@ -468,6 +486,10 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
     env_native = environ.get(ENV_NATIVE, "")
     if env_native:
         native = parse_native(env_native)
+    reattribute = True
+    env_reattribute = environ.get(ENV_REATTRIBUTE, "")
+    if env_reattribute:
+        reattribute = parse_reattribute(env_reattribute)
     if nframe is None:
         configured = dump is not None or sample_interval is not None or native
         nframe = 1 if configured else 0
@@ -475,7 +497,15 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
         # Tracing explicitly off: there is nothing to dump either.
         return Config(0)
     return Config(
-        nframe, dump, interval, sample_interval or None, sample_seed, objects, retention, native
+        nframe,
+        dump,
+        interval,
+        sample_interval or None,
+        sample_seed,
+        objects,
+        retention,
+        native,
+        reattribute,
     )
 
 
@@ -855,6 +885,7 @@ def install() -> None:
             sample_interval=config.sample_interval,
             sample_seed=config.sample_seed,
             native=config.native,
+            reattribute=config.reattribute,
         )
     except Exception as exc:
         _warn(f"cannot start tracing: {exc}")

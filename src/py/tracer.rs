@@ -106,8 +106,8 @@ fn byte_count(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<u64
 
 #[pyfunction]
 #[pyo3(
-    signature = (nframe = FrameCount(1), *, sample_interval = None, sample_seed = None, native = None),
-    text_signature = "(nframe=1, *, sample_interval=None, sample_seed=None, native=None)"
+    signature = (nframe = FrameCount(1), *, sample_interval = None, sample_seed = None, native = None, reattribute = None),
+    text_signature = "(nframe=1, *, sample_interval=None, sample_seed=None, native=None, reattribute=None)"
 )]
 fn start(
     py: Python<'_>,
@@ -115,6 +115,7 @@ fn start(
     sample_interval: Option<&Bound<'_, PyAny>>,
     sample_seed: Option<&Bound<'_, PyAny>>,
     native: Option<bool>,
+    reattribute: Option<bool>,
 ) -> PyResult<()> {
     let FrameCount(nframe) = nframe;
     let sampling = tracer::Sampling {
@@ -125,7 +126,7 @@ fn start(
     if !tracer::is_tracing() {
         refuse_if_tracemalloc_is_tracing(py)?;
     }
-    Ok(tracer::start(py, nframe, sampling, native)?)
+    Ok(tracer::start(py, nframe, sampling, native, reattribute)?)
 }
 
 /// The sampling interval in bytes while tracing in sampled mode; None when tracing exactly
@@ -269,12 +270,18 @@ fn take_snapshot(py: Python<'_>, objects: bool, peak: bool) -> PyResult<PySnapsh
     })
 }
 
-/// How this interpreter lets alloctrace re-attribute objects reused from free lists
-/// (`"reftracer"`, `"patched"`), or `None` where it cannot (see docs/freelists.md).
 /// Whether the running session records native allocations (`start(native=True)`).
 #[pyfunction]
 fn is_tracing_native() -> bool {
     tracer::is_tracing() && crate::native::enabled()
+}
+
+/// True while tracing with objects reused from CPython's free lists re-attributed to the
+/// traceback of their creation: asked for (`start(reattribute=...)`, on by default) and
+/// possible on this interpreter.
+#[pyfunction]
+fn is_reattributing() -> bool {
+    tracer::is_reattributing()
 }
 
 /// How many import-table slots point at the native hooks now (for tests: 0 after `stop()`).
@@ -283,6 +290,8 @@ fn _native_redirected_slots() -> usize {
     crate::native::redirected_slots()
 }
 
+/// How this interpreter lets alloctrace re-attribute objects reused from free lists
+/// (`"reftracer"`, `"patched"`), or `None` where it cannot (see docs/freelists.md).
 #[pyfunction]
 fn _freelist_mechanism() -> Option<&'static str> {
     crate::freelist::mechanism()
@@ -301,6 +310,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_freelist_mechanism, m)?)?;
     m.add_function(wrap_pyfunction!(_depth_counter, m)?)?;
     m.add_function(wrap_pyfunction!(is_tracing_native, m)?)?;
+    m.add_function(wrap_pyfunction!(is_reattributing, m)?)?;
     m.add_function(wrap_pyfunction!(_native_redirected_slots, m)?)?;
     m.add("NATIVE_DOMAIN", crate::native::DOMAIN)?;
     m.add("NATIVE_DOMAIN_NAME", crate::native::NAME)?;
