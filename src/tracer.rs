@@ -55,8 +55,10 @@ static TRACING: AtomicBool = AtomicBool::new(false);
 /// Cleared by `disable()`: new blocks are not recorded, frees still are.
 static RECORDING: AtomicBool = AtomicBool::new(true);
 /// Whether the running session was asked to re-attribute objects reused from free lists
-/// (`start(reattribute=...)`), and whether it does (the interpreter may offer no way).
+/// (`start(reattribute=...)`): what a later `start()` must not contradict.
 static REATTRIBUTE_ASKED: AtomicBool = AtomicBool::new(true);
+/// Whether it does: asked, and the interpreter offered a way ([`crate::freelist::install`]);
+/// also what `stop()` has to take out.
 static REATTRIBUTING: AtomicBool = AtomicBool::new(false);
 static TABLE: OnceLock<TraceTable> = OnceLock::new();
 static MAIN_INTERPRETER: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
@@ -795,13 +797,13 @@ fn check_interval(interval: u64) -> Result<u64> {
     Ok(interval)
 }
 
-/// The sampling interval of the running session; `None` when exact or not tracing.
 /// Whether objects reused from free lists are being re-attributed: tracing, asked to
 /// (`start`'s `reattribute`), and this interpreter offers a way ([`crate::freelist::mechanism`]).
 pub fn is_reattributing() -> bool {
     is_tracing() && REATTRIBUTING.load(Relaxed)
 }
 
+/// The sampling interval of the running session; `None` when exact or not tracing.
 pub fn sample_interval() -> Option<u64> {
     if is_tracing() {
         sampler::interval()
