@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import childproc
+import tracers
 
 #: Targets from the issues (performance round two for the overhead rows); see the module
 #: docstring of each part for what is measured.
@@ -169,7 +170,7 @@ def sampled_overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
     tm_spec = f"tracemalloc:{tm_nframe}"
     for nframe, interval, *rest in part.get("sampled", []):
         reattribute = rest[0] if rest else True
-        spec = f"alloctrace:{nframe}@{interval}" + ("" if reattribute else "+noreattribute")
+        spec = tracers.mode("alloctrace", nframe, interval, reattribute=reattribute)
         label = f"{nframe}, sampled {_interval(interval)}"
         if not reattribute:
             label += ", reattribute=False"

@@ -201,28 +201,27 @@ def _decimal(value: str) -> int | None:
     return int(text, 10)
 
 
-def parse_objects(value: str) -> bool:
-    """Parse ``ALLOCTRACE_OBJECTS``: ``1`` (record object kinds) or ``0`` (do not)."""
+def _parse_switch(value: str, source: str) -> bool:
+    """Parse an on/off setting named *source*: ``1`` (on) or ``0`` (off)."""
     text = value.strip()
     if text not in ("0", "1"):
-        raise ConfigError(f"{ENV_OBJECTS}={value!r} is invalid: expected 1 (on) or 0 (off)")
+        raise ConfigError(f"{source}={value!r} is invalid: expected 1 (on) or 0 (off)")
     return text == "1"
+
+
+def parse_objects(value: str) -> bool:
+    """Parse ``ALLOCTRACE_OBJECTS``: ``1`` (record object kinds) or ``0`` (do not)."""
+    return _parse_switch(value, ENV_OBJECTS)
 
 
 def parse_native(value: str, source: str = ENV_NATIVE) -> bool:
     """Parse ``ALLOCTRACE_NATIVE``: ``1`` (trace native allocations too) or ``0`` (do not)."""
-    text = value.strip()
-    if text not in ("0", "1"):
-        raise ConfigError(f"{source}={value!r} is invalid: expected 1 (on) or 0 (off)")
-    return text == "1"
+    return _parse_switch(value, source)
 
 
 def parse_reattribute(value: str, source: str = ENV_REATTRIBUTE) -> bool:
     """Parse ``ALLOCTRACE_REATTRIBUTE``: ``1`` (re-attribute reused objects) or ``0`` (do not)."""
-    text = value.strip()
-    if text not in ("0", "1"):
-        raise ConfigError(f"{source}={value!r} is invalid: expected 1 (on) or 0 (off)")
-    return text == "1"
+    return _parse_switch(value, source)
 
 
 def parse_retention(value: str, source: str = ENV_RETENTION) -> int:
