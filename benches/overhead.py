@@ -179,6 +179,8 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
             errors[f"{bench.name} (calibration)"] = str(exc)
 
     samples: dict[tuple[str, str, str], list[float]] = {}
+    # The same values by round, so that the report can show how far apart whole rounds land.
+    by_round: dict[tuple[str, str, str], dict[int, list[float]]] = {}
     lower: set[tuple[str, str, str]] = set()
     for round_index in range(settings.rounds):
         for bench_index, bench in enumerate(settings.benchmarks):
@@ -212,6 +214,8 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
                     continue
                 for workload, values in answer["values"].items():
                     samples.setdefault((workload, bench.name, spec), []).extend(values)
+                    rounds = by_round.setdefault((workload, bench.name, spec), {})
+                    rounds.setdefault(round_index, []).extend(values)
                 for workload in answer["lower_bound"]:
                     lower.add((workload, bench.name, spec))
 
@@ -225,11 +229,18 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
         }
         # One value cut short by the budget makes the median a lower bound too.
         at_least = [spec for spec in medians if (workload, bench_name, spec) in lower]
+        per_round: dict[str, list[float | None]] = {}
+        for spec in medians:
+            rounds = by_round[(workload, bench_name, spec)]
+            per_round[spec] = [
+                childproc.median(rounds[r]) if r in rounds else None for r in range(settings.rounds)
+            ]
         rows.append(
             {
                 "workload": workload,
                 "benchmark": bench_name,
                 "seconds": medians,
+                "per_round": per_round,
                 "lower_bound": at_least,
             }
         )

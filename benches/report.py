@@ -168,12 +168,7 @@ def sampled_overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
     rows = []
     tm_nframe = min(part["nframes"]) if part["nframes"] else None
     tm_spec = f"tracemalloc:{tm_nframe}"
-    for nframe, interval, *rest in part.get("sampled", []):
-        reattribute = rest[0] if rest else True
-        spec = tracers.mode("alloctrace", nframe, interval, reattribute=reattribute)
-        label = f"{nframe}, sampled {_interval(interval)}"
-        if not reattribute:
-            label += ", reattribute=False"
+    for spec, label in _sampled_modes(part):
         at_list, tm_list, bounded, tm_bounded = [], [], False, False
         for entry in part["rows"]:
             secs = entry["seconds"]
@@ -229,6 +224,55 @@ def sampled_overhead_rows(part: dict[str, Any], have_at: bool) -> list[str]:
             )
         )
     return rows
+
+
+def _sampled_modes(part: dict[str, Any]) -> list[tuple[str, str]]:
+    """(mode, row label) of each sampled mode the overhead part ran."""
+    modes = []
+    for nframe, interval, *rest in part.get("sampled", []):
+        reattribute = rest[0] if rest else True
+        spec = tracers.mode("alloctrace", nframe, interval, reattribute=reattribute)
+        label = f"{nframe}, sampled {_interval(interval)}"
+        modes.append((spec, label if reattribute else label + ", reattribute=False"))
+    return modes
+
+
+def round_spread(part: dict[str, Any]) -> list[str]:
+    """How far apart whole rounds land: each round's own geometric mean of traced / untraced
+    for every alloctrace mode with a target, over the benchmarks of the table's mean. A
+    target met by the median of rounds but not by every round is within the machine's noise.
+    Nothing for a single round, or for results written before rounds were kept apart."""
+    rounds = part.get("settings", {}).get("rounds", 1)
+    rows = [entry for entry in part["rows"] if "per_round" in entry]
+    if rounds < 2 or not rows:
+        return []
+    figures = []
+    exact = [(f"alloctrace:{nframe}", f"nframe {nframe}") for nframe in part["nframes"]]
+    for spec, label in exact + _sampled_modes(part):
+        measured = [e for e in rows if spec in e["seconds"] and "none" in e["seconds"]]
+        if not measured:
+            continue
+        mark = "≥" if any(spec in e.get("lower_bound", ()) for e in measured) else ""
+        means = []
+        for r in range(rounds):
+            ratios = [
+                e["per_round"][spec][r] / e["per_round"]["none"][r]
+                for e in measured
+                if e["per_round"][spec][r] is not None and e["per_round"]["none"][r] is not None
+            ]
+            # A round missing a benchmark (a failed child) would be a mean over other work.
+            means.append(
+                f"{mark}{childproc.geomean(ratios):.2f}x" if len(ratios) == len(measured) else "—"
+            )
+        figures.append(f"{label}: {', '.join(means)}")
+    if not figures:
+        return []
+    return [
+        "",
+        f"- Spread: the geometric mean of each of the {rounds} rounds alone (traced / untraced "
+        "in the same round, over the benchmarks of the table's mean), alloctrace "
+        + "; ".join(figures),
+    ]
 
 
 #: Column titles of the side-by-side modes (run.py --native / --memray).
@@ -545,6 +589,7 @@ def render(facts: dict[str, Any], parts: dict[str, dict[str, Any]]) -> str:
     for name, part in parts.items():
         lines.extend(RENDERERS[name](part, have_at))
     if "overhead" in parts:
+        lines.extend(round_spread(parts["overhead"]))
         lines.extend(side_by_side(parts["overhead"]))
     problems = [
         f"{name}: {what}: {message.splitlines()[-1] if message else ''}"

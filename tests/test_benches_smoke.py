@@ -272,6 +272,39 @@ def test_side_by_side_table_reports_geomeans_and_native_target() -> None:
     assert report.side_by_side({**part, "extra": []}) == []
 
 
+def test_round_spread_gives_each_rounds_own_geomean() -> None:
+    report = _bench_module("report")
+    sampled = "alloctrace:64@524288"
+    rows = [
+        # Round 2 of w1 failed under alloctrace:1; w1 has no sampled figure at all.
+        {"none": [1.0, 1.0, 1.0], "alloctrace:1": [1.2, 1.5, 1.0], sampled: [1.0, 1.1, 1.05]},
+        {"none": [2.0, 2.0, 2.0], "alloctrace:1": [2.4, 2.0, None]},
+    ]  # fmt: skip
+    part = {
+        "nframes": [1],
+        "sampled": [[64, 524288, True]],
+        "settings": {"rounds": 3},
+        "rows": [
+            {
+                "workload": f"w{i}",
+                "seconds": {k: max(v for v in vs if v) for k, vs in r.items()},
+                "per_round": r,
+                "lower_bound": [sampled],
+            }
+            for i, r in enumerate(rows)
+        ],
+    }
+    text = "\n".join(report.round_spread(part))
+    # sqrt(1.2 * 1.2), sqrt(1.5 * 1.0); round 3 lacks w1, so it has no mean over both.
+    assert "of each of the 3 rounds alone" in text, text
+    assert "nframe 1: 1.20x, 1.22x, —; " in text, text
+    assert "64, sampled 512 KiB: ≥1.00x, ≥1.10x, ≥1.05x" in text, text
+    assert report.round_spread({**part, "settings": {"rounds": 1}}) == []
+    # Results written before rounds were kept apart.
+    old = [{k: v for k, v in row.items() if k != "per_round"} for row in part["rows"]]
+    assert report.round_spread({**part, "rows": old}) == []
+
+
 def test_native_side_by_side_smoke(pyperformance_path: str) -> None:
     """--native and --memray: the native column is measured; memray's are measured or named
     as absent (the tests do not install memray)."""
