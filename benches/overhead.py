@@ -178,8 +178,7 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
         except childproc.ChildFailed as exc:
             errors[f"{bench.name} (calibration)"] = str(exc)
 
-    samples: dict[tuple[str, str, str], list[float]] = {}
-    # The same values by round, so that the report can show how far apart whole rounds land.
+    # Values by round, so that the report can also show how far apart whole rounds land.
     by_round: dict[tuple[str, str, str], dict[int, list[float]]] = {}
     lower: set[tuple[str, str, str]] = set()
     for round_index in range(settings.rounds):
@@ -213,28 +212,26 @@ def run(python: str, settings: Settings, with_alloctrace: bool) -> dict[str, Any
                     errors[f"{bench.name} under {spec}"] = str(exc)
                     continue
                 for workload, values in answer["values"].items():
-                    samples.setdefault((workload, bench.name, spec), []).extend(values)
                     rounds = by_round.setdefault((workload, bench.name, spec), {})
                     rounds.setdefault(round_index, []).extend(values)
                 for workload in answer["lower_bound"]:
                     lower.add((workload, bench.name, spec))
 
     rows = []
-    workloads = sorted({(w, b) for (w, b, _) in samples}, key=lambda wb: (_order(wb[1]), wb[0]))
+    workloads = sorted({(w, b) for (w, b, _) in by_round}, key=lambda wb: (_order(wb[1]), wb[0]))
     for workload, bench_name in workloads:
-        medians = {
-            spec: childproc.median(samples[(workload, bench_name, spec)])
-            for spec in all_modes
-            if (workload, bench_name, spec) in samples
-        }
-        # One value cut short by the budget makes the median a lower bound too.
-        at_least = [spec for spec in medians if (workload, bench_name, spec) in lower]
+        medians: dict[str, float] = {}
         per_round: dict[str, list[float | None]] = {}
-        for spec in medians:
-            rounds = by_round[(workload, bench_name, spec)]
+        for spec in all_modes:
+            rounds = by_round.get((workload, bench_name, spec))
+            if rounds is None:
+                continue
+            medians[spec] = childproc.median([v for values in rounds.values() for v in values])
             per_round[spec] = [
                 childproc.median(rounds[r]) if r in rounds else None for r in range(settings.rounds)
             ]
+        # One value cut short by the budget makes the median a lower bound too.
+        at_least = [spec for spec in medians if (workload, bench_name, spec) in lower]
         rows.append(
             {
                 "workload": workload,

@@ -240,8 +240,9 @@ def _sampled_modes(part: dict[str, Any]) -> list[tuple[str, str]]:
 def round_spread(part: dict[str, Any]) -> list[str]:
     """How far apart whole rounds land: each round's own geometric mean of traced / untraced
     for every alloctrace mode with a target, over the benchmarks of the table's mean. A
-    target met by the median of rounds but not by every round is within the machine's noise.
-    Nothing for a single round, or for results written before rounds were kept apart."""
+    target met by the table's mean but not by every round is met within the machine's noise.
+    A mode with a value cut short anywhere has its rounds marked as lower bounds (≥). Nothing
+    for a single round, or for results written before rounds were kept apart."""
     rounds = part.get("settings", {}).get("rounds", 1)
     rows = [entry for entry in part["rows"] if "per_round" in entry]
     if rounds < 2 or not rows:
