@@ -276,7 +276,7 @@ def test_round_spread_gives_each_rounds_own_geomean() -> None:
     report = _bench_module("report")
     sampled = "alloctrace:64@524288"
     rows = [
-        # Round 2 of w1 failed under alloctrace:1; w1 has no sampled figure at all.
+        # The third round of w1 failed under alloctrace:1; w1 has no sampled figure at all.
         {"none": [1.0, 1.0, 1.0], "alloctrace:1": [1.2, 1.5, 1.0], sampled: [1.0, 1.1, 1.05]},
         {"none": [2.0, 2.0, 2.0], "alloctrace:1": [2.4, 2.0, None]},
     ]  # fmt: skip
