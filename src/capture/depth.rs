@@ -6,15 +6,27 @@
 //! 1.40x, 1.42x walking to the bottom on 3.12, 1.36x, 1.34x with the counter below; 3.13
 //! 1.39x, 1.39x and 1.34x, 1.34x).
 //!
-//! (3.9 and 3.10 remember depths per frame object instead, see `super::frame_depths`; 3.11 walks.)
-//! From 3.12 CPython keeps that depth itself: `py_recursion_limit - py_recursion_remaining` is the
-//! number of Python frames this thread has entered and not left. A frame is counted where it is
-//! linked into the chain (the interpreter's entry, an inlined call) and uncounted where it is
-//! unlinked (return, yield, unwinding); shim frames are never counted, and `tracemalloc` never
-//! counts them either. Within CPython the counter and the chain disagree only about a frame linked
-//! but not yet started (the entry path raises its C-stack `RecursionError` before counting the
-//! frame it just linked); such a frame is incomplete, so the walker uses the counter only when
-//! every frame it passed was complete ([`super::walk_interpreter_frames`]).
+//! (3.9 and 3.10 remember depths per frame object instead, see `super::frame_depths`; 3.11 and
+//! 3.13 walk.) From 3.12 CPython keeps that depth itself: `py_recursion_limit -
+//! py_recursion_remaining` is the number of Python frames this thread has entered and not left.
+//! A frame is counted where it is linked into the chain (the interpreter's entry, an inlined
+//! call) and uncounted where it is unlinked (return, yield, unwinding); shim frames are never
+//! counted, and `tracemalloc` never counts them either. Within CPython the counter and the chain
+//! disagree only about a frame linked but not yet started (the entry path raises its C-stack
+//! `RecursionError` before counting the frame it just linked). Such a frame is incomplete, and
+//! `tracemalloc` skips incomplete frames where the counter counts them, so the walker uses the
+//! counter only when every frame it passed was complete or one in its prologue that has run an
+//! instruction, and so been counted, and takes those off the counter's figure
+//! ([`super::walk_interpreter_frames`]).
+//!
+//! 3.13 counts one frame more than `tracemalloc` under each `__init__` called through a
+//! specialized class call: the trampoline frame CPython pushes under it (`super::is_trampoline`),
+//! which stays incomplete. Those may be anywhere below the captured frames, and nothing short of
+//! the walk says how many there are, so 3.13 does not use its counter: with it, `total_nframe` of
+//! every block allocated under such an `__init__` was one too many at one frame. Walking instead
+//! costs the quick suite at one frame 1.28x -> 1.36x (3.13, `benches/run.py --quick`, three rounds
+//! before, two after, each round within 0.01x of its run's mean; raytrace, whose vectors are made
+//! by such calls, 1.33x -> 1.53x in interleaved children).
 //!
 //! Outside CPython, a stack switcher moves the chain and sets the counter its own way: a new
 //! greenlet starts with an empty chain and its parent's count. Such a switcher also gives each
@@ -68,11 +80,11 @@ impl Counter {
         root: 0,
     };
 
-    /// The counter of `tstate` (3.12+), unless a disagreement put it out of use.
+    /// The counter of `tstate` (3.12), unless a disagreement put it out of use.
     ///
     /// # Safety
     /// `tstate` is the calling thread's state and it holds the main interpreter's GIL.
-    #[cfg(Py_3_12)]
+    #[cfg(all(Py_3_12, not(Py_3_13)))]
     #[inline(always)]
     pub unsafe fn read(tstate: *mut ffi::PyThreadState) -> Counter {
         use super::layout;
@@ -101,14 +113,28 @@ impl Counter {
         }
     }
 
-    /// Before 3.12 the recursion counter also counts C-level recursion guards: never a depth.
+    /// Before 3.12 the recursion counter also counts C-level recursion guards, and 3.13's counts
+    /// `__init__` trampolines (see the module's documentation): never a depth.
     ///
     /// # Safety
-    /// None; the signature is the 3.12+ one's.
-    #[cfg(not(Py_3_12))]
+    /// None; the signature is the 3.12 one's.
+    #[cfg(not(all(Py_3_12, not(Py_3_13))))]
     #[inline(always)]
     pub unsafe fn read(_tstate: *mut ffi::PyThreadState) -> Counter {
         Counter::NONE
+    }
+
+    /// The counter without `frames` that it counts and `tracemalloc` does not (frames in
+    /// their prologue); no counter if it says fewer.
+    #[inline(always)]
+    pub fn less(self, frames: usize) -> Counter {
+        Counter {
+            entered: match self.entered {
+                usize::MAX => usize::MAX,
+                entered => entered.checked_sub(frames).unwrap_or(usize::MAX),
+            },
+            ..self
+        }
     }
 
     fn is_home(&self) -> bool {
@@ -192,7 +218,7 @@ pub fn state(check_every: Option<u32>) -> (bool, u64, u64) {
         INTERVAL.store(every.max(1), Relaxed);
         COUNTDOWN.store(every.max(1), Relaxed);
     }
-    let usable = cfg!(Py_3_12) && TRUSTED.load(Relaxed);
+    let usable = cfg!(all(Py_3_12, not(Py_3_13))) && TRUSTED.load(Relaxed);
     (usable, CHECKED.load(Relaxed), DISAGREED.load(Relaxed))
 }
 

@@ -31,6 +31,7 @@ int main(void) {
     OFF("TSTATE_CURRENT_FRAME", PyThreadState, current_frame);
     OFF("IFRAME_CODE", _PyInterpreterFrame, f_executable);
     OFF("IFRAME_INSTR", _PyInterpreterFrame, instr_ptr);
+    OFF("IFRAME_FUNCOBJ", _PyInterpreterFrame, f_funcobj);
 #elif PY_VERSION_HEX >= 0x030B0000
     OFF("TSTATE_CFRAME", PyThreadState, cframe);
     OFF("CFRAME_CURRENT_FRAME", _PyCFrame, current_frame);

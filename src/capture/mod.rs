@@ -367,13 +367,15 @@ unsafe fn preheader_size(obj: *mut ffi::PyObject, extra_flags: std::os::raw::c_u
 /// frames says ([`depth`]).
 ///
 /// `tracemalloc` reports the stack's full depth, so once `out` is full the rest of the stack
-/// is still counted: by the counter when every frame passed so far was complete (each of them
-/// is then one of the captured frames, so the counter is the full depth), otherwise frame by
-/// frame. That count does not touch the frames' code objects: shim frames are skipped, but the
-/// "not yet at its first traceable instruction" test is not repeated. That test only matters
-/// for the frame being set up, which is at the top of the stack, inside the limit; a frame
-/// below it can be in its prologue only if a finalizer ran Python code during that prologue
-/// (then `total_nframe` counts that frame, where tracemalloc would not; so does the counter).
+/// is still counted: by the counter when it counts every frame passed so far (each of them is
+/// then a captured frame or one in its prologue that the counter is known to count, see
+/// [`counted_in_prologue`]), otherwise frame by frame. That count does not touch the frames'
+/// code objects: shim frames are skipped (and 3.13's `__init__` trampolines, see
+/// [`is_trampoline`]), but the "not yet at its first traceable instruction" test is not
+/// repeated. That test only matters for the frame being set up, which is at the top of the
+/// stack, inside the limit; a frame below it can be in its prologue only if a finalizer ran
+/// Python code during that prologue (then `total_nframe` counts that frame, where tracemalloc
+/// would not; so does the counter).
 ///
 /// # Safety
 /// As [`Interpreter::walk`]; `frame` is the thread's current interpreter frame.
@@ -394,14 +396,17 @@ unsafe fn walk_interpreter_frames(
         return false;
     };
     let mut n = 0;
-    // Whether every frame passed (shims aside) was complete, and so captured.
-    let mut all_captured = true;
+    // Whether the counter counts every frame passed (shims aside): each was complete, and so
+    // captured, or is in its prologue and counted ...
+    let mut all_counted = true;
+    // ... which these many were: the counter's figure less them is tracemalloc's.
+    let mut in_prologue = 0;
     while !frame.is_null() && n < out.len() {
         let owner = *(frame.cast::<u8>().add(layout::IFRAME_OWNER));
         let next = read_ptr(frame, layout::IFRAME_PREVIOUS);
         let code = read_ptr(frame, layout::IFRAME_CODE);
         if !is_shim(owner) {
-            let mut complete = false;
+            let mut counted = false;
             if is_code(code) {
                 let start = code as usize + layout::CODE_ADAPTIVE;
                 let instr = read_ptr(frame, layout::IFRAME_INSTR) as usize;
@@ -409,38 +414,77 @@ unsafe fn walk_interpreter_frames(
                 // traceable instruction (still setting up cells and the like), unless a
                 // generator owns it.
                 let first = *(code.cast::<u8>().add(layout::CODE_FIRSTTRACEABLE) as *const i32);
-                complete =
-                    owner == layout::OWNED_BY_GENERATOR || instr >= start + 2 * first as usize;
-                if complete {
+                if owner == layout::OWNED_BY_GENERATOR || instr >= start + 2 * first as usize {
                     out[n] =
                         RawFrame::new(code as usize, instr.wrapping_sub(start) as isize as i32);
                     n += 1;
+                    counted = true;
+                } else if counted_in_prologue(instr, start) {
+                    in_prologue += 1;
+                    counted = true;
                 }
             }
-            all_captured &= complete;
+            all_counted &= counted;
         }
         frame = next;
     }
+    let counter = counter.less(in_prologue);
     if frame.is_null() {
-        if all_captured {
+        if all_counted {
             counter.whole(n);
         }
         return (n, total_nframe(n, 0));
     }
-    if all_captured {
+    if all_counted {
         if let Some(depth) = counter.depth(n) {
             return (n, total_nframe(depth, 0));
         }
     }
     let mut below = 0usize;
     while !frame.is_null() {
-        below += usize::from(!is_shim(*(frame.cast::<u8>().add(layout::IFRAME_OWNER))));
+        let owner = *(frame.cast::<u8>().add(layout::IFRAME_OWNER));
+        below += usize::from(!is_shim(owner) && !is_trampoline(frame));
         frame = read_ptr(frame, layout::IFRAME_PREVIOUS);
     }
-    if all_captured {
+    if all_counted {
         counter.walked(n + below);
     }
     (n, total_nframe(n, below))
+}
+
+/// 3.12: whether CPython's frame counter ([`depth`]) already counts a frame still in its
+/// prologue, one that has run an instruction (`prev_instr` at or past the first): it got
+/// there through `start_frame`, which counts the frame before its first instruction. The
+/// prologue allocates (a generator or coroutine made by `RETURN_GENERATOR`, the cells of
+/// `MAKE_CELL`), so without this every generator created made the walk go to the bottom.
+/// A frame that has run nothing (`prev_instr` one before the first) may be one that the
+/// interpreter's entry linked and has not counted yet (its C-stack `RecursionError`): the
+/// walk decides. 3.11 has no counter and 3.13 does not use it.
+#[cfg(Py_3_11)]
+#[inline(always)]
+fn counted_in_prologue(_instr: usize, _start: usize) -> bool {
+    #[cfg(all(Py_3_12, not(Py_3_13)))]
+    return _instr >= _start;
+    #[cfg(not(all(Py_3_12, not(Py_3_13))))]
+    return false;
+}
+
+/// 3.13: whether a frame is an `__init__` trampoline. A call of a class whose `__init__` is a
+/// Python function, once specialized (`CALL_ALLOC_AND_ENTER_INIT`), pushes a frame of CPython's
+/// own `_Py_InitCleanup` code under the `__init__` frame, to check what `__init__` returns; it
+/// stays before its first traceable instruction, so `tracemalloc` never counts it. Such frames
+/// are the only ones without a function (`f_funcobj` is `None`) that the count passes: the
+/// C-stack shims, the other kind, are skipped by their owner.
+///
+/// # Safety
+/// `frame` is a live interpreter frame and the GIL is held.
+#[cfg(Py_3_11)]
+#[inline(always)]
+unsafe fn is_trampoline(_frame: *mut c_void) -> bool {
+    #[cfg(Py_3_13)]
+    return read_ptr(_frame, layout::IFRAME_FUNCOBJ) == ffi::Py_None().cast();
+    #[cfg(not(Py_3_13))]
+    return false;
 }
 
 #[cfg(test)]
