@@ -900,6 +900,8 @@ pub fn start(
         capture::thread_state::prepare();
     }
     MAIN_INTERPRETER.store(here.cast(), Relaxed);
+    // No allocation was seen before: the stacks may hold trampolines already.
+    capture::depth::forget_trampolines();
     RECORDING.store(true, Relaxed);
     TRACING.store(true, Relaxed);
     // SAFETY: the GIL is held.
@@ -1064,6 +1066,10 @@ pub fn set_traceback_limit(nframe: i64) -> Result<()> {
 }
 
 pub fn set_recording(on: bool) {
+    if on {
+        // Allocations made while not recording were not walked (see capture::depth).
+        capture::depth::forget_trampolines();
+    }
     RECORDING.store(on, Relaxed);
 }
 

@@ -6,8 +6,8 @@
 //! 1.40x, 1.42x walking to the bottom on 3.12, 1.36x, 1.34x with the counter below; 3.13
 //! 1.39x, 1.39x and 1.34x, 1.34x).
 //!
-//! (3.9 and 3.10 remember depths per frame object instead, see `super::frame_depths`; 3.11 and
-//! 3.13 walk.) From 3.12 CPython keeps that depth itself: `py_recursion_limit -
+//! (3.9 and 3.10 remember depths per frame object instead, see `super::frame_depths`; 3.11
+//! walks.) From 3.12 CPython keeps that depth itself: `py_recursion_limit -
 //! py_recursion_remaining` is the number of Python frames this thread has entered and not left.
 //! A frame is counted where it is linked into the chain (the interpreter's entry, an inlined
 //! call) and uncounted where it is unlinked (return, yield, unwinding); shim frames are never
@@ -19,14 +19,23 @@
 //! instruction, and so been counted, and takes those off the counter's figure
 //! ([`super::walk_interpreter_frames`]).
 //!
-//! 3.13 counts one frame more than `tracemalloc` under each `__init__` called through a
-//! specialized class call: the trampoline frame CPython pushes under it (`super::is_trampoline`),
-//! which stays incomplete. Those may be anywhere below the captured frames, and nothing short of
-//! the walk says how many there are, so 3.13 does not use its counter: with it, `total_nframe` of
-//! every block allocated under such an `__init__` was one too many at one frame. Walking instead
-//! costs the quick suite at one frame 1.28x -> 1.36x (3.13, `benches/run.py --quick`, three rounds
-//! before, two after, each round within 0.01x of its run's mean; raytrace, whose vectors are made
-//! by such calls, 1.33x -> 1.53x in interleaved children).
+//! 3.13's counter also counts, under each `__init__` called through a specialized class call
+//! (`CALL_ALLOC_AND_ENTER_INIT`), the trampoline frame CPython pushes under it
+//! (`super::is_trampoline`), which stays incomplete, so `tracemalloc` does not count it. Such
+//! frames may be anywhere below the captured ones and nothing short of a walk says how many
+//! there are, so on 3.13 the counter answers only on a home stack known to hold none. Every
+//! trampoline is pushed right after its object is allocated, by the calling frame, whose
+//! current instruction is then that specialized call: the walk of that allocation sees it
+//! ([`Counter::calling_init`]) and notes the caller's depth. A trampoline is gone once the
+//! counter is at or below its caller's depth, so the counter answers again once it has been
+//! seen there (inside the `__init__` and whatever it calls, allocations are walked), and each
+//! walk to the bottom on the home stack replaces what was noted by the trampolines it found
+//! ([`TRAMPOLINE_FLOOR`]). An allocation that no walk sees would hide a trampoline: in sampled
+//! mode 3.13 does not use the counter (nor in a build with the tier-2 optimizer, whose code may
+//! not point the frame at the call), and [`forget_trampolines`] starts over whenever recording
+//! starts. Without this, 3.13 walking to the bottom on every allocation cost the quick suite at
+//! one frame 1.28x -> 1.36x; using the counter regardless gave `total_nframe` one too many for
+//! every block allocated under such an `__init__`.
 //!
 //! Outside CPython, a stack switcher moves the chain and sets the counter its own way: a new
 //! greenlet starts with an empty chain and its parent's count. Such a switcher also gives each
@@ -64,6 +73,17 @@ static INTERVAL: AtomicU32 = AtomicU32::new(CHECK_EVERY);
 static CHECKED: AtomicU64 = AtomicU64::new(0);
 static DISAGREED: AtomicU64 = AtomicU64::new(0);
 
+/// 3.13: the depth of the lowest frame on the home stack that may have an `__init__`
+/// trampoline above it (`usize::MAX`: none may; 0: unknown, as before any walk). The counter
+/// answers only at or below it (see the module's documentation).
+static TRAMPOLINE_FLOOR: AtomicUsize = AtomicUsize::new(0);
+
+/// Forgets what is known of the home stack's `__init__` trampolines, until a walk to its bottom:
+/// allocations may have been made that no walk saw (before tracing, while not recording).
+pub fn forget_trampolines() {
+    TRAMPOLINE_FLOOR.store(0, Relaxed);
+}
+
 /// What CPython's counter says about the stack being walked.
 #[derive(Clone, Copy)]
 pub struct Counter {
@@ -80,14 +100,19 @@ impl Counter {
         root: 0,
     };
 
-    /// The counter of `tstate` (3.12), unless a disagreement put it out of use.
+    /// The counter of `tstate` (3.12+), unless a disagreement put it out of use (or, on 3.13,
+    /// in sampled mode: see the module's documentation).
     ///
     /// # Safety
     /// `tstate` is the calling thread's state and it holds the main interpreter's GIL.
-    #[cfg(all(Py_3_12, not(Py_3_13)))]
+    #[cfg(Py_3_12)]
     #[inline(always)]
     pub unsafe fn read(tstate: *mut ffi::PyThreadState) -> Counter {
         use super::layout;
+        #[cfg(Py_3_13)]
+        if layout::TIER2 || crate::sampler::interval().is_some() {
+            return Counter::NONE;
+        }
         if !TRUSTED.load(Relaxed) {
             return Counter::NONE;
         }
@@ -113,12 +138,11 @@ impl Counter {
         }
     }
 
-    /// Before 3.12 the recursion counter also counts C-level recursion guards, and 3.13's counts
-    /// `__init__` trampolines (see the module's documentation): never a depth.
+    /// Before 3.12 the recursion counter also counts C-level recursion guards: never a depth.
     ///
     /// # Safety
-    /// None; the signature is the 3.12 one's.
-    #[cfg(not(all(Py_3_12, not(Py_3_13))))]
+    /// None; the signature is the 3.12+ one's.
+    #[cfg(not(Py_3_12))]
     #[inline(always)]
     pub unsafe fn read(_tstate: *mut ffi::PyThreadState) -> Counter {
         Counter::NONE
@@ -148,7 +172,7 @@ impl Counter {
     /// [`Counter::walked`] be told what it found).
     #[inline(always)]
     pub fn depth(&self, captured: usize) -> Option<usize> {
-        if !self.is_home() || self.entered < captured {
+        if !self.is_home() || self.entered < captured || !self.no_trampolines() {
             return None;
         }
         let left = COUNTDOWN.load(Relaxed);
@@ -160,30 +184,66 @@ impl Counter {
         None
     }
 
-    /// A walk of a stack whose captured frames were all complete found `walked` frames to the
-    /// bottom, for a check or because the counter could not answer. Cold: the counter answers
-    /// most of the time.
+    /// 3.13: whether the home stack (this one, the caller checked) holds no `__init__`
+    /// trampoline: none was noted, or the counter is at or below the lowest frame that may have
+    /// one above it, which is then gone (and forgotten). Always true before 3.13.
+    #[inline(always)]
+    fn no_trampolines(&self) -> bool {
+        if !cfg!(Py_3_13) {
+            return true;
+        }
+        let floor = TRAMPOLINE_FLOOR.load(Relaxed);
+        if self.entered > floor {
+            return false;
+        }
+        if floor != usize::MAX {
+            TRAMPOLINE_FLOOR.store(usize::MAX, Relaxed);
+        }
+        true
+    }
+
+    /// 3.13: the frame on top of this stack is calling a class through the specialized call
+    /// that pushes an `__init__` trampoline once the object (this allocation) is made: on the
+    /// home stack, the counter does not answer above this frame until it has been seen back at
+    /// its depth. Called after everything else the walk of this allocation told the counter.
     #[cold]
-    pub fn walked(&self, walked: usize) {
+    pub fn calling_init(&self) {
+        if self.is_home() {
+            TRAMPOLINE_FLOOR.fetch_min(self.entered, Relaxed);
+        }
+    }
+
+    /// A walk of a stack whose captured frames were all complete found `walked` frames to the
+    /// bottom as the counter counts them, for a check or because the counter could not answer;
+    /// on 3.13, `floor` is the depth of the frame under the lowest `__init__` trampoline among
+    /// them (`usize::MAX` if none). Cold: the counter answers most of the time.
+    #[cold]
+    pub fn walked(&self, walked: usize, floor: usize) {
         if self.entered != usize::MAX {
-            self.compare(walked, true);
+            self.compare(walked, floor, true);
         }
     }
 
     /// The captured frames, all complete, were the whole stack: a check for free, apart from
     /// [`Counter::walked`] because it is common (at 25 frames, most stacks) and agreeing at home
-    /// needs nothing done, not even counting the check.
+    /// needs nothing done, not even counting the check (on 3.13, the stack holds no trampoline:
+    /// one would have been a frame not captured).
     #[inline(always)]
     pub fn whole(&self, captured: usize) {
-        if self.entered != usize::MAX && (self.entered != captured || !self.is_home()) {
-            self.compare(captured, false);
+        if self.entered != usize::MAX {
+            if self.entered != captured || !self.is_home() {
+                self.compare(captured, usize::MAX, false);
+            } else if cfg!(Py_3_13) && TRAMPOLINE_FLOOR.load(Relaxed) != usize::MAX {
+                TRAMPOLINE_FLOOR.store(usize::MAX, Relaxed);
+            }
         }
     }
 
-    /// What a walk that found `walked` frames means: at home, a check (counted if `count`), and
-    /// the end of the counter if it disagrees; elsewhere, a new home if it agrees.
+    /// What a walk that found `walked` frames (and the trampolines of `floor`) means: at home,
+    /// a check (counted if `count`), and the end of the counter if it disagrees; elsewhere, a
+    /// new home if it agrees. Either way the home stack's trampolines are now known.
     #[cold]
-    fn compare(&self, walked: usize, count: bool) {
+    fn compare(&self, walked: usize, floor: usize, count: bool) {
         if self.is_home() {
             if count {
                 CHECKED.fetch_add(1, Relaxed);
@@ -193,7 +253,10 @@ impl Counter {
             }
         } else if walked == self.entered {
             self.make_home();
+        } else {
+            return;
         }
+        TRAMPOLINE_FLOOR.store(floor, Relaxed);
     }
 
     #[cold]
@@ -218,7 +281,7 @@ pub fn state(check_every: Option<u32>) -> (bool, u64, u64) {
         INTERVAL.store(every.max(1), Relaxed);
         COUNTDOWN.store(every.max(1), Relaxed);
     }
-    let usable = cfg!(all(Py_3_12, not(Py_3_13))) && TRUSTED.load(Relaxed);
+    let usable = cfg!(Py_3_12) && TRUSTED.load(Relaxed);
     (usable, CHECKED.load(Relaxed), DISAGREED.load(Relaxed))
 }
 
@@ -283,7 +346,7 @@ mod tests {
             };
             assert_eq!(counter.depth(captured), answer, "step {i}: {what}");
             if let Some(walked) = walked {
-                counter.walked(walked);
+                counter.walked(walked, usize::MAX);
             }
         }
         assert_eq!((TRUSTED.load(Relaxed), DISAGREED.load(Relaxed)), (false, 1));

@@ -4,6 +4,9 @@
 #include <Python.h>
 #include <stddef.h>
 #include <stdio.h>
+#if PY_VERSION_HEX >= 0x030D0000
+#include "opcode_ids.h"
+#endif
 #if PY_VERSION_HEX >= 0x030B0000
 #include "internal/pycore_code.h"
 #include "internal/pycore_frame.h"
@@ -32,6 +35,14 @@ int main(void) {
     OFF("IFRAME_CODE", _PyInterpreterFrame, f_executable);
     OFF("IFRAME_INSTR", _PyInterpreterFrame, instr_ptr);
     OFF("IFRAME_FUNCOBJ", _PyInterpreterFrame, f_funcobj);
+    printf("pub const CALL_ALLOC_AND_ENTER_INIT: u8 = %d;\n", CALL_ALLOC_AND_ENTER_INIT);
+    /* Code run by the tier-2 optimizer (an --enable-experimental-jit build) may not point the
+     * frame at that call when it allocates (src/capture/depth.rs). */
+#ifdef _Py_TIER2
+    printf("pub const TIER2: bool = true;\n");
+#else
+    printf("pub const TIER2: bool = false;\n");
+#endif
 #elif PY_VERSION_HEX >= 0x030B0000
     OFF("TSTATE_CFRAME", PyThreadState, cframe);
     OFF("CFRAME_CURRENT_FRAME", _PyCFrame, current_frame);

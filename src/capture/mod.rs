@@ -382,6 +382,43 @@ unsafe fn preheader_size(obj: *mut ffi::PyObject, extra_flags: std::os::raw::c_u
 #[cfg(Py_3_11)]
 #[inline(always)]
 unsafe fn walk_interpreter_frames(
+    frame: *mut c_void,
+    out: &mut [RawFrame],
+    skips_cstack: bool,
+    counter: depth::Counter,
+) -> (usize, u16) {
+    let walked = walk_and_count(frame, out, skips_cstack, counter);
+    if calls_init(frame) {
+        counter.calling_init();
+    }
+    walked
+}
+
+/// 3.13: whether `frame` (the top one) is running the specialized class call that pushes an
+/// `__init__` trampoline ([`is_trampoline`]) once it has allocated the object.
+///
+/// # Safety
+/// `frame` is null or a live interpreter frame, and the GIL is held.
+#[cfg(Py_3_11)]
+#[inline(always)]
+unsafe fn calls_init(_frame: *mut c_void) -> bool {
+    // The instruction's first byte is its opcode (`_Py_CODEUNIT`); a C-stack shim's points at
+    // CPython's static trampoline instructions, readable too.
+    #[cfg(Py_3_13)]
+    return !_frame.is_null()
+        && *(read_ptr(_frame, layout::IFRAME_INSTR) as *const u8)
+            == layout::CALL_ALLOC_AND_ENTER_INIT;
+    #[cfg(not(Py_3_13))]
+    return false;
+}
+
+/// [`walk_interpreter_frames`] but for the trampoline about to be pushed.
+///
+/// # Safety
+/// As [`walk_interpreter_frames`].
+#[cfg(Py_3_11)]
+#[inline(always)]
+unsafe fn walk_and_count(
     mut frame: *mut c_void,
     out: &mut [RawFrame],
     skips_cstack: bool,
@@ -441,13 +478,30 @@ unsafe fn walk_interpreter_frames(
         }
     }
     let mut below = 0usize;
+    // 3.13's trampolines passed, which the counter counts, and how many frames of either kind
+    // had been passed at the last of them.
+    let mut trampolines = 0usize;
+    let mut at_lowest = 0usize;
     while !frame.is_null() {
         let owner = *(frame.cast::<u8>().add(layout::IFRAME_OWNER));
-        below += usize::from(!is_shim(owner) && !is_trampoline(frame));
+        if !is_shim(owner) {
+            if is_trampoline(frame) {
+                trampolines += 1;
+                at_lowest = below + trampolines;
+            } else {
+                below += 1;
+            }
+        }
         frame = read_ptr(frame, layout::IFRAME_PREVIOUS);
     }
     if all_counted {
-        counter.walked(n + below);
+        // The frames under the lowest trampoline: the depth of the frame that called it.
+        let floor = if trampolines == 0 {
+            usize::MAX
+        } else {
+            below + trampolines - at_lowest
+        };
+        counter.walked(n + below + trampolines, floor);
     }
     (n, total_nframe(n, below))
 }
