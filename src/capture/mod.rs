@@ -412,7 +412,7 @@ unsafe fn calls_init(_frame: *mut c_void) -> bool {
     return false;
 }
 
-/// [`walk_interpreter_frames`] but for the trampoline about to be pushed.
+/// [`walk_interpreter_frames`], less the note of a trampoline about to be pushed.
 ///
 /// # Safety
 /// As [`walk_interpreter_frames`].
@@ -513,7 +513,9 @@ unsafe fn walk_and_count(
 /// `MAKE_CELL`), so without this every generator created made the walk go to the bottom.
 /// A frame that has run nothing (`prev_instr` one before the first) may be one that the
 /// interpreter's entry linked and has not counted yet (its C-stack `RecursionError`): the
-/// walk decides. 3.11 has no counter and 3.13 does not use it.
+/// walk decides. 3.11 has no counter. 3.13 is left to the walk: its frames point at the
+/// instruction being run, so one running its first instruction (a coroutine's
+/// `RETURN_GENERATOR`) looks like one not started.
 #[cfg(Py_3_11)]
 #[inline(always)]
 fn counted_in_prologue(_instr: usize, _start: usize) -> bool {
