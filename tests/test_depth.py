@@ -137,8 +137,8 @@ CHILD = textwrap.dedent(
     def in_prologues():
         # The generator and the cell are made while their function's frame is still in its
         # prologue, which tracemalloc skips: the marking line is the frame that counts.
-        # Called from C (functools.partial), the generator's frame is linked before CPython
-        # counts it.
+        # Called from C (functools.partial), the generator's frame sits on the interpreter's
+        # entry shim, which links a frame before it counts it.
         for depth in (0, 3, 30, 3):
             down(depth, lambda: mark(gen))
             down(depth, lambda: mark(with_cell))
