@@ -322,3 +322,78 @@ def test_native_side_by_side_smoke(pyperformance_path: str) -> None:
     assert cells[4].endswith("x"), row
     have_memray = importlib.util.find_spec("memray") is not None
     assert ("memray --native: not measured" in table) is not have_memray, table
+
+
+FIDELITY = RUN.parent / "fidelity.py"
+
+
+def _fidelity_module():  # noqa: ANN202 - a module loaded from benches/
+    sys.path.insert(0, str(RUN.parent))
+    try:
+        import fidelity
+    finally:
+        sys.path.remove(str(RUN.parent))
+    return fidelity
+
+
+def test_fidelity_report_lists_each_disagreement() -> None:
+    fidelity = _fidelity_module()
+    theirs = {"a.py:1 56 B, 3 frames": 2, "tracemalloc.py:558 56 B, 3 frames": 1}
+    ours = {"a.py:1 56 B, 3 frames": 3, "b.py:9 32 B, 1 frames": 4}
+    assert fidelity.differences(theirs, ours) == {
+        "a.py:1 56 B, 3 frames": (2, 3),
+        "b.py:9 32 B, 1 frames": (0, 4),
+        "tracemalloc.py:558 56 B, 3 frames": (1, 0),
+    }
+    lines = fidelity.row("bench", theirs, ours, show=2)
+    assert lines[0].split() == [
+        "bench",
+        "tracemalloc",
+        "3",
+        "alloctrace",
+        "7",
+        "keys",
+        "differing",
+        "3",
+    ]
+    assert lines[1:] == [
+        "    a.py:1 56 B, 3 frames: 2 / 3",
+        "    b.py:9 32 B, 1 frames: 0 / 4",
+        "    ... 1 more",
+    ]
+    assert fidelity.row("same", ours, ours, show=2)[1:] == []
+
+
+def test_fidelity_runs_both_tracers(pyperformance_path: str) -> None:
+    """Two small benchmarks under each tracer: every row has both totals (the figures are
+    findings, not checked here)."""
+    if importlib.util.find_spec("alloctrace") is None:
+        pytest.skip("alloctrace is not installed")
+    env = dict(os.environ)
+    if pyperformance_path:
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [pyperformance_path, env.get("PYTHONPATH")])
+        )
+    proc = subprocess.run(
+        [sys.executable, str(FIDELITY), "--only", "json_loads,richards"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if not line.startswith(" ")]
+    assert [r[0] for r in rows] == ["richards", "json_loads"], proc.stdout
+    for r in rows:
+        assert r[1] == "tracemalloc" and r[3] == "alloctrace" and int(r[2]) > 0, proc.stdout
+
+
+def test_fidelity_rejects_bad_arguments() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(FIDELITY), "--only", "float,nosuch"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "unknown benchmark(s): nosuch" in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, str(FIDELITY), "--nframe", "0"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "--nframe must be in 1..65535, not 0" in proc.stderr
