@@ -15,8 +15,8 @@
 //! disagree only about a frame linked but not yet started (the entry path raises its C-stack
 //! `RecursionError` before counting the frame it just linked). Such a frame is incomplete, and
 //! `tracemalloc` skips incomplete frames where the counter counts them, so the walker uses the
-//! counter only when every frame it passed was complete or one in its prologue that has run an
-//! instruction, and so been counted, and takes those off the counter's figure
+//! counter only when every frame it passed was complete or one in its prologue known to be
+//! counted (`super::counted_in_prologue`), and takes those off the counter's figure
 //! ([`super::walk_interpreter_frames`]).
 //!
 //! 3.13's counter also counts, under each `__init__` called through a specialized class call

@@ -456,7 +456,7 @@ unsafe fn walk_and_count(
                         RawFrame::new(code as usize, instr.wrapping_sub(start) as isize as i32);
                     n += 1;
                     counted = true;
-                } else if counted_in_prologue(instr, start) {
+                } else if counted_in_prologue(instr, start, next) {
                     in_prologue += 1;
                     counted = true;
                 }
@@ -506,22 +506,34 @@ unsafe fn walk_and_count(
     (n, total_nframe(n, below))
 }
 
-/// 3.12: whether CPython's frame counter ([`depth`]) already counts a frame still in its
-/// prologue, one that has run an instruction (`prev_instr` at or past the first): it got
-/// there through `start_frame`, which counts the frame before its first instruction. The
-/// prologue allocates (a generator or coroutine made by `RETURN_GENERATOR`, the cells of
-/// `MAKE_CELL`), so without this every generator created made the walk go to the bottom.
-/// A frame that has run nothing (`prev_instr` one before the first) may be one that the
-/// interpreter's entry linked and has not counted yet (its C-stack `RecursionError`): the
-/// walk decides. 3.11 has no counter. 3.13 is left to the walk: its frames point at the
-/// instruction being run, so one running its first instruction (a coroutine's
-/// `RETURN_GENERATOR`) looks like one not started.
+/// Whether CPython's frame counter ([`depth`]) already counts a frame still in its prologue
+/// (3.12 and 3.13; 3.11 has no counter). The prologue allocates (a generator or coroutine made
+/// by `RETURN_GENERATOR`, the cells of `MAKE_CELL`), so without this every generator created
+/// made the walk go to the bottom.
+///
+/// A frame is counted once it has run an instruction: it got there through `start_frame`,
+/// which counts the frame before its first instruction, or (3.13) `_PUSH_FRAME`, which counts
+/// it as it links it. 3.12's `prev_instr` is then at or past the first instruction. 3.13's
+/// `instr_ptr` is the instruction being run, so a frame running its first one (a coroutine's
+/// `RETURN_GENERATOR`) has the same `instr_ptr` as one not started; but the only frame linked
+/// and not yet counted is one that the interpreter's entry linked above its C-stack shim, for
+/// as long as it checks the C recursion limit (its `RecursionError`). Every other frame got to
+/// `start_frame` (or `_PUSH_FRAME`) without allocating on the way: so a 3.13 frame at its
+/// first instruction above anything else than a shim (`previous`) is counted. Where neither
+/// rule settles it, the walk decides.
+///
+/// # Safety
+/// `previous` is null or a live interpreter frame, and the GIL is held.
 #[cfg(Py_3_11)]
 #[inline(always)]
-fn counted_in_prologue(_instr: usize, _start: usize) -> bool {
+unsafe fn counted_in_prologue(_instr: usize, _start: usize, _previous: *mut c_void) -> bool {
     #[cfg(all(Py_3_12, not(Py_3_13)))]
     return _instr >= _start;
-    #[cfg(not(all(Py_3_12, not(Py_3_13))))]
+    #[cfg(Py_3_13)]
+    return _instr > _start
+        || (!_previous.is_null()
+            && *(_previous.cast::<u8>().add(layout::IFRAME_OWNER)) != layout::OWNED_BY_CSTACK);
+    #[cfg(not(Py_3_12))]
     return false;
 }
 
