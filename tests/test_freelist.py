@@ -293,6 +293,30 @@ def test_reattributions_made_before_the_peak_are_in_the_peak_snapshot(stopped_tr
     del again
 
 
+@unfixed
+def test_blocks_freed_after_the_peak_leave_the_line_they_had_then(stopped_tracer):
+    # Re-attributed before the peak and freed after it: the peak snapshot has them where they
+    # were at the peak, however long their re-attributions waited (docs/freelists.md,
+    # "Deferred"; a build that wrote them only when read and forgot them at the free failed).
+    filename, stages = compile_stages()
+    warm_up(stages)
+    alloctrace.start(1)
+    try:
+        floats = stages["made"](FLOATS)
+        del floats  # to the free list
+        kept = stages["reused"](FLOATS)  # re-attributed, waiting
+        big = bytearray(16 * 1024 * 1024)  # the peak, while they are alive
+        del big
+        del kept  # back to the free list, still waiting
+        gc.collect()  # empties the free lists: the blocks are freed
+        at_peak = counts_by_line(alloctrace.take_snapshot(peak=True), filename)
+        now = counts_by_line(alloctrace.take_snapshot(), filename)
+    finally:
+        alloctrace.stop()
+    assert_all_on(at_peak, REUSED_LINE)
+    assert not now, now
+
+
 LARGE_HEAP_SOURCE = """\
 import math
 class Point:
