@@ -7,6 +7,7 @@ in seconds against the interpreter running the tests, with the installed alloctr
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import subprocess
@@ -108,19 +109,18 @@ def test_unknown_benchmark_is_rejected() -> None:
     assert "unknown benchmark(s) in --benchmarks: nosuch" in proc.stderr
 
 
-def _instructions_module():  # noqa: ANN202 - a module loaded from benches/
+def _bench_module(name: str):  # noqa: ANN202 - a module loaded from benches/
     sys.path.insert(0, str(RUN.parent))
     try:
-        import instructions
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(RUN.parent))
-    return instructions
 
 
 def test_instruction_table_reports_ratios_and_targets(tmp_path: Path) -> None:
     """The instructions part (run under valgrind, too slow for the suite) renders its counts as
     ratios to the untraced count of the same loops, with geomeans and issue 20's targets."""
-    instructions = _instructions_module()
+    instructions = _bench_module("instructions")
     dump = tmp_path / "cg.out.1"
     dump.write_text("events: Ir\nfl=x\nfn=y\n1 5\nsummary: 123456\n")
     assert instructions._instructions(dump) == 123456
@@ -327,17 +327,8 @@ def test_native_side_by_side_smoke(pyperformance_path: str) -> None:
 FIDELITY = RUN.parent / "fidelity.py"
 
 
-def _fidelity_module():  # noqa: ANN202 - a module loaded from benches/
-    sys.path.insert(0, str(RUN.parent))
-    try:
-        import fidelity
-    finally:
-        sys.path.remove(str(RUN.parent))
-    return fidelity
-
-
 def test_fidelity_report_lists_each_disagreement() -> None:
-    fidelity = _fidelity_module()
+    fidelity = _bench_module("fidelity")
     theirs = {"a.py:1 56 B, 3 frames": 2, "tracemalloc.py:558 56 B, 3 frames": 1}
     ours = {"a.py:1 56 B, 3 frames": 3, "b.py:9 32 B, 1 frames": 4}
     assert fidelity.differences(theirs, ours) == {
