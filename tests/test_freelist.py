@@ -95,6 +95,45 @@ def test_reused_objects_are_charged_where_they_are_made(stopped_tracer, kind):
         assert close(ours.get(line, 0), theirs.get(line, 0)), (line, ours, theirs)
 
 
+# Tuples packed by C code: PyTuple_Pack takes them from the free list through a copy of
+# _Py_NewReference of its own where libpython is linked statically (Debian's 3.11), one guarded
+# by `cmp dword [flag], 0`, which a patch that counted the displacement from its own end rather
+# than the instruction's (an immediate follows it) once left reading the byte after the flag.
+PACKED = """\
+def made(n):
+    return [(i, -i) for i in range(n)]
+def packed(n):
+    return [pack(2, i, i) for i in range(n)]
+"""
+
+
+@unfixed
+def test_tuples_packed_by_c_code_are_charged_where_they_are_made(stopped_tracer):
+    pack = ctypes.pythonapi.PyTuple_Pack
+    pack.restype = ctypes.py_object
+    pack.argtypes = [ctypes.c_ssize_t, ctypes.py_object, ctypes.py_object]
+    filename = "<freelist-packed>"
+    namespace = {"pack": pack}
+    exec(compile(PACKED, filename, "exec"), namespace)
+    made, packed = namespace["made"], namespace["packed"]
+
+    def counts(module):
+        made(10)
+        packed(10)  # warm-up
+        gc.collect()  # empties the free lists
+        module.start(1)
+        try:
+            tuples = made(200)
+            del tuples  # to the free list
+            kept = packed(200)  # reused from it
+            return counts_by_line(module.take_snapshot(), filename), kept
+        finally:
+            module.stop()
+
+    (theirs, _), (ours, _) = counts(tracemalloc), counts(alloctrace)
+    assert ours == theirs and ours.get(4, 0) >= 200, (ours, theirs)
+
+
 @unfixed
 def test_reused_objects_in_threads(stopped_tracer):
     filename, run = compile_snippet("list")

@@ -37,15 +37,27 @@ use iced_x86::{
     Mnemonic, OpAccess, OpKind, Register,
 };
 
+/// A 32-bit displacement in the decoded code. The processor adds it to the address of the
+/// instruction's end, which is not always where the displacement ends: `cmp dword [rip +
+/// flag], 0` has its immediate after it (patching it as if it ended the instruction once made
+/// a third of Debian's 3.11 copies read the byte after the always-set flag: never set).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Displacement {
+    /// Where its four bytes are.
+    pub at: u64,
+    /// The end of its instruction.
+    pub end: u64,
+}
+
 /// What [`find`] found: addresses in the decoded code.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Sites {
     /// The function every guarded call reaches (`_PyTraceMalloc_NewReference`).
     pub callee: u64,
-    /// Where each guard's 32-bit displacement of the flag is, sorted.
-    pub reads: Vec<u64>,
-    /// Where each guarded call's 32-bit displacement is (the byte after its `0xe8`), sorted.
-    pub calls: Vec<u64>,
+    /// Each guard's displacement of the flag, sorted.
+    pub reads: Vec<Displacement>,
+    /// Each guarded call's displacement (the four bytes after its `0xe8`), sorted.
+    pub calls: Vec<Displacement>,
 }
 
 /// Why [`find`] found nothing it would patch.
@@ -91,11 +103,11 @@ pub fn find(code: &[u8], ip: u64, flag: u64) -> Result<Sites, Refusal> {
             continue;
         }
         if let Some((call, callee)) = walker.guarded_call(instr.next_ip(), read) {
-            guards.push((
-                instr.ip() + offsets.displacement_offset() as u64,
-                call,
-                callee,
-            ));
+            let read = Displacement {
+                at: instr.ip() + offsets.displacement_offset() as u64,
+                end: instr.next_ip(),
+            };
+            guards.push((read, call, callee));
         }
     }
     // A guarded call of a function that does not start by reading the flag is another reader
@@ -126,13 +138,19 @@ pub fn find(code: &[u8], ip: u64, flag: u64) -> Result<Sites, Refusal> {
             return Err(Refusal::Unguarded(instr.ip()));
         }
     }
-    let mut reads: Vec<u64> = guards.iter().map(|g| g.0).collect();
+    let mut reads: Vec<Displacement> = guards.iter().map(|g| g.0).collect();
     reads.sort_unstable();
     reads.dedup();
     Ok(Sites {
         callee,
         reads,
-        calls: calls.into_iter().map(|call| call + 1).collect(),
+        calls: calls
+            .into_iter()
+            .map(|call| Displacement {
+                at: call + 1,
+                end: call + 5,
+            })
+            .collect(),
     })
 }
 
@@ -273,7 +291,7 @@ impl<'a> Walker<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::{find, Refusal, Sites};
+    use super::{find, Displacement, Refusal, Sites};
 
     /// Where the test code is mapped, and the flag it reads.
     const IP: u64 = 0x40_0000;
@@ -292,22 +310,25 @@ mod tests {
             self.0
                 .extend_from_slice(&((target as i64 - from as i64) as i32).to_le_bytes());
         }
-        /// `cmp dword [rip + FLAG], 0`; returns the displacement's address.
-        fn cmp_flag(&mut self) -> u64 {
+        /// `cmp dword [rip + FLAG], 0`; returns its displacement.
+        fn cmp_flag(&mut self) -> Displacement {
             self.0.extend_from_slice(&[0x83, 0x3d]);
-            let disp = self.here();
+            let at = self.here();
             let from = self.here() + 5;
             self.0
                 .extend_from_slice(&((FLAG as i64 - from as i64) as i32).to_le_bytes());
             self.0.push(0);
-            disp
+            Displacement { at, end: from }
         }
-        /// `mov eax, dword [rip + FLAG]`; returns the displacement's address.
-        fn load_flag(&mut self) -> u64 {
+        /// `mov eax, dword [rip + FLAG]`; returns its displacement.
+        fn load_flag(&mut self) -> Displacement {
             self.0.extend_from_slice(&[0x8b, 0x05]);
-            let disp = self.here();
+            let at = self.here();
             self.rel32(FLAG);
-            disp
+            Displacement {
+                at,
+                end: self.here(),
+            }
         }
         fn test_eax(&mut self) {
             self.0.extend_from_slice(&[0x85, 0xc0]);
@@ -330,12 +351,15 @@ mod tests {
             self.0.push(0xe9);
             self.rel32(target);
         }
-        /// `call rel32`; returns the displacement's address.
-        fn call(&mut self, target: u64) -> u64 {
+        /// `call rel32`; returns its displacement.
+        fn call(&mut self, target: u64) -> Displacement {
             self.0.push(0xe8);
-            let disp = self.here();
+            let at = self.here();
             self.rel32(target);
-            disp
+            Displacement {
+                at,
+                end: self.here(),
+            }
         }
         fn ret(&mut self) {
             self.0.push(0xc3);
@@ -358,7 +382,7 @@ mod tests {
     }
 
     /// A `cmp`/`je` guard falling through to its call.
-    fn compared(asm: &mut Asm) -> (u64, u64) {
+    fn compared(asm: &mut Asm) -> (Displacement, Displacement) {
         let read = asm.cmp_flag();
         let skip = asm.here() + 6 + 3 + 5;
         asm.jcc(0x84, skip);
@@ -369,7 +393,7 @@ mod tests {
     }
 
     /// A `mov`/`test`/`jne` guard whose call is in a block further on, reached by a jump.
-    fn loaded(asm: &mut Asm, between: fn(&mut Asm)) -> (u64, u64) {
+    fn loaded(asm: &mut Asm, between: fn(&mut Asm)) -> (Displacement, Displacement) {
         let read = asm.load_flag();
         between(asm);
         asm.test_eax();
@@ -398,6 +422,29 @@ mod tests {
                 calls: vec![call1, call2],
             })
         );
+    }
+
+    /// Every displacement found, added to its instruction's end, reaches what the instruction
+    /// refers to: the flag for reads, the callee for calls. (`cmp` has an immediate after its
+    /// displacement.)
+    #[test]
+    fn each_displacement_counts_from_its_instructions_end() {
+        let mut asm = Asm::default();
+        compared(&mut asm);
+        loaded(&mut asm, |_| {});
+        let code = with_callee(asm);
+        let sites = find(&code, IP, FLAG).unwrap();
+        let reached = |d: &Displacement| {
+            let at = (d.at - IP) as usize;
+            let disp = i32::from_le_bytes(code[at..at + 4].try_into().unwrap());
+            d.end.wrapping_add_signed(i64::from(disp))
+        };
+        assert_eq!(
+            sites.reads.iter().map(|d| d.end - d.at).collect::<Vec<_>>(),
+            [5, 4]
+        );
+        assert!(sites.reads.iter().all(|d| reached(d) == FLAG));
+        assert!(sites.calls.iter().all(|d| reached(d) == CALLEE));
     }
 
     #[test]

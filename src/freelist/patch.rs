@@ -54,27 +54,36 @@ struct Site {
     call_disp: usize,
 }
 
-/// A 32-bit displacement in the interpreter's code to point at our page: where it is, what it
-/// was, and the offset in the page it is to reach.
+/// A 32-bit displacement in the interpreter's code to point at our page: where it is, where
+/// its instruction ends (the address the processor adds it to), what it was, and the offset in
+/// the page it is to reach.
 #[derive(Clone, Copy)]
 struct Operand {
     at: usize,
+    end: usize,
     original: i32,
     to: usize,
 }
 
 impl Operand {
-    unsafe fn new(at: usize, to: usize) -> Operand {
+    /// The displacement at `at`, of an instruction that ends at `end`.
+    unsafe fn new(at: usize, end: usize, to: usize) -> Operand {
         Operand {
             at,
+            end,
             original: read_i32(at),
             to,
         }
     }
 
+    /// A displacement that ends its instruction (`mov rax, [rip + d]`, `call d`).
+    unsafe fn last(at: usize, to: usize) -> Operand {
+        Operand::new(at, at + 4, to)
+    }
+
     /// The displacement that makes the operand reach its place in `page`, if one can.
     fn reaching(&self, page: usize) -> Option<i32> {
-        i32::try_from((page + self.to) as isize - (self.at + 4) as isize).ok()
+        i32::try_from((page + self.to) as isize - self.end as isize).ok()
     }
 }
 
@@ -252,11 +261,11 @@ unsafe fn plan_shared() -> Option<Plan> {
     }
     let reads = sites
         .iter()
-        .map(|s| Operand::new(s.load_disp, FAKE_CONFIG_AT))
+        .map(|s| Operand::last(s.load_disp, FAKE_CONFIG_AT))
         .collect();
     let calls = sites
         .iter()
-        .map(|s| Operand::new(s.call_disp, STUB_AT))
+        .map(|s| Operand::last(s.call_disp, STUB_AT))
         .collect();
     with_page(
         functions[0],
@@ -295,12 +304,12 @@ unsafe fn plan_inlined() -> Option<Plan> {
     let reads = sites
         .reads
         .iter()
-        .map(|&at| Operand::new(at as usize, ONE_AT))
+        .map(|d| Operand::new(d.at as usize, d.end as usize, ONE_AT))
         .collect();
     let calls = sites
         .calls
         .iter()
-        .map(|&at| Operand::new(at as usize, STUB_AT))
+        .map(|d| Operand::new(d.at as usize, d.end as usize, STUB_AT))
         .collect();
     with_page(callee, reads, calls, flag, callee)
 }
