@@ -2,14 +2,15 @@
 
 Usage::
 
-    python benches/fidelity.py [--python PY] [--nframe 1] [--only float,go] [--no-aslr]
+    python benches/fidelity.py [--python PY] [--nframe 1] [--whole] [--only float,go] [--no-aslr]
 
 Each benchmark runs in two fresh children of PY (which must have pyperformance and alloctrace
 installed, as the venvs ``benches/run.py`` makes under ``~/.cache/alloctrace-bench`` do), one
 per tracer.  A child imports both tracers (so that the heap is laid out alike before tracing
 starts), runs each of the script's workloads once untraced, collects garbage, starts its tracer
 at ``--nframe`` frames, runs each workload once more and takes a snapshot.  It reports its live
-traces counted by (file, line, size, ``total_nframe``) of the most recent frame; the parent
+traces counted by (file, line, size, ``total_nframe``) of the most recent frame, or with
+``--whole`` by every frame of the traceback (file and line of each, most recent first); the parent
 prints, per benchmark, both totals and every such key on which the two disagree.  This is a
 check of answers, not of speed: an exact per-trace match is the goal, and each difference found
 is either explained in docs/tracemalloc-compatibility.md or a bug.
@@ -20,9 +21,10 @@ Differences that are not alloctrace's:
   traces, and may take a tuple off a free list (re-attributing it to itself) or allocate one;
   the other tracer then has that tuple where it was made last, usually one count more on one
   key of 56 bytes.
-* Programs whose state depends on addresses (a cache keyed by an object's address, such as
-  CPython's type attribute cache, keeps different objects alive); ``--no-aslr`` runs the
-  children under ``setarch -R`` so that each tracer at least repeats itself.
+* Programs whose state depends on addresses (a cache keyed by an object's address keeps
+  different objects alive); ``--no-aslr`` runs the children under ``setarch -R`` so that each
+  tracer at least repeats itself.  CPython's own such cache, the type attribute cache (which
+  keeps the attribute names it last looked up alive), is cleared before the snapshot.
 * Programs that differ from run to run under either tracer (``xml_etree`` here): run twice.
 """
 
@@ -53,6 +55,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--no-aslr", action="store_true", help="run the children under `setarch -R`"
     )
+    parser.add_argument("--whole", action="store_true", help="key traces by their whole traceback")
     parser.add_argument("--show", type=int, default=8, help="differing keys shown per row")
     args = parser.parse_args(argv)
     if not 1 <= args.nframe <= 65535:
@@ -112,6 +115,7 @@ def main(argv: list[str]) -> int:
                 json.dumps(list(bench.argv)),
                 ",".join(bench.fresh_modules),
                 str(args.nframe),
+                "whole" if args.whole else "top",
             ]
             env = {**os.environ, "PYTHONHASHSEED": "0"}
             proc = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -126,6 +130,12 @@ def main(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
+def _short(filename: str) -> str:
+    """A file's name, with its directory for a benchmark (every script is run_benchmark.py)."""
+    where = Path(filename)
+    return f"{where.parent.name}/{where.name}" if where.name == "run_benchmark.py" else where.name
+
+
 def child_main(argv: list[str]) -> None:
     """Child side: one benchmark under one tracer; prints the live traces' counts as JSON.
     Both tracers are imported whichever runs, so that the heap is laid out alike before it
@@ -137,7 +147,7 @@ def child_main(argv: list[str]) -> None:
 
     import alloctrace  # noqa: F401
 
-    tracer, directory, script_argv, fresh, nframe = argv
+    tracer, directory, script_argv, fresh, nframe, key = argv
     module = importlib.import_module(tracer)
     for name in filter(None, fresh.split(",")):
         sys.modules.pop(name, None)
@@ -148,20 +158,21 @@ def child_main(argv: list[str]) -> None:
     module.start(int(nframe))
     for workload in workloads:
         workload.seconds_per_op(1)
+    # CPython's type attribute cache keeps the attribute names it last saw alive, in slots
+    # chosen by their addresses, which the tracers' own memory moves: not the program's state.
+    sys._clear_type_cache()
     snapshot = module.take_snapshot()
     module.stop()
     counts: collections.Counter[str] = collections.Counter()
     harness = str(HERE)
     for trace in snapshot.traces:
-        frame = trace.traceback[0]
-        if frame.filename.startswith(harness):
+        # A Traceback runs from the outermost frame to the most recent one.
+        frames = list(reversed(trace.traceback))
+        if frames[0].filename.startswith(harness):
             continue
-        where = Path(frame.filename)
-        # The benchmark's directory names it (every script is run_benchmark.py).
-        name = (
-            f"{where.parent.name}/{where.name}" if where.name == "run_benchmark.py" else where.name
-        )
-        counts[f"{name}:{frame.lineno} {trace.size} B, {trace.traceback.total_nframe} frames"] += 1
+        shown = frames if key == "whole" else frames[:1]
+        where = " < ".join(f"{_short(f.filename)}:{f.lineno}" for f in shown)
+        counts[f"{where} {trace.size} B, {trace.traceback.total_nframe} frames"] += 1
     json.dump(counts, sys.stdout)
 
 

@@ -356,8 +356,8 @@ def test_fidelity_report_lists_each_disagreement() -> None:
 
 
 def test_fidelity_runs_both_tracers(pyperformance_path: str) -> None:
-    """Two small benchmarks under each tracer: every row has both totals (the figures are
-    findings, not checked here)."""
+    """Two small benchmarks under each tracer, keyed by whole tracebacks of three frames: every
+    row has both totals (the figures are findings, not checked here)."""
     if importlib.util.find_spec("alloctrace") is None:
         pytest.skip("alloctrace is not installed")
     env = dict(os.environ)
@@ -366,7 +366,15 @@ def test_fidelity_runs_both_tracers(pyperformance_path: str) -> None:
             filter(None, [pyperformance_path, env.get("PYTHONPATH")])
         )
     proc = subprocess.run(
-        [sys.executable, str(FIDELITY), "--only", "json_loads,richards"],
+        [
+            sys.executable,
+            str(FIDELITY),
+            "--only",
+            "json_loads,richards",
+            "--nframe",
+            "3",
+            "--whole",
+        ],
         capture_output=True,
         text=True,
         env=env,
