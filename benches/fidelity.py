@@ -8,7 +8,8 @@ Each benchmark runs in two fresh children of PY (which must have pyperformance a
 installed, as the venvs ``benches/run.py`` makes under ``~/.cache/alloctrace-bench`` do), one
 per tracer.  A child imports both tracers (so that the heap is laid out alike before tracing
 starts), runs each of the script's workloads once untraced, collects garbage, starts its tracer
-at ``--nframe`` frames, runs each workload once more and takes a snapshot.  It reports its live
+at ``--nframe`` frames, runs each workload once more, clears CPython's type attribute cache
+and takes a snapshot.  It reports its live
 traces counted by (file, line, size, ``total_nframe``) of the most recent frame, or with
 ``--whole`` by every frame of the traceback (file and line of each, most recent first); the parent
 prints, per benchmark, both totals and every such key on which the two disagree.  This is a
@@ -25,7 +26,8 @@ Differences that are not alloctrace's:
   different objects alive); ``--no-aslr`` runs the children under ``setarch -R`` so that each
   tracer at least repeats itself.  CPython's own such cache, the type attribute cache (which
   keeps the attribute names it last looked up alive), is cleared before the snapshot.
-* Programs that differ from run to run under either tracer (``xml_etree`` here): run twice.
+* Programs that differ from run to run under either tracer (time, random numbers, threads):
+  run them twice under tracemalloc to see how much.
 """
 
 from __future__ import annotations
