@@ -41,12 +41,14 @@ def pyperformance_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(target)
 
 
-def _run(args: list[str], extra_path: str = "") -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], extra_path: str = "", script: Path = RUN
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     if extra_path:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra_path, env.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, str(RUN), *args],
+        [sys.executable, str(script), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -360,25 +362,10 @@ def test_fidelity_runs_both_tracers(pyperformance_path: str) -> None:
     row has both totals (the figures are findings, not checked here)."""
     if importlib.util.find_spec("alloctrace") is None:
         pytest.skip("alloctrace is not installed")
-    env = dict(os.environ)
-    if pyperformance_path:
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [pyperformance_path, env.get("PYTHONPATH")])
-        )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(FIDELITY),
-            "--only",
-            "json_loads,richards",
-            "--nframe",
-            "3",
-            "--whole",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
+    proc = _run(
+        ["--only", "json_loads,richards", "--nframe", "3", "--whole"],
+        pyperformance_path,
+        FIDELITY,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     rows = [line.split() for line in proc.stdout.splitlines() if not line.startswith(" ")]
@@ -388,11 +375,7 @@ def test_fidelity_runs_both_tracers(pyperformance_path: str) -> None:
 
 
 def test_fidelity_rejects_bad_arguments() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(FIDELITY), "--only", "float,nosuch"], capture_output=True, text=True
-    )
+    proc = _run(["--only", "float,nosuch"], script=FIDELITY)
     assert proc.returncode == 2 and "unknown benchmark(s): nosuch" in proc.stderr
-    proc = subprocess.run(
-        [sys.executable, str(FIDELITY), "--nframe", "0"], capture_output=True, text=True
-    )
+    proc = _run(["--nframe", "0"], script=FIDELITY)
     assert proc.returncode == 2 and "--nframe must be in 1..65535, not 0" in proc.stderr
