@@ -145,15 +145,12 @@ def child_main(argv: list[str]) -> None:
     import tracemalloc  # noqa: F401
 
     import overhead
-    import pyperf_shim
 
     import alloctrace  # noqa: F401
 
     tracer, directory, script_argv, fresh, nframe, key = argv
     module = importlib.import_module(tracer)
-    for name in filter(None, fresh.split(",")):
-        sys.modules.pop(name, None)
-    workloads = pyperf_shim.load(overhead._script(directory), json.loads(script_argv))
+    workloads = overhead.load_workloads(overhead._script(directory), script_argv, fresh)
     for workload in workloads:
         workload.seconds_per_op(1)
     gc.collect()

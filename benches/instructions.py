@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,6 @@ from typing import Any
 
 import childproc
 import overhead
-import pyperf_shim
 import tracers
 
 #: Modes beyond the tracers module's own: the untraced child run under memray.
@@ -260,9 +258,7 @@ def child_main(argv: list[str]) -> None:
     opts = parser.parse_args(argv)
     script = overhead._script(opts.bench)
     tracers.start(opts.mode)
-    for name in filter(None, opts.fresh.split(",")):
-        sys.modules.pop(name, None)
-    workloads = pyperf_shim.load(script, json.loads(opts.argv))
+    workloads = overhead.load_workloads(script, opts.argv, opts.fresh)
     loops = json.loads(opts.loops)
     order = []
     for workload in workloads:

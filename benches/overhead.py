@@ -302,6 +302,15 @@ def _parse_child(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def load_workloads(script: Path, argv_json: str, fresh: str) -> list[Any]:
+    """The workloads of a benchmark *script* run with the JSON list *argv_json*, the modules
+    named in *fresh* (comma-separated) imported anew, as every child loads them (the tracer,
+    if any, already started)."""
+    for name in filter(None, fresh.split(",")):
+        sys.modules.pop(name, None)
+    return pyperf_shim.load(script, json.loads(argv_json))
+
+
 def _script(directory: str) -> Path:
     import pyperformance
 
@@ -374,9 +383,7 @@ def child_main(argv: list[str]) -> None:
     script = _script(opts.bench)
     # The tracer starts before the script is loaded, as for a program traced from startup.
     tracers.start(opts.mode)
-    for name in filter(None, opts.fresh.split(",")):
-        sys.modules.pop(name, None)
-    workloads = pyperf_shim.load(script, json.loads(opts.argv))
+    workloads = load_workloads(script, opts.argv, opts.fresh)
     if opts.calibrate is not None:
         plan = {w.name: _calibrate(w, opts.calibrate) for w in workloads}
         return childproc.write_result(opts.result, {"loops": plan})
