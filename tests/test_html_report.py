@@ -89,8 +89,11 @@ def test_series_in_time_order_whatever_the_argument_order(series):
     assert ordered != sorted(paths)
 
 
-def test_figures_match_the_snapshots(series):
+def test_figures_match_the_snapshots(series, tmp_path, monkeypatch):
     directory, script, paths = series
+    # The retention text names files under the current directory relative to it: work
+    # elsewhere, so that the script keeps its full name wherever pytest runs (from /tmp, say).
+    monkeypatch.chdir(tmp_path)
     ordered, snapshots = in_time_order(paths)
     data = _html_report.build_data(_html_report.load_series(paths))
     assert [s["path"] for s in data["snapshots"]] == ordered

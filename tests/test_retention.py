@@ -470,10 +470,11 @@ def test_reports_survive_pickling_and_filters(leaky, stopped_tracer, tmp_path):
     assert str(alloctrace.Snapshot.load(path).referrer_paths(site)) == report
 
 
-def cli(*args):
+def cli(*args, cwd=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
     return subprocess.run(
         [sys.executable, "-m", "alloctrace", *args],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -488,8 +489,14 @@ def test_why_cli(leaky, stopped_tracer, tmp_path):
     alloctrace.stop()
     path = tmp_path / "dump.alloctrace"
     with_reports.dump(path)
+    # The report names files under the current directory relative to it: run it elsewhere, so
+    # that leaky_app.py keeps its full name wherever pytest runs (from /tmp, say).
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
 
-    done = cli("why", str(path), "--line", f"leaky_app.py:{SESSION_LINE}", "--limit", "1")
+    done = cli(
+        "why", str(path), "--line", f"leaky_app.py:{SESSION_LINE}", "--limit", "1", cwd=elsewhere
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"{leaky.__file__}:{SESSION_LINE}: ")
