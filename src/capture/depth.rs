@@ -84,6 +84,15 @@ pub fn forget_trampolines() {
     TRAMPOLINE_FLOOR.store(0, Relaxed);
 }
 
+/// 3.13: the home stack holds no trampoline any more, where `floor` was what was noted of them.
+/// The store is skipped when nothing was noted, so that the common case writes nothing.
+#[inline(always)]
+fn trampolines_gone(floor: usize) {
+    if floor != usize::MAX {
+        TRAMPOLINE_FLOOR.store(usize::MAX, Relaxed);
+    }
+}
+
 /// What CPython's counter says about the stack being walked.
 #[derive(Clone, Copy)]
 pub struct Counter {
@@ -196,9 +205,7 @@ impl Counter {
         if self.entered > floor {
             return false;
         }
-        if floor != usize::MAX {
-            TRAMPOLINE_FLOOR.store(usize::MAX, Relaxed);
-        }
+        trampolines_gone(floor);
         true
     }
 
@@ -233,8 +240,8 @@ impl Counter {
         if self.entered != usize::MAX {
             if self.entered != captured || !self.is_home() {
                 self.compare(captured, usize::MAX, false);
-            } else if cfg!(Py_3_13) && TRAMPOLINE_FLOOR.load(Relaxed) != usize::MAX {
-                TRAMPOLINE_FLOOR.store(usize::MAX, Relaxed);
+            } else if cfg!(Py_3_13) {
+                trampolines_gone(TRAMPOLINE_FLOOR.load(Relaxed));
             }
         }
     }
