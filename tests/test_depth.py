@@ -5,8 +5,9 @@ the bottom of the stack, on the stack where a walk last agreed with it (src/capt
 These tests compare ``total_nframe`` and the frames with tracemalloc's for objects made on
 stacks built in different ways (recursion, generators, coroutines, threads, finalizers, trace
 functions, greenlets, which switch stacks without the counter, ``__init__`` above 3.13's
-trampoline frame, frames in their prologue), and check the counter against a walk on every use
-over a workload that goes through those paths. On 3.9 and 3.10 the depth
+trampoline frame, frames in their prologue, a RecursionError raised entering a generator), and
+check the counter against a walk on every use over a workload that goes through those paths.
+On 3.9 and 3.10 the depth
 below the captured frames comes from depths remembered per frame object, forgotten when a frame
 is created at the same address (src/capture/frame_depths.rs): a scenario calls the same
 functions over stacks of different depths, which CPython serves with the same frame objects.
@@ -304,3 +305,77 @@ def test_total_nframe_when_tracing_starts_inside_init(tmp_path, nframe):
     # One depth each: the marking line is always reached through the same frames.
     assert len(got["tracemalloc"]) == 1
     assert got["alloctrace"] == got["tracemalloc"] == got["resumed"]
+
+
+# A generator resumed from C at the C recursion limit: the interpreter's entry links its frame,
+# then refuses to run it and raises RecursionError before counting it (3.12+). tracemalloc counts
+# that frame in the error's allocations (a generator's frame is never incomplete to it); the
+# counter does not. Each tracer runs in a process of its own, so that neither inherits the
+# other's leftovers (free lists, the exception's frames).
+AT_THE_LIMIT = textwrap.dedent(
+    """
+    import collections, gc, json, sys, tracemalloc
+    import alloctrace
+
+    if sys.version_info >= (3, 12):
+        # Python frames no longer count towards the C limit: put the Python limit past it, so
+        # that the limit reached is the C one, at the entry into a generator.
+        sys.setrecursionlimit(1_000_000)
+
+    def fresh(n):
+        yield next(fresh(n + 1))
+
+    def resumed(n):
+        yield
+        g = resumed(n + 1)
+        next(g)
+        yield next(g)
+
+    def second(g):
+        next(g)
+        return next(g)
+
+    SCENARIOS = {
+        "fresh": (fresh, lambda: next(fresh(0))),
+        "resumed": (resumed, lambda: second(resumed(0))),
+    }
+
+    def run(module):
+        result = {}
+        for name, (function, scenario) in SCENARIOS.items():
+            code = function.__code__
+            lines = range(code.co_firstlineno, code.co_firstlineno + 5)
+            gc.collect()
+            module.start(1)
+            try:
+                scenario()
+            except RecursionError as e:
+                error = e
+            snapshot = module.take_snapshot()
+            module.stop()
+            del error
+            # The generators' own lines: the run's frames below are not what is compared.
+            counts = collections.Counter(
+                (t.traceback[0].lineno, t.traceback.total_nframe, t.size)
+                for t in snapshot.traces
+                if t.traceback[0].filename == __file__ and t.traceback[0].lineno in lines
+            )
+            result[name] = sorted([*key, n] for key, n in counts.items())
+        return result
+
+    print(json.dumps(run({"tracemalloc": tracemalloc, "alloctrace": alloctrace}[sys.argv[1]])))
+    """
+)
+
+
+def test_total_nframe_of_a_recursion_error_raised_entering_a_generator(tmp_path):
+    script = tmp_path / "limit.py"
+    script.write_text(AT_THE_LIMIT)
+    got = {}
+    for tracer in ("tracemalloc", "alloctrace"):
+        proc = run_python([str(script), tracer])
+        assert proc.returncode == 0, proc.stderr
+        got[tracer] = json.loads(proc.stdout)
+    # Both scenarios reached the limit deep down (hundreds of generators each).
+    assert all(len(traces) > 100 for traces in got["tracemalloc"].values())
+    assert got["alloctrace"] == got["tracemalloc"]

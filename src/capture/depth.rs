@@ -17,7 +17,12 @@
 //! `tracemalloc` skips incomplete frames where the counter counts them, so the walker uses the
 //! counter only when every frame it passed was complete or one in its prologue known to be
 //! counted (`super::counted_in_prologue`), and takes those off the counter's figure
-//! ([`super::walk_interpreter_frames`]).
+//! ([`super::walk_interpreter_frames`]). A generator's frame, though, is never incomplete to
+//! `tracemalloc`, started or not: one resumed from C at the C recursion limit is linked, refused
+//! and counted by `tracemalloc` in the allocations of its `RecursionError`, one frame more than
+//! the counter says. CPython sets the thread's `recursion_headroom` while it makes that error
+//! (and otherwise only while it normalizes an exception, which is rare), so while it is set the
+//! counter is not read at all.
 //!
 //! 3.13's counter also counts, under each `__init__` called through a specialized class call
 //! (`CALL_ALLOC_AND_ENTER_INIT`), the trampoline frame CPython pushes under it
@@ -127,6 +132,11 @@ impl Counter {
         }
         let base = tstate.cast::<u8>();
         let int = |offset: usize| i64::from(*(base.add(offset) as *const std::os::raw::c_int));
+        // A `RecursionError` may be being made: the frame on top may be one that the entry
+        // linked and refused (see the module's documentation).
+        if int(layout::TSTATE_RECURSION_HEADROOM) != 0 {
+            return Counter::NONE;
+        }
         let entered =
             int(layout::TSTATE_PY_RECURSION_LIMIT) - int(layout::TSTATE_PY_RECURSION_REMAINING);
         // The root chunk: its `previous` (the chunk's first field) is null. The first chunk

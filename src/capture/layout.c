@@ -66,6 +66,7 @@ int main(void) {
     printf("pub const OWNED_BY_CSTACK: u8 = %d;\n", FRAME_OWNED_BY_CSTACK);
     OFF("TSTATE_PY_RECURSION_LIMIT", PyThreadState, py_recursion_limit);
     OFF("TSTATE_PY_RECURSION_REMAINING", PyThreadState, py_recursion_remaining);
+    OFF("TSTATE_RECURSION_HEADROOM", PyThreadState, recursion_headroom);
     OFF("TSTATE_DATASTACK_CHUNK", PyThreadState, datastack_chunk);
 #endif
 #if PY_VERSION_HEX < 0x030C0000
