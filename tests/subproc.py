@@ -5,6 +5,7 @@ or prints (``ALLOCTRACE*``, ``PYTHONTRACEMALLOC``, ``COLUMNS``), so that each te
 exactly the settings it depends on.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -43,3 +44,15 @@ def run_python(args, cwd=None, **env):
             out, err = proc.communicate()
             raise subprocess.TimeoutExpired(proc.args, TIMEOUT, out, err) from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def per_tracer(args, parse=json.loads):
+    """Runs ``python ARGS TRACER`` for tracemalloc and for alloctrace, each in a process of its
+    own, so that neither inherits what the other left (free lists, the heap's layout); returns
+    ``{tracer: parse(stdout)}``."""
+    found = {}
+    for tracer in ("tracemalloc", "alloctrace"):
+        done = run_python([*args, tracer])
+        assert done.returncode == 0, done.stderr
+        found[tracer] = parse(done.stdout)
+    return found

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 import alloctrace
-from subproc import run_python
+from subproc import per_tracer, run_python
 
 GENERATED = "<alloctrace-generated-{}>"
 
@@ -271,11 +271,7 @@ def test_jinja2_templates_compiled_per_render_do_not_leak():
     3.10 under pytest: 2,730,843 bytes against 111,896), where fresh processes measure
     ~100 KB for both (3.10: 97,950-102,575 and 113,618-117,994)."""
     pytest.importorskip("jinja2")
-    growth = {}
-    for module in ("tracemalloc", "alloctrace"):
-        result = run_python(["-c", JINJA2_RENDERS, module])
-        assert result.returncode == 0, result.stderr
-        growth[module] = int(result.stdout)
+    growth = per_tracer(["-c", JINJA2_RENDERS], parse=int)
     assert abs(growth["alloctrace"] - growth["tracemalloc"]) < 64 * 1024, growth
 
 

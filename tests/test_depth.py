@@ -19,7 +19,7 @@ import textwrap
 
 import pytest
 
-from subproc import run_python
+from subproc import per_tracer, run_python
 
 # The child: makes marker objects in each scenario, once under tracemalloc and once under
 # alloctrace, and prints, per scenario, both tracers' (total_nframe, size, frames) of the traces
@@ -371,11 +371,7 @@ AT_THE_LIMIT = textwrap.dedent(
 def test_total_nframe_of_a_recursion_error_raised_entering_a_generator(tmp_path):
     script = tmp_path / "limit.py"
     script.write_text(AT_THE_LIMIT)
-    got = {}
-    for tracer in ("tracemalloc", "alloctrace"):
-        proc = run_python([str(script), tracer])
-        assert proc.returncode == 0, proc.stderr
-        got[tracer] = json.loads(proc.stdout)
+    got = per_tracer([str(script)])
     # Both scenarios reached the limit deep down (hundreds of generators each).
     assert all(len(traces) > 100 for traces in got["tracemalloc"].values())
     assert got["alloctrace"] == got["tracemalloc"]

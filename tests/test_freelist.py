@@ -447,20 +447,15 @@ def test_start_and_snapshot_leave_the_free_lists_as_tracemalloc_does(tmp_path):
     # list made and dropped by an import did: the program's first list was then missing), and
     # take_snapshot() must not take a block off one before the traces are read (an argument
     # tuple, a bound method: charged to alloctrace's own lines, gone from the program's).
-    import json
-
-    from subproc import run_python
+    from subproc import per_tracer
 
     script = tmp_path / "edges.py"
     script.write_text(EDGES_SOURCE)
-    found = {}
-    for name in ("alloctrace", "tracemalloc"):
-        done = run_python([str(script), name])
-        assert done.returncode == 0, done.stderr
-        found[name] = json.loads(done.stdout)
+    found = per_tracer([str(script)])
+    for lines in found.values():
         # The snapshot line holds the frame of take_snapshot() itself on 3.9 and 3.10, whose
         # size differs between the two modules' functions.
-        found[name].pop(str(SNAPSHOT_LINE), None)
+        lines.pop(str(SNAPSHOT_LINE), None)
     ours, theirs = found["alloctrace"], found["tracemalloc"]
     assert theirs["13"][1] >= 2 and theirs["14"][1] >= 1000, theirs
     assert ours == theirs
