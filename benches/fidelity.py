@@ -9,12 +9,12 @@ installed, as the venvs ``benches/run.py`` makes under ``~/.cache/alloctrace-ben
 per tracer.  A child imports both tracers (so that the heap is laid out alike before tracing
 starts), runs each of the script's workloads once untraced, collects garbage, starts its tracer
 at ``--nframe`` frames, runs each workload once more, clears CPython's type attribute cache
-and takes a snapshot.  It reports its live
-traces counted by (file, line, size, ``total_nframe``) of the most recent frame, or with
-``--whole`` by every frame of the traceback (file and line of each, most recent first); the parent
-prints, per benchmark, both totals and every such key on which the two disagree.  This is a
-check of answers, not of speed: an exact per-trace match is the goal, and each difference found
-is either explained in docs/tracemalloc-compatibility.md or a bug.
+and takes a snapshot.  It reports its live traces counted by (file, line, size,
+``total_nframe``) of the most recent frame, or with ``--whole`` by every frame of the traceback
+(file and line of each, most recent first); the parent prints, per benchmark, both totals and
+every such key on which the two disagree.  This is a check of answers, not of speed: an exact
+per-trace match is the goal, and each difference found is either explained in
+docs/tracemalloc-compatibility.md or a bug.
 
 Differences that are not alloctrace's:
 
