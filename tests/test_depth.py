@@ -310,11 +310,14 @@ def test_total_nframe_when_tracing_starts_inside_init(tmp_path, nframe):
 # A generator resumed from C at the C recursion limit: the interpreter's entry links its frame,
 # then refuses to run it and raises RecursionError before counting it (3.12+). tracemalloc counts
 # that frame in the error's allocations (a generator's frame is never incomplete to it); the
-# counter does not. Each tracer runs in a process of its own, so that neither inherits the
-# other's leftovers (free lists, the exception's frames).
+# counter does not. "fresh" and "resumed" reach the limit at a generator's first resume; "again"
+# primes a generator near the top and resumes it a second time at the limit, found by a binary
+# search over the depth of the descent (the shallowest that fails fails entering that
+# generator, since one level less entered it). Each tracer runs in a process of its own, so that
+# neither inherits the other's leftovers (free lists, the exception's frames).
 AT_THE_LIMIT = textwrap.dedent(
     """
-    import collections, gc, json, sys, tracemalloc
+    import collections, dis, gc, json, sys, tracemalloc
     import alloctrace
 
     if sys.version_info >= (3, 12):
@@ -335,16 +338,54 @@ AT_THE_LIMIT = textwrap.dedent(
         next(g)
         return next(g)
 
+    def primed():
+        yield
+        yield
+
+    def wrap(k, g):
+        yield down(k, g)
+
+    def down(k, g):
+        return next(g) if k == 0 else next(wrap(k - 1, g))
+
+    def attempt(k, catch):
+        g = primed()
+        next(g)
+        if not catch:
+            return down(k, g)
+        try:
+            down(k, g)
+        except RecursionError:
+            return True
+        return False
+
+    def shallowest_failing():
+        ok, fails = 0, 1
+        while not attempt(fails, True):
+            ok, fails = fails, fails * 2
+        while fails - ok > 1:
+            middle = (ok + fails) // 2
+            if attempt(middle, True):
+                fails = middle
+            else:
+                ok = middle
+        return fails
+
     SCENARIOS = {
         "fresh": (fresh, lambda: next(fresh(0))),
         "resumed": (resumed, lambda: second(resumed(0))),
+        "again": (primed, lambda: attempt(depth, False)),
     }
 
     def run(module):
+        global depth
+        # Searched untraced (tracemalloc 3.13 walks the whole stack for each allocation, so a
+        # traced search takes a minute), from the depth the scenario's lambda calls attempt at.
+        depth = shallowest_failing()
         result = {}
         for name, (function, scenario) in SCENARIOS.items():
             code = function.__code__
-            lines = range(code.co_firstlineno, code.co_firstlineno + 5)
+            lines = {code.co_firstlineno} | {line for _, line in dis.findlinestarts(code)}
             gc.collect()
             module.start(1)
             try:
@@ -372,6 +413,11 @@ def test_total_nframe_of_a_recursion_error_raised_entering_a_generator(tmp_path)
     script = tmp_path / "limit.py"
     script.write_text(AT_THE_LIMIT)
     got = per_tracer([str(script)])
-    # Both scenarios reached the limit deep down (hundreds of generators each).
-    assert all(len(traces) > 100 for traces in got["tracemalloc"].values())
+    # The first two reached the limit deep down (hundreds of generators each).
+    assert len(got["tracemalloc"]["fresh"]) > 100
+    assert len(got["tracemalloc"]["resumed"]) > 100
+    if sys.version_info >= (3, 12):
+        # The error was raised entering the primed generator (before 3.12, the Python limit
+        # stops the call before its frame is linked, and no trace is on its lines).
+        assert got["tracemalloc"]["again"]
     assert got["alloctrace"] == got["tracemalloc"]
