@@ -6,11 +6,11 @@ These tests compare ``total_nframe`` and the frames with tracemalloc's for objec
 stacks built in different ways (recursion, generators, coroutines, threads, finalizers, trace
 functions, greenlets, which switch stacks without the counter, ``__init__`` above 3.13's
 trampoline frame, frames in their prologue, a RecursionError raised entering a generator), and
-check the counter against a walk on every use over a workload that goes through those paths.
-On 3.9 and 3.10 the depth
-below the captured frames comes from depths remembered per frame object, forgotten when a frame
-is created at the same address (src/capture/frame_depths.rs): a scenario calls the same
-functions over stacks of different depths, which CPython serves with the same frame objects.
+check the counter against a walk on every use over a workload that goes through those paths. On
+3.9 and 3.10 the depth below the captured frames comes from depths remembered per frame object,
+forgotten when a frame is created at the same address (src/capture/frame_depths.rs): a scenario
+calls the same functions over stacks of different depths, which CPython serves with the same
+frame objects.
 """
 
 import json
