@@ -16,23 +16,33 @@ cd "$repo"
 
 log() { printf '\n==> %s\n' "$*"; }
 
-# Every supported interpreter we can find, one per minor version (pyenv's own installs first,
-# then whatever python3.X is on PATH).
+# Every supported interpreter we can find: pyenv's own installs first, then the system's
+# (/usr/bin, /usr/local/bin: a distribution's build, such as Debian's python3.11 with libpython
+# linked statically, differs from pyenv's shared one in ways alloctrace must handle), then
+# whatever python3.X is on PATH. One run per installation (the same binary reached twice, by a
+# pyenv shim or a venv, counts once), each labelled by its minor version, with the binary's
+# path added for a second installation of that version. Prints "label=python" lines.
 find_pythons() {
-    local candidates=() seen=" " py minor
+    local candidates=() seen=" " minors=" " py info minor exe label
     for py in /root/.pyenv/versions/3.*/bin/python3 \
+        /usr/bin/python3.{9,10,11,12,13} /usr/local/bin/python3.{9,10,11,12,13} \
         "$(command -v python3.9 || true)" "$(command -v python3.10 || true)" \
         "$(command -v python3.11 || true)" "$(command -v python3.12 || true)" \
         "$(command -v python3.13 || true)"; do
         [ -x "$py" ] || continue
-        minor=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || continue
+        info=$("$py" -c 'import os, sys; print("%d.%d" % sys.version_info[:2], os.path.realpath(sys.executable))' 2>/dev/null) || continue
+        minor=${info%% *}
+        exe=${info#* }
         case "$minor" in 3.9 | 3.10 | 3.11 | 3.12 | 3.13) ;; *) continue ;; esac
-        case "$seen" in *" $minor "*) continue ;; esac
+        case "$seen" in *" $exe "*) continue ;; esac
         if [ -n "${PYTHONS:-}" ] && [[ " $PYTHONS " != *" $minor "* ]]; then continue; fi
-        seen="$seen$minor "
-        candidates+=("$minor=$py")
+        seen="$seen$exe "
+        label=$minor
+        case "$minors" in *" $minor "*) label="$minor($exe)" ;; esac
+        minors="$minors$minor "
+        candidates+=("$label=$py")
     done
-    printf '%s\n' "${candidates[@]}" | sort -t. -k2 -n
+    printf '%s\n' "${candidates[@]}" | sort -t. -k2 -n -s
 }
 
 mapfile -t pythons < <(find_pythons)
@@ -88,25 +98,47 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
     fi
 fi
 
+# An interpreter's own copy of CPython's test_tracemalloc.py (tests/test_conformance.py runs it),
+# or nothing where its distribution ships the tests apart (Debian's libpython3.X-testsuite).
+cpython_tests() {
+    "$1" -c 'import pathlib, sysconfig
+p = pathlib.Path(sysconfig.get_path("stdlib"), "test", "test_tracemalloc.py")
+print(p if p.is_file() else "")' 2>/dev/null || true
+}
+
 failed=()
 for entry in "${pythons[@]}"; do
-    minor=${entry%%=*}
+    label=${entry%%=*}
     py=${entry#*=}
-    venv=$work/venv-$minor
-    log "Python $minor ($py): build wheel, install, pytest"
+    # A directory name for the label: "3.11" stays, "3.11(/usr/bin/python3.11)" becomes
+    # "3.11-usr-bin-python3.11".
+    name=$(printf '%s' "$label" | tr -c 'A-Za-z0-9.\n' '-' | tr -s '-')
+    name=${name%-}
+    venv=$work/venv-$name
+    log "Python $label ($py): build wheel, install, pytest"
     if [ ! -x "$venv/bin/pytest" ]; then
         "$py" -m venv "$venv"
         "$venv/bin/pip" install -q --upgrade pip
     fi
     # What the tests use (pytest, and the third-party packages some tests run under tracing).
     "$venv/bin/pip" install -q -r "$repo/tests/requirements.txt"
-    rm -rf "$work/dist-$minor"
-    "$tools/bin/maturin" build --release --quiet -i "$py" -o "$work/dist-$minor"
-    "$venv/bin/pip" install -q --force-reinstall --no-deps "$work/dist-$minor"/alloctrace-*.whl
+    rm -rf "$work/dist-$name"
+    "$tools/bin/maturin" build --release --quiet -i "$py" -o "$work/dist-$name"
+    "$venv/bin/pip" install -q --force-reinstall --no-deps "$work/dist-$name"/alloctrace-*.whl
+    # Without tests of its own, this interpreter runs those of the first install of its version.
+    other_tests=""
+    if [ -z "$(cpython_tests "$py")" ]; then
+        for other in "${pythons[@]}"; do
+            if [ "${other%%=*}" = "${label%%(*}" ]; then
+                other_tests=$(cpython_tests "${other#*=}")
+            fi
+        done
+    fi
     # Run from an empty directory so that only the installed package can be imported.
     run_dir=$(mktemp -d)
-    if ! (cd "$run_dir" && "$venv/bin/python" -m pytest -p no:cacheprovider -q "$repo/tests"); then
-        failed+=("$minor")
+    if ! (cd "$run_dir" && ALLOCTRACE_CPYTHON_TESTS="$other_tests" \
+        "$venv/bin/python" -m pytest -p no:cacheprovider -q "$repo/tests"); then
+        failed+=("$label")
     fi
     rm -rf "$run_dir"
 done

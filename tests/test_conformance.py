@@ -6,6 +6,11 @@ time (it is never copied into this project) with ``sys.modules["tracemalloc"]`` 
 ``tracemalloc.X`` in it, ``unittest.mock.patch("tracemalloc...")`` included, reaches
 alloctrace. Each unittest test of the classes in ``CLASSES`` is one pytest item.
 
+Debian and Ubuntu ship CPython's tests in a package of their own (``libpython3.X-testsuite``),
+so their ``/usr/bin/python3.X`` usually has no such file. For it, ``tests/run.sh`` names in
+``ALLOCTRACE_CPYTHON_TESTS`` the file of another install of the same version (pyenv's), which
+is read only when the interpreter has none of its own and only if it is that version's.
+
 A test that cannot pass for a reason rooted in CPython goes in ``KNOWN_FAILURES``, with the
 versions it affects; it is then marked ``xfail(strict=True)``, so the entry has to go once the
 test passes.
@@ -13,6 +18,7 @@ test passes.
 
 import contextlib
 import importlib.util
+import os
 import sys
 import sysconfig
 import unittest
@@ -39,7 +45,23 @@ KNOWN_FAILURES: dict = {
 }
 
 VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
-TEST_FILE = Path(sysconfig.get_path("stdlib")) / "test" / "test_tracemalloc.py"
+OWN_TEST_FILE = Path(sysconfig.get_path("stdlib")) / "test" / "test_tracemalloc.py"
+
+
+def cpython_tests_file():
+    """The interpreter's own test file, or the same version's named by tests/run.sh."""
+    other = os.environ.get("ALLOCTRACE_CPYTHON_TESTS")
+    if OWN_TEST_FILE.exists() or not other:
+        return OWN_TEST_FILE
+    other = Path(other)
+    # .../lib/python3.X/test/test_tracemalloc.py: another version's tests would fail for
+    # reasons that are not alloctrace's.
+    if other.parent.parent.name != f"python{VERSION}":
+        return OWN_TEST_FILE
+    return other
+
+
+TEST_FILE = cpython_tests_file()
 
 
 @contextlib.contextmanager
