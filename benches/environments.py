@@ -39,19 +39,53 @@ def find_interpreter(version: str) -> str:
     raise SystemExit(f"no Python {version} interpreter found (looked in pyenv and on PATH)")
 
 
+def interpreter_path_version(path: str) -> str:
+    """The "3.X" version of the interpreter at *path* (an ``--python`` given as a path), or
+    raise SystemExit saying why it cannot be used."""
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise SystemExit(f"--python {path}: not an executable file")
+    probe = subprocess.run(
+        [
+            path,
+            "-c",
+            "import platform, sys; print(platform.python_implementation(), *sys.version_info[:2])",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    fields = probe.stdout.split() if probe.returncode == 0 else []
+    version = ".".join(fields[1:3]) if len(fields) == 3 else ""
+    if fields[:1] != ["CPython"] or version not in SUPPORTED:
+        found = " ".join(fields) or "does not run Python code"
+        raise SystemExit(
+            f"--python {path}: not a CPython {SUPPORTED[0]}-{SUPPORTED[-1]} interpreter ({found})"
+        )
+    return version
+
+
+def venv_name(spec: str) -> str:
+    """The cache's venv directory for a version ("venv-3.11") or an interpreter's path
+    ("venv-3.11-usr-bin-python3.11"), so that two builds of one version keep apart."""
+    if os.sep not in spec:
+        return f"venv-{spec}"
+    tail = "".join(c if c.isalnum() or c == "." else "-" for c in os.path.realpath(spec))
+    return f"venv-{interpreter_path_version(spec)}-{tail.strip('-')}"
+
+
 def _run(cmd: list[str], **kwargs: object) -> None:
     childproc.progress("$ " + " ".join(cmd))
     subprocess.run(cmd, check=True, **kwargs)  # type: ignore[call-overload]
 
 
 def prepare_venv(version: str, cache: Path, alloctrace: str) -> str:
-    """Create or refresh the venv for *version*; return its python.
+    """Create or refresh the venv for *version* ("3.11", or an interpreter's path); return its
+    python.
 
     *alloctrace* is "build" (build a release wheel from this checkout and install it), a path to
     a wheel to install, or "skip" (leave alloctrace out).
     """
-    base = find_interpreter(version)
-    venv = cache / f"venv-{version}"
+    base = version if os.sep in version else find_interpreter(version)
+    venv = cache / venv_name(version)
     python = venv / "bin" / "python"
     if not python.exists():
         _run([base, "-m", "venv", str(venv)])

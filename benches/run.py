@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benches/run.py [--quick] [--python 3.11|all|3.9,3.13|current]
+    python benches/run.py [--quick] [--python 3.11|all|3.9,3.13|/usr/bin/python3.11|current]
                           [--only overhead,hook,memory,snapshot,objects,instructions]
                           [--out results.md]
 
@@ -11,16 +11,18 @@ standard ``tracemalloc`` and under ``alloctrace``; the fifth (``objects``) measu
 ``take_snapshot(objects=True)`` costs over a plain snapshot, which tracemalloc cannot do.
 ``--only instructions`` (not part of a plain run) counts the overhead part's workloads in
 instructions under callgrind instead of timing them, for a busy machine (see ``instructions``).
-By default each interpreter gets a venv under
-``--cache`` with pyperformance and a release wheel of this checkout; ``--python current`` measures
-the running interpreter as installed.  The table goes to stdout (and ``--out``); progress goes to
-stderr.  This is not part of the test suite's pass/fail: a MISS is a finding, not an error.
+By default each interpreter (a version found in pyenv or on ``PATH``, or one given by its path)
+gets a venv under ``--cache`` with pyperformance and a release wheel of this checkout;
+``--python current`` measures the running interpreter as installed.  The table goes to stdout
+(and ``--out``); progress goes to stderr.  This is not part of the test suite's pass/fail: a MISS
+is a finding, not an error.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shlex
 import sys
 import time
@@ -68,7 +70,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--python",
         default=environments.DEFAULT_VERSION,
-        help="interpreter(s): a version such as 3.11, a comma-separated list, 'all' "
+        help="interpreter(s): a version such as 3.11 or an interpreter's path (e.g. a "
+        "distribution's /usr/bin/python3.11 beside pyenv's), a comma-separated list, 'all' "
         f"({', '.join(environments.SUPPORTED)}) or 'current' (this interpreter, no venv)",
     )
     parser.add_argument(
@@ -141,12 +144,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def interpreters(spec: str) -> list[str]:
-    """Expand --python into a list of versions (or ["current"])."""
+    """Expand --python into a list of versions and interpreter paths (or ["current"])."""
     if spec == "current":
         return ["current"]
     versions = list(environments.SUPPORTED) if spec == "all" else spec.split(",")
     for version in versions:
-        if version not in environments.SUPPORTED:
+        if os.sep in version:
+            environments.interpreter_path_version(version)
+        elif version not in environments.SUPPORTED:
             raise SystemExit(
                 f"unsupported --python {version!r}; expected one of "
                 f"{', '.join(environments.SUPPORTED)}, 'all' or 'current'"

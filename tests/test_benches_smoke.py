@@ -379,3 +379,24 @@ def test_fidelity_rejects_bad_arguments() -> None:
     assert proc.returncode == 2 and "unknown benchmark(s): nosuch" in proc.stderr
     proc = _run(["--nframe", "0"], script=FIDELITY)
     assert proc.returncode == 2 and "--nframe must be in 1..65535, not 0" in proc.stderr
+
+
+def test_python_path_must_be_a_supported_interpreter(tmp_path: Path) -> None:
+    missing = tmp_path / "python3.11"
+    proc = _run(["--python", str(missing)])
+    assert proc.returncode != 0
+    assert f"--python {missing}: not an executable file" in proc.stderr
+    proc = _run(["--python", "/bin/true"])
+    assert proc.returncode != 0
+    assert "--python /bin/true: not a CPython 3.9-3.13 interpreter (does not run" in proc.stderr
+
+
+def test_python_path_gets_a_venv_of_its_own() -> None:
+    """Two builds of one version (pyenv's, a distribution's) must not share a venv."""
+    environments = _bench_module("environments")
+    assert environments.venv_name("3.11") == "venv-3.11"
+    name = environments.venv_name(sys.executable)
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert name.startswith(f"venv-{version}-")
+    assert os.path.realpath(sys.executable).split(os.sep)[-1] in name
+    assert "/" not in name
