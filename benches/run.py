@@ -154,7 +154,7 @@ def interpreters(spec: str) -> list[str]:
         elif version not in environments.SUPPORTED:
             raise SystemExit(
                 f"unsupported --python {version!r}; expected one of "
-                f"{', '.join(environments.SUPPORTED)}, 'all' or 'current'"
+                f"{', '.join(environments.SUPPORTED)}, an interpreter's path, 'all' or 'current'"
             )
     return versions
 
