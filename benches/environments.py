@@ -9,6 +9,7 @@ happens to be installed elsewhere.
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -39,9 +40,11 @@ def find_interpreter(version: str) -> str:
     raise SystemExit(f"no Python {version} interpreter found (looked in pyenv and on PATH)")
 
 
+@functools.cache
 def interpreter_path_version(path: str) -> str:
     """The "3.X" version of the interpreter at *path* (an ``--python`` given as a path), or
-    raise SystemExit saying why it cannot be used."""
+    raise SystemExit saying why it cannot be used. Probed once per path (the venv's name asks
+    again after validation); a refusal is not remembered."""
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         raise SystemExit(f"--python {path}: not an executable file")
     probe = subprocess.run(
