@@ -309,6 +309,61 @@ def test_pid_and_time_placeholders_in_multi_process_program(tmp_path):
         assert snapshot.metadata["pid"] == pid
 
 
+@pytest.mark.parametrize(
+    "option, forwarded",
+    [("alloctrace=3", ["-X", "alloctrace=3"]), ("alloctrace", ["-X", "alloctrace"])],
+)
+def test_xoption_reaches_multiprocessing_children(tmp_path, option, forwarded):
+    # multiprocessing passes its spawn and forkserver children -X tracemalloc, through
+    # subprocess._args_from_interpreter_flags; -X alloctrace must get there the same way.
+    script = write(
+        tmp_path,
+        "mp.py",
+        """\
+        import multiprocessing, subprocess, sys
+
+        def probe(q):
+            import alloctrace
+            q.put((alloctrace.is_tracing(), alloctrace.get_traceback_limit()))
+
+        if __name__ == "__main__":
+            seen = {"args": subprocess._args_from_interpreter_flags()}
+            # The module keeps its real loader: the import hook that wrapped the function
+            # left no trace of itself.
+            seen["loader"] = type(subprocess.__loader__).__name__
+            seen["watching"] = any("alloctrace" in repr(f) for f in sys.meta_path)
+            for method in ("spawn", "forkserver"):
+                ctx = multiprocessing.get_context(method)
+                q = ctx.Queue()
+                p = ctx.Process(target=probe, args=(q,))
+                p.start()
+                seen[method] = q.get(timeout=30)
+                p.join(30)
+            print(repr(seen))
+        """,
+    )
+    result = run(["-X", option, script], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    seen = eval(result.stdout)
+    assert seen["args"][-2:] == forwarded
+    assert seen["loader"] == "SourceFileLoader" and not seen["watching"]
+    nframe = int(forwarded[1].partition("=")[2] or 1)
+    assert seen["spawn"] == seen["forkserver"] == (True, nframe)
+
+
+def test_variables_are_not_turned_into_options():
+    # With only the variable set, children inherit it; the options stay CPython's own.
+    code = (
+        "import subprocess, sys; "
+        "print(subprocess._args_from_interpreter_flags(), "
+        "any('alloctrace' in repr(f) for f in sys.meta_path))"
+    )
+    plain = run(["-c", code])
+    traced = run(["-c", code], ALLOCTRACE="2")
+    assert plain.returncode == traced.returncode == 0, traced.stderr
+    assert traced.stdout == plain.stdout
+
+
 @pytest.mark.parametrize("template", ["svc.snap", "svc-{n}.snap"])
 def test_interval_dumps(tmp_path, template):
     result = run(

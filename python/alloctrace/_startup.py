@@ -8,6 +8,8 @@ set; otherwise this module is never imported and costs nothing.
     Start tracing with NFRAME frames per traceback, like ``PYTHONTRACEMALLOC`` and
     ``-X tracemalloc``: empty means unset, ``0`` means no tracing, a bare ``-X alloctrace`` means
     1 frame, and the option wins over the variable. ``-E`` and ``-I`` ignore the variables.
+    Like ``-X tracemalloc``, the option is passed on to the interpreters :mod:`multiprocessing`
+    starts (``spawn``, ``forkserver``); children inherit the variables.
 ``ALLOCTRACE_DUMP=PATH``
     Write a snapshot to PATH when the process exits (normal end, ``sys.exit``, an uncaught
     exception, SIGTERM). A SIGTERM or SIGINT that arrives while that snapshot is written is
@@ -842,6 +844,95 @@ _dumper: Dumper | None = None
 _installed = False
 
 
+def _forwarding(original):
+    """*original* (``subprocess._args_from_interpreter_flags``) with ``-X alloctrace`` added
+    whenever this interpreter has it, as CPython adds ``-X tracemalloc``."""
+
+    def _args_from_interpreter_flags():
+        args = original()
+        xoptions = getattr(sys, "_xoptions", {})
+        if XOPTION in xoptions:
+            value = xoptions[XOPTION]
+            args += ["-X", XOPTION if value is True else f"{XOPTION}={value}"]
+        return args
+
+    _args_from_interpreter_flags.__doc__ = original.__doc__
+    _args_from_interpreter_flags.__wrapped__ = original  # type: ignore[attr-defined]
+    _args_from_interpreter_flags._alloctrace_forwards = True  # type: ignore[attr-defined]
+    return _args_from_interpreter_flags
+
+
+def _forward_in(module) -> None:
+    original = getattr(module, "_args_from_interpreter_flags", None)
+    if callable(original) and not getattr(original, "_alloctrace_forwards", False):
+        module._args_from_interpreter_flags = _forwarding(original)
+
+
+class _ForwardingLoader:
+    """The real loader of :mod:`subprocess`, which then wraps the function (see
+    :class:`_SubprocessWatch`). It puts the real loader back in the module's spec before the
+    module runs, so nothing after the import sees this one."""
+
+    def __init__(self, loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        module.__spec__.loader = module.__loader__ = self._loader
+        self._loader.exec_module(module)
+        _forward_in(module)
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
+
+
+class _SubprocessWatch:
+    """Passes ``-X alloctrace`` on to the interpreters :mod:`multiprocessing` starts.
+
+    The ``spawn`` and ``forkserver`` start methods (so ``ProcessPoolExecutor`` too) give a
+    child the options ``subprocess._args_from_interpreter_flags`` returns, which include
+    ``-X tracemalloc`` but not ``-X alloctrace``: without this, ``python -X alloctrace app.py``
+    would leave those children untraced where ``-X tracemalloc`` traces them. (The variables
+    need nothing: children inherit them.) Importing :mod:`subprocess` at start-up to wrap the
+    function would cost every traced start some milliseconds, so this finder waits at the
+    head of ``sys.meta_path`` for the program's own first import of it, leaves, and hands the
+    import system the real finders' answer with a loader that wraps the function once the
+    module has run (:mod:`multiprocessing.util` copies it when imported, after that).
+    """
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name != "subprocess":
+            return None
+        if cls in sys.meta_path:
+            sys.meta_path.remove(cls)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ForwardingLoader(spec.loader)
+        return spec
+
+
+def forward_xoption() -> None:
+    """Have :mod:`multiprocessing`'s children started with ``-X alloctrace`` as this
+    interpreter was (see :class:`_SubprocessWatch`)."""
+    imported = sys.modules.get("subprocess")
+    if imported is None:
+        sys.meta_path.insert(0, _SubprocessWatch)
+        return
+    _forward_in(imported)
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        _forward_in(util)
+
+
 def install() -> None:
     """Apply the start-up configuration; called from ``alloctrace_startup.pth``."""
     global _dumper, _installed
@@ -864,6 +955,8 @@ def install() -> None:
         _warn(str(exc))
         # site.py swallows exceptions from .pth lines and would run the program untraced.
         os._exit(CONFIG_ERROR_STATUS)
+    if XOPTION in sys._xoptions:
+        forward_xoption()
     if config.nframe == 0:
         return
     try:
