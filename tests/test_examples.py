@@ -186,3 +186,21 @@ def test_native_example(tmp_path):
     # 2000 OpenSSL hash contexts: a few hundred bytes each (on every OpenSSL seen, > 100 KiB).
     native_kib = int(on.rsplit(": ", 1)[1].split()[0])
     assert native_kib > 100
+
+
+def test_unclosed_file_warning(tmp_path):
+    """docs/tracemalloc-compatibility.md's ResourceWarning, the same as under -X tracemalloc."""
+    example = str(EXAMPLES / "unclosed.py")
+    shown = {
+        tracer: run([f"-X{tracer}=5", "-Walways", example], tmp_path).stderr
+        for tracer in ("tracemalloc", "alloctrace")
+    }
+    assert shown["alloctrace"] == shown["tracemalloc"]
+    lines = shown["alloctrace"].splitlines()
+    assert lines[2] == "Object allocated at (most recent call last):"
+    assert lines[-2:] == [
+        f'  File "{example}", lineno {line_of("unclosed.py", "return open(os.devnull)")}',
+        "    return open(os.devnull)",
+    ]
+    untraced = run(["-Walways", example], tmp_path).stderr
+    assert untraced.endswith("Enable tracemalloc to get the object allocation traceback\n")

@@ -4,6 +4,7 @@ that use a tracer themselves."""
 
 import json
 import os
+import sys
 import textwrap
 
 import pytest
@@ -417,6 +418,74 @@ def test_tracemalloc_already_tracing(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     assert "not measured: tracemalloc was tracing when the test started" in result.stdout.str()
+
+
+LEAKY = """
+    import gc, socket
+
+    def make():
+        return socket.socket()
+
+    def test_warning():
+        s = make()
+        del s
+
+    def test_unraisable():
+        class Cycle:
+            def __del__(self):
+                raise ValueError("in __del__")
+        c = make_cycle(Cycle)
+        del c
+        gc.collect()
+
+    def make_cycle(cls):
+        c = cls()
+        c.me = c
+        return c
+"""
+
+
+def allocated_at(output):
+    """The "Object allocated at:" blocks of a pytest run's output, as lists of lines."""
+    blocks, lines = [], output.splitlines()
+    for n, line in enumerate(lines):
+        if line.strip() == "Object allocated at:":
+            block = []
+            for follow in lines[n + 1 :]:
+                if not follow.startswith("  "):
+                    break
+                block.append(follow)
+            blocks.append(block)
+    return blocks
+
+
+def test_reports_say_where_an_object_was_allocated(pytester):
+    # pytest asks tracemalloc where a warning's object (and an unraisable exception's) was
+    # allocated; under -X alloctrace it must get the same answer from alloctrace.
+    path = pytester.makepyfile(source(LEAKY))
+    seen = {}
+    for tracer in ("tracemalloc", "alloctrace"):
+        result = pytester.run(
+            sys.executable,
+            f"-X{tracer}=3",
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "always::ResourceWarning",
+            "-W",
+            "always::pytest.PytestUnraisableExceptionWarning",
+            str(path),
+        )
+        assert result.ret == 0, result.stdout.str()
+        seen[tracer] = allocated_at(result.stdout.str())
+    assert len(seen["tracemalloc"]) == 2, seen
+    assert seen["alloctrace"] == seen["tracemalloc"]
+    # Each block ends in the test file's own frames (the socket's block where the warning's
+    # record resurrected it, re-attributed there under both tracers, as CPython asks).
+    for block in seen["alloctrace"]:
+        assert any(f'{path.name}", line ' in line for line in block), block
 
 
 # --------------------------------------------------------------------------- pure logic

@@ -8,6 +8,8 @@ when an ``--alloctrace*`` option asks for it, or when a collected test carries a
 ``limit_memory`` or ``limit_leaks`` marker. See docs/pytest.md.
 """
 
+import sys
+
 import pytest
 
 PLUGIN_NAME = "alloctrace-session"
@@ -65,6 +67,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    _allocation_lines_in_reports()
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     if any(config.getoption(name) for name in OPTIONS) or config.getoption("alloctrace_tolerance"):
@@ -99,3 +102,48 @@ def _activate(config):
     plugin = SessionPlugin(config)
     config.pluginmanager.register(plugin, PLUGIN_NAME)
     return plugin
+
+
+def _allocation_lines_in_reports():
+    """Have pytest's reports of a warning about an object (``ResourceWarning``), of an
+    unraisable exception and of a thread's exception say where the object was allocated
+    while alloctrace traces, as they do while tracemalloc traces.
+
+    pytest asks ``tracemalloc`` only (``_pytest.tracemalloc.tracemalloc_message``, which its
+    warnings, unraisable-exception and thread-exception plugins import by name). The wrapper
+    changes nothing unless alloctrace is already imported and tracing (``python -X
+    alloctrace -m pytest``, ``ALLOCTRACE=N``, or a test that started it) and has a traceback
+    for the object, so a run that asks for none of alloctrace still imports nothing of it.
+    Older pytest (before 8) formats these itself and is left as it is.
+    """
+    try:
+        from _pytest import tracemalloc as reports
+    except ImportError:
+        return
+    original = getattr(reports, "tracemalloc_message", None)
+    if original is None or getattr(original, "_alloctrace_lines", False):
+        return
+
+    def tracemalloc_message(source):
+        message = original(source)
+        alloctrace = sys.modules.get("alloctrace")
+        if source is None or alloctrace is None or "Object allocated at" in message:
+            return message
+        try:
+            if not alloctrace.is_tracing():
+                return message
+            traceback = alloctrace.get_object_traceback(source)
+            if traceback is None:
+                return message
+            return "\nObject allocated at:\n" + "\n".join(traceback.format())
+        except Exception:
+            # A report must not fail for this; at shutdown the tracer may be gone.
+            return message
+
+    tracemalloc_message._alloctrace_lines = True
+    tracemalloc_message.__doc__ = original.__doc__
+    reports.tracemalloc_message = tracemalloc_message
+    for name in ("_pytest.warnings", "_pytest.unraisableexception", "_pytest.threadexception"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "tracemalloc_message", None) is original:
+            module.tracemalloc_message = tracemalloc_message

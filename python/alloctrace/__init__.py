@@ -393,4 +393,58 @@ def _refuse_tracemalloc_while_tracing() -> None:
         stdlib.start = start
 
 
+#: What the standard formatter says of a warning's object while tracemalloc does not trace.
+_TRACEMALLOC_HINT = "Enable tracemalloc to get the object allocation traceback"
+
+
+def _allocation_lines_in_warnings() -> None:
+    """Have warnings about an object (``ResourceWarning``: an unclosed file, socket or
+    subprocess) say where the object was allocated while alloctrace traces.
+
+    The standard formatter asks ``tracemalloc`` only: it adds "Object allocated at (most
+    recent call last):" and the frames while that module traces, and otherwise "Enable
+    tracemalloc to get the object allocation traceback". ``python -X alloctrace`` is meant
+    to give what ``python -X tracemalloc`` gives, so while alloctrace traces the hint is
+    replaced by the same lines, from :func:`get_object_traceback`; an object allocated
+    before tracing started gets neither, as under ``tracemalloc``. Warnings formatted
+    anywhere else (a replaced ``warnings.formatwarning``) are left alone.
+    """
+    import warnings
+
+    original = getattr(warnings, "_formatwarnmsg_impl", None)
+    if original is None or getattr(original, "_alloctrace_lines", False):
+        return
+
+    def _formatwarnmsg_impl(msg):
+        text = original(msg)
+        if msg.source is None:
+            return text
+        hint = f"{msg.category.__name__}: {_TRACEMALLOC_HINT}\n"
+        try:
+            if not text.endswith(hint) or not is_tracing():
+                return text
+            traceback = get_object_traceback(msg.source)
+        except Exception:
+            # Formatting a warning must not raise; at shutdown the tracer may be gone.
+            return text
+        text = text[: -len(hint)]
+        if traceback is None:
+            return text
+        lines = ["Object allocated at (most recent call last):\n"]
+        for frame in traceback:
+            lines.append(f'  File "{frame.filename}", lineno {frame.lineno}\n')
+            try:
+                source = linecache.getline(frame.filename, frame.lineno).strip()
+            except Exception:
+                source = ""
+            if source:
+                lines.append(f"    {source}\n")
+        return text + "".join(lines)
+
+    _formatwarnmsg_impl._alloctrace_lines = True
+    _formatwarnmsg_impl.__doc__ = original.__doc__
+    warnings._formatwarnmsg_impl = _formatwarnmsg_impl
+
+
 _refuse_tracemalloc_while_tracing()
+_allocation_lines_in_warnings()
