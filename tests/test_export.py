@@ -107,9 +107,10 @@ def test_collapsed_matches_statistics(traced, tmp_path):
     lines = out.read_text().splitlines()
     assert lines == sorted(lines)
     assert all(function for stack in stacks for function, _, _ in stack)
-    fill = [stack for stack in stacks if stack[-1][1:] == (program, FILL_LINE)]
+    # The comprehension's own stack (on 3.9 and 3.10 its frame object may be another one
+    # ending on the same line, in the calling function: see test_pprof_opens_in_go_tool_pprof).
+    fill = [stack for stack in stacks if stack[-1] == (FILL_FUNCTION, program, FILL_LINE)]
     assert len(fill) == 1
-    assert fill[0][-1][0] == FILL_FUNCTION
     assert fill[0][0][0] == "<module>"
     assert stacks[fill[0]] >= 20 * 100_000
 
@@ -178,10 +179,13 @@ def test_pprof_opens_in_go_tool_pprof(traced, tmp_path):
     text = go_pprof("-top", "-lines", "-unit=B", str(out))
     assert "Type: inuse_space" in text
     rows = [line.split() for line in text.splitlines() if re.match(r"^\s*\d+B\s", line)]
+    # flat flat% sum% cum cum% function file:line. pprof's rows are per function and line:
+    # on 3.9 and 3.10 the frame object of the comprehension's call is allocated on the same
+    # line by the calling function (when CPython's frame free list has none), a row of its own.
     top = rows[0]
-    # flat flat% sum% cum cum% function file:line
-    assert top[0] == f"{size}B"
     assert " ".join(top[5:]) == f"{FILL_FUNCTION} {program}:{FILL_LINE}"
+    on_the_line = [row for row in rows if row[-1] == f"{program}:{FILL_LINE}"]
+    assert sum(int(row[0][:-1]) for row in on_the_line) == size
     # Objects too, by the other sample type.
     text = go_pprof("-top", "-sample_index=inuse_objects", str(out))
     assert "Type: inuse_objects" in text

@@ -331,7 +331,8 @@ def test_xoption_reaches_multiprocessing_children(tmp_path, option, forwarded):
             # The module keeps its real loader: the import hook that wrapped the function
             # left no trace of itself.
             seen["loader"] = type(subprocess.__loader__).__name__
-            seen["watching"] = any("alloctrace" in repr(f) for f in sys.meta_path)
+            from alloctrace import _after_import
+            seen["watching"] = "subprocess" in _after_import._Watch.waiting
             for method in ("spawn", "forkserver"):
                 ctx = multiprocessing.get_context(method)
                 q = ctx.Queue()
@@ -355,12 +356,14 @@ def test_variables_are_not_turned_into_options():
     # With only the variable set, children inherit it; the options stay CPython's own.
     code = (
         "import subprocess, sys; "
+        "watch = getattr(sys.modules.get('alloctrace._after_import'), '_Watch', None); "
         "print(subprocess._args_from_interpreter_flags(), "
-        "any('alloctrace' in repr(f) for f in sys.meta_path))"
+        "watch is not None and 'subprocess' in watch.waiting)"
     )
     plain = run(["-c", code])
     traced = run(["-c", code], ALLOCTRACE="2")
     assert plain.returncode == traced.returncode == 0, traced.stderr
+    assert "alloctrace" not in plain.stdout
     assert traced.stdout == plain.stdout
 
 

@@ -407,10 +407,17 @@ def _allocation_lines_in_warnings() -> None:
     to give what ``python -X tracemalloc`` gives, so while alloctrace traces the hint is
     replaced by the same lines, from :func:`get_object_traceback`; an object allocated
     before tracing started gets neither, as under ``tracemalloc``. Warnings formatted
-    anywhere else (a replaced ``warnings.formatwarning``) are left alone.
+    anywhere else (a replaced ``warnings.formatwarning``) are left alone. The formatter is
+    changed when the program imports :mod:`warnings` (CPython does on the first warning with
+    an object), not by importing it here (see :mod:`alloctrace._after_import`).
     """
-    import warnings
+    from alloctrace._after_import import when_imported
 
+    when_imported("warnings", _add_allocation_lines)
+
+
+def _add_allocation_lines(warnings) -> None:
+    """Wrap the formatter of the just imported *warnings* (see above)."""
     original = getattr(warnings, "_formatwarnmsg_impl", None)
     if original is None or getattr(original, "_alloctrace_lines", False):
         return

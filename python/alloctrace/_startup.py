@@ -868,66 +868,20 @@ def _forward_in(module) -> None:
         module._args_from_interpreter_flags = _forwarding(original)
 
 
-class _ForwardingLoader:
-    """The real loader of :mod:`subprocess`, which then wraps the function (see
-    :class:`_SubprocessWatch`). It puts the real loader back in the module's spec before the
-    module runs, so nothing after the import sees this one."""
-
-    def __init__(self, loader) -> None:
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        module.__spec__.loader = module.__loader__ = self._loader
-        self._loader.exec_module(module)
-        _forward_in(module)
-
-    def __getattr__(self, name: str):
-        return getattr(self._loader, name)
-
-
-class _SubprocessWatch:
-    """Passes ``-X alloctrace`` on to the interpreters :mod:`multiprocessing` starts.
+def forward_xoption() -> None:
+    """Pass ``-X alloctrace`` on to the interpreters :mod:`multiprocessing` starts.
 
     The ``spawn`` and ``forkserver`` start methods (so ``ProcessPoolExecutor`` too) give a
     child the options ``subprocess._args_from_interpreter_flags`` returns, which include
     ``-X tracemalloc`` but not ``-X alloctrace``: without this, ``python -X alloctrace app.py``
     would leave those children untraced where ``-X tracemalloc`` traces them. (The variables
-    need nothing: children inherit them.) Importing :mod:`subprocess` at start-up to wrap the
-    function would cost every traced start some milliseconds, so this finder waits at the
-    head of ``sys.meta_path`` for the program's own first import of it, leaves, and hands the
-    import system the real finders' answer with a loader that wraps the function once the
-    module has run (:mod:`multiprocessing.util` copies it when imported, after that).
+    need nothing: children inherit them.) The function is wrapped when the program imports
+    :mod:`subprocess` (see :mod:`alloctrace._after_import`), before :mod:`multiprocessing.util`
+    copies it; a copy it made already is wrapped too.
     """
+    from alloctrace._after_import import when_imported
 
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if name != "subprocess":
-            return None
-        if cls in sys.meta_path:
-            sys.meta_path.remove(cls)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _ForwardingLoader(spec.loader)
-        return spec
-
-
-def forward_xoption() -> None:
-    """Have :mod:`multiprocessing`'s children started with ``-X alloctrace`` as this
-    interpreter was (see :class:`_SubprocessWatch`)."""
-    imported = sys.modules.get("subprocess")
-    if imported is None:
-        sys.meta_path.insert(0, _SubprocessWatch)
-        return
-    _forward_in(imported)
+    when_imported("subprocess", _forward_in)
     util = sys.modules.get("multiprocessing.util")
     if util is not None:
         _forward_in(util)
