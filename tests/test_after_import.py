@@ -2,6 +2,7 @@
 imports it, and the import looks as it would without alloctrace."""
 
 import importlib
+import importlib.util
 import sys
 
 import pytest
@@ -70,6 +71,16 @@ def test_a_failed_import_waits_for_the_next(fresh, tmp_path):
     importlib.invalidate_caches()
     importlib.import_module(name)
     assert seen == [2] and not watching()
+
+
+def test_a_spec_asked_for_without_an_import_leaves_the_change_waiting(fresh):
+    name = fresh("only_looked_up")
+    seen = []
+    when_imported(name, lambda m: seen.append(m.VALUE))
+    assert importlib.util.find_spec(name) is not None
+    assert seen == [] and watching() and name not in sys.modules
+    importlib.import_module(name)
+    assert seen == [1] and not watching()
 
 
 def test_a_missing_module_stays_awaited_and_a_failing_change_does_not_fail_the_import(fresh):

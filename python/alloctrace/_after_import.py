@@ -25,46 +25,44 @@ Change = Callable[[object], None]
 
 def when_imported(name: str, change: Change) -> None:
     """Call *change* with the module *name* now if it is imported, else right after the
-    program imports it (once)."""
+    program imports it (once). An exception from *change* is swallowed: a program's import
+    must not fail for an adaptation it did not ask for."""
     module = sys.modules.get(name)
     if module is not None:
-        change(module)
+        _apply([change], module)
         return
-    _wait(name, [change])
-
-
-def _wait(name: str, changes: list[Change]) -> None:
-    _Watch.waiting.setdefault(name, []).extend(changes)
+    _Watch.waiting.setdefault(name, []).append(change)
     if _Watch not in sys.meta_path:
         sys.meta_path.insert(0, _Watch)
 
 
-class _Loader:
-    """The real loader of a watched module, then its changes."""
+def _apply(changes: list[Change], module) -> None:
+    for change in changes:
+        try:
+            change(module)
+        except Exception:
+            pass
 
-    def __init__(self, name: str, loader, changes: list[Change]) -> None:
+
+class _Loader:
+    """The real loader of a watched module, then the changes waiting for it. They are taken
+    only once the module has run: a spec asked for without an import
+    (``importlib.util.find_spec``) or an import that fails leaves them waiting."""
+
+    def __init__(self, name: str, loader) -> None:
         self._name = name
         self._loader = loader
-        self._changes = changes
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module) -> None:
         module.__spec__.loader = module.__loader__ = self._loader
-        try:
-            self._loader.exec_module(module)
-        except BaseException:
-            # The import failed (the half-made module is still in sys.modules until the
-            # error leaves): wait for the next attempt.
-            _wait(self._name, self._changes)
-            raise
-        for change in self._changes:
-            try:
-                change(module)
-            except Exception:
-                # The program's import must not fail for an adaptation it did not ask for.
-                pass
+        self._loader.exec_module(module)
+        changes = _Watch.waiting.pop(self._name, [])
+        if not _Watch.waiting and _Watch in sys.meta_path:
+            sys.meta_path.remove(_Watch)
+        _apply(changes, module)
 
     def __getattr__(self, name: str):
         return getattr(self._loader, name)
@@ -79,12 +77,8 @@ class _Watch:
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        changes = cls.waiting.pop(name, None)
-        if changes is None:
+        if name not in cls.waiting:
             return None
-        if not cls.waiting and cls in sys.meta_path:
-            sys.meta_path.remove(cls)
-        spec = None
         for finder in list(sys.meta_path):
             find = getattr(finder, "find_spec", None)
             if finder is cls or find is None:
@@ -92,9 +86,8 @@ class _Watch:
             spec = find(name, path, target)
             if spec is not None:
                 break
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            # Not found (the import fails) or loaded some other way: wait for another import.
-            _wait(name, changes)
-            return spec
-        spec.loader = _Loader(name, spec.loader, changes)
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _Loader(name, spec.loader)
         return spec
