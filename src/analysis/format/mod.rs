@@ -54,6 +54,17 @@
 //! (regular files only, checked as they arrive) and replaces a file atomically, which the
 //! exports use too.
 
+mod columns;
+mod decode;
+mod encode;
+mod file;
+#[cfg(test)]
+mod tests;
+
+pub use decode::{decode, Reason};
+pub use encode::encode;
+pub use file::{dump, load, load_interruptible, write_atomic};
+
 use serde::{Deserialize, Serialize};
 
 pub const MAGIC: &[u8; 8] = b"ALCTRSNP";
@@ -127,14 +138,3 @@ struct MetaSection {
 pub fn crc32(data: &[u8]) -> u32 {
     crc32fast::hash(data)
 }
-
-mod columns;
-mod decode;
-mod encode;
-mod file;
-#[cfg(test)]
-mod tests;
-
-pub use decode::{decode, Reason};
-pub use encode::encode;
-pub use file::{dump, load, load_interruptible, write_atomic};
