@@ -9,9 +9,13 @@
 //! kept in a `Hook` that is never freed: a RAW-domain hook may still be running on another
 //! thread (without the GIL) after `stop()` restored the allocators, and it must still find
 //! the allocator it forwards to.
+//!
+//! While the standard `tracemalloc` traces alongside, our hooks sit both above its hooks and
+//! beneath them, the ones beneath inert ([`lend_beneath`], [`set_beneath_inert`]; the order
+//! of the steps is in [`crate::alongside`]).
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use pyo3::ffi::{self, PyMemAllocatorDomain, PyMemAllocatorEx};
 
@@ -21,6 +25,9 @@ struct Hook {
     original: PyMemAllocatorEx,
     /// The RAW domain may be called without the GIL; MEM and OBJ never are.
     gil_held: bool,
+    /// Read by the gated functions only (`gated_malloc` and its kin): forward without recording. Set on the hook that
+    /// the standard tracemalloc wraps, once ours wrap it in turn (see [`crate::alongside`]).
+    inert: AtomicBool,
 }
 
 const DOMAINS: [PyMemAllocatorDomain; 3] = [
@@ -29,13 +36,15 @@ const DOMAINS: [PyMemAllocatorDomain; 3] = [
     PyMemAllocatorDomain::PYMEM_DOMAIN_OBJ,
 ];
 
-/// The last `Hook` made for each domain; reused while the allocator it wraps stays the same,
-/// so repeated start/stop cycles do not leak.
-static HOOKS: [AtomicPtr<Hook>; 3] = [
-    AtomicPtr::new(std::ptr::null_mut()),
-    AtomicPtr::new(std::ptr::null_mut()),
-    AtomicPtr::new(std::ptr::null_mut()),
-];
+/// The last two `Hook`s made for each domain, the newer first; one is reused while the
+/// allocator it wraps is in place again, so that repeated start/stop cycles do not leak, nor
+/// do cycles of the standard tracemalloc starting and stopping between ours and the
+/// interpreter's allocator (two allocators to wrap, in turn).
+static HOOKS: [[AtomicPtr<Hook>; 2]; 3] =
+    [const { [const { AtomicPtr::new(std::ptr::null_mut()) }; 2] }; 3];
+
+/// The hooks the standard tracemalloc wraps while it traces alongside (null: none).
+static BENEATH: [AtomicPtr<Hook>; 3] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 3];
 
 #[inline(always)]
 unsafe fn hook<'a>(ctx: *mut c_void) -> &'a Hook {
@@ -180,6 +189,63 @@ unsafe extern "C" fn free_traced(hook: &Hook, ptr: *mut c_void) {
     (orig.free.unwrap_unchecked())(orig.ctx, ptr)
 }
 
+// The hooks the standard tracemalloc wraps while it traces alongside. Until ours are in place
+// above its hooks they record, as the hooks above do (either pair will do); then they only
+// forward, so that the blocks tracemalloc allocates for its own tables are not counted (and
+// a block allocated through both layers is recorded once). A scope is entered all the same:
+// native mode must not see the interpreter's allocations as the extension's own.
+
+extern "C" fn gated_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
+    unsafe {
+        let hook = hook(ctx);
+        if !hook.inert.load(Ordering::Acquire) {
+            return hook_malloc(ctx, size);
+        }
+        let _scope = sampler::Scope::enter();
+        let orig = &hook.original;
+        (orig.malloc.unwrap_unchecked())(orig.ctx, size)
+    }
+}
+
+extern "C" fn gated_calloc(ctx: *mut c_void, nelem: usize, elsize: usize) -> *mut c_void {
+    // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
+    unsafe {
+        let hook = hook(ctx);
+        if !hook.inert.load(Ordering::Acquire) {
+            return hook_calloc(ctx, nelem, elsize);
+        }
+        let _scope = sampler::Scope::enter();
+        let orig = &hook.original;
+        (orig.calloc.unwrap_unchecked())(orig.ctx, nelem, elsize)
+    }
+}
+
+extern "C" fn gated_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
+    unsafe {
+        let hook = hook(ctx);
+        if !hook.inert.load(Ordering::Acquire) {
+            return hook_realloc(ctx, ptr, size);
+        }
+        let _scope = sampler::Scope::enter();
+        let orig = &hook.original;
+        (orig.realloc.unwrap_unchecked())(orig.ctx, ptr, size)
+    }
+}
+
+extern "C" fn gated_free(ctx: *mut c_void, ptr: *mut c_void) {
+    // SAFETY: `ctx` is the `Hook` we registered with this function, never freed.
+    unsafe {
+        let hook = hook(ctx);
+        if !hook.inert.load(Ordering::Acquire) {
+            return hook_free(ctx, ptr);
+        }
+        let orig = &hook.original;
+        (orig.free.unwrap_unchecked())(orig.ctx, ptr)
+    }
+}
+
 /// Function identity by address: our hooks are plain non-generic functions of this one
 /// library, so each has a single address.
 fn address<F: Copy>(f: Option<F>) -> usize {
@@ -215,6 +281,7 @@ fn is_ours(allocator: &PyMemAllocatorEx) -> bool {
     [EXACT, SAMPLED]
         .iter()
         .any(|hooks| malloc == address(Some(hooks.malloc)))
+        || malloc == address(Some(gated_malloc as Malloc))
 }
 
 fn allocator(hook: *mut Hook, hooks: Allocating) -> PyMemAllocatorEx {
@@ -227,51 +294,123 @@ fn allocator(hook: *mut Hook, hooks: Allocating) -> PyMemAllocatorEx {
     }
 }
 
+fn gated(hook: *mut Hook) -> PyMemAllocatorEx {
+    PyMemAllocatorEx {
+        ctx: hook.cast(),
+        malloc: Some(gated_malloc),
+        calloc: Some(gated_calloc),
+        realloc: Some(gated_realloc),
+        free: Some(gated_free),
+    }
+}
+
+/// A `Hook` wrapping `original` for `domain`: one of the last two made for it if one wraps
+/// the same allocator, else a new one (never freed; see the module docs).
+unsafe fn hook_for(domain: usize, original: &PyMemAllocatorEx) -> *mut Hook {
+    let [newer, older] = &HOOKS[domain];
+    for slot in [newer, older] {
+        let hook = slot.load(Ordering::Acquire);
+        if !hook.is_null() && same_allocator(&(*hook).original, original) {
+            return hook;
+        }
+    }
+    let hook = Box::into_raw(Box::new(Hook {
+        original: *original,
+        gil_held: !matches!(DOMAINS[domain], PyMemAllocatorDomain::PYMEM_DOMAIN_RAW),
+        inert: AtomicBool::new(false),
+    }));
+    older.store(newer.load(Ordering::Acquire), Ordering::Release);
+    newer.store(hook, Ordering::Release);
+    hook
+}
+
+/// The allocator in place for `domain`.
+unsafe fn current(domain: PyMemAllocatorDomain) -> PyMemAllocatorEx {
+    let mut current = std::mem::zeroed::<PyMemAllocatorEx>();
+    ffi::PyMem_GetAllocator(domain, &mut current);
+    current
+}
+
 /// Installs the hooks on the three domains, those of sampled mode if `sampling`. A domain
 /// whose current allocator is already our hook (left in place by an earlier `stop()`, see
-/// [`uninstall`]) keeps its `Hook`, with this mode's functions.
+/// [`uninstall`], or the one the standard tracemalloc wrapped and put back) keeps its `Hook`,
+/// with this mode's functions.
 ///
 /// # Safety
 /// The GIL is held.
 pub unsafe fn install(sampling: bool) {
     let hooks = if sampling { SAMPLED } else { EXACT };
-    for (domain, slot) in DOMAINS.into_iter().zip(&HOOKS) {
-        let mut current = std::mem::zeroed::<PyMemAllocatorEx>();
-        ffi::PyMem_GetAllocator(domain, &mut current);
+    for (i, domain) in DOMAINS.into_iter().enumerate() {
+        let current = current(domain);
         if is_ours(&current) {
             if address(current.malloc) != address(Some(hooks.malloc)) {
                 ffi::PyMem_SetAllocator(domain, &mut allocator(current.ctx.cast(), hooks));
             }
             continue;
         }
-        let mut hook = slot.load(Ordering::Acquire);
-        if hook.is_null() || !same_allocator(&(*hook).original, &current) {
-            hook = Box::into_raw(Box::new(Hook {
-                original: current,
-                gil_held: !matches!(domain, PyMemAllocatorDomain::PYMEM_DOMAIN_RAW),
-            }));
-            slot.store(hook, Ordering::Release);
-        }
+        let hook = hook_for(i, &current);
         ffi::PyMem_SetAllocator(domain, &mut allocator(hook, hooks));
     }
 }
 
-/// Restores the wrapped allocators where our hook is still the outermost one. Where someone
+/// Restores the wrapped allocators where our hook is the outermost one. Where someone
 /// installed another hook over ours, ours stays in the chain (inert, since the tracer is off)
 /// rather than cutting that other hook out.
 ///
 /// # Safety
 /// The GIL is held.
 pub unsafe fn uninstall() {
-    for (domain, slot) in DOMAINS.into_iter().zip(&HOOKS) {
-        let mut current = std::mem::zeroed::<PyMemAllocatorEx>();
-        ffi::PyMem_GetAllocator(domain, &mut current);
-        let hook = slot.load(Ordering::Acquire);
-        if is_ours(&current) && current.ctx == hook.cast() {
-            let mut original = (*hook).original;
+    for domain in DOMAINS {
+        let current = current(domain);
+        if is_ours(&current) {
+            // SAFETY: the context of our functions is always one of our `Hook`s.
+            let mut original = (*current.ctx.cast::<Hook>()).original;
             ffi::PyMem_SetAllocator(domain, &mut original);
         }
     }
+}
+
+/// Before the standard tracemalloc wraps the allocators: our hooks, outermost on every
+/// domain, are swapped for their gated versions (recording still, see `gated_malloc`), which it
+/// will find and wrap. `false`, changing nothing, if some domain's outermost hook is not ours
+/// (a third party's hook over ours would end up wrapped with ours, and counted by us).
+///
+/// # Safety
+/// The GIL is held.
+pub unsafe fn lend_beneath() -> bool {
+    let currents = DOMAINS.map(|domain| current(domain));
+    if !currents.iter().all(is_ours) {
+        return false;
+    }
+    for ((domain, current), beneath) in DOMAINS.into_iter().zip(currents).zip(&BENEATH) {
+        let hook = current.ctx.cast::<Hook>();
+        (*hook).inert.store(false, Ordering::Release);
+        beneath.store(hook, Ordering::Release);
+        ffi::PyMem_SetAllocator(domain, &mut gated(hook));
+    }
+    true
+}
+
+/// Whether the hooks lent by [`lend_beneath`] only forward (`true`, once ours are installed
+/// above the standard module's) or record (`false`, before it restores them at its stop).
+///
+/// # Safety
+/// The GIL is held.
+pub unsafe fn set_beneath_inert(inert: bool) {
+    for beneath in &BENEATH {
+        let hook = beneath.load(Ordering::Acquire);
+        if !hook.is_null() {
+            (*hook).inert.store(inert, Ordering::Release);
+        }
+    }
+}
+
+/// Whether every domain's outermost allocator is one of our hooks.
+///
+/// # Safety
+/// The GIL is held.
+pub unsafe fn outermost() -> bool {
+    DOMAINS.into_iter().all(|domain| is_ours(&current(domain)))
 }
 
 fn same_allocator(a: &PyMemAllocatorEx, b: &PyMemAllocatorEx) -> bool {

@@ -8,6 +8,7 @@
 //! - [`table`]: the live-trace table, keyed by block address, and the memory counters.
 //! - [`intern`]: traceback interning and the lazy (code, offset) → line resolution.
 //! - [`tracked`]: blocks extensions report with `PyTraceMalloc_Track`, in their domains.
+//! - [`alongside`]: the standard `tracemalloc` started while alloctrace traces.
 //! - [`memory_limit`]: noticing that traced memory or RSS crossed `ALLOCTRACE_MEMORY_LIMIT`.
 //! - [`native`]: extensions' own `malloc`/`mmap` calls, in the native domain (opt-in).
 //! - [`process_memory`]: the process's RSS as the kernel splits it, beside the traced total.
@@ -20,6 +21,7 @@
 //! - [`py`]: the pyo3 wrappers; they convert and delegate, nothing more.
 
 pub mod allocator;
+pub mod alongside;
 pub mod analysis;
 pub mod capture;
 pub mod error;

@@ -904,6 +904,7 @@ pub fn start(
     capture::depth::forget_trampolines();
     RECORDING.store(true, Relaxed);
     TRACING.store(true, Relaxed);
+    crate::alongside::reset();
     // SAFETY: the GIL is held.
     unsafe {
         hooks::install(interval != 0);

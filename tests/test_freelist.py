@@ -478,9 +478,11 @@ def under_no_reattribution(run, sample_interval=None):
 def test_without_reattribution_reused_blocks_keep_their_first_traceback(stopped_tracer, kind):
     # Each kept object is built in the block of the temporary dropped just before it, allocated
     # on line 3: without re-attribution the kept objects stay there, as memray would show them.
+    # A few may not be: another thread (pytest-xdist's) or a full collection can take the
+    # temporary's block off the free list first (seen: 1,999 of 2,000, one run in about fifteen).
     filename, run = compile_snippet(kind)
     ours = counts_by_line(under_no_reattribution(run), filename)
-    assert ours.get(TMP_LINE, 0) >= N, ours
+    assert ours.get(TMP_LINE, 0) >= N - N // 100, ours
     assert ours.get(KEEP_LINE, 0) <= N // 100, ours
 
 

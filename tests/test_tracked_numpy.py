@@ -112,3 +112,44 @@ def test_import_is_light():
     result = run_python(["-c", script])
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_numpy_domain_with_tracemalloc_alongside():
+    """tracemalloc started while alloctrace traces gets numpy's calls too (they are passed on
+    to it), and the two agree line by line, in numpy's domain and in domain 0."""
+    script = textwrap.dedent(
+        """
+        import json, tracemalloc, alloctrace
+        alloctrace.start(1)
+        import numpy as np
+        import gc; gc.collect(); tracemalloc.start(1)  # free lists emptied: see test_alongside
+        big = np.empty(2_000_000)
+        small = [np.empty(1000 + i) for i in range(500)]
+        gone = np.zeros(1_000_000)
+        del gone
+        alloctrace.disable()
+        snaps = tracemalloc.take_snapshot(), alloctrace.take_snapshot()
+        D = np.lib.tracemalloc_domain
+        out = []
+        for T, snap in zip((tracemalloc, alloctrace), snaps):
+            lines = {}
+            for dom in (0, D):
+                only = snap.filter_traces([T.DomainFilter(True, dom)])
+                for st in only.statistics("lineno"):
+                    if st.traceback[0].filename == "<string>":
+                        lines[f"{dom}:{st.traceback[0].lineno}"] = [st.size, st.count]
+            out.append(lines)
+        print(json.dumps(out))
+        """
+    )
+    result = run_python(["-c", script])
+    assert result.returncode == 0, result.stderr
+    theirs, ours = json.loads(result.stdout)
+    domain = np.lib.tracemalloc_domain
+    assert theirs[f"{domain}:6"] == [16_000_000, 1], theirs
+    assert theirs[f"{domain}:7"][1] == 500, theirs
+    assert f"{domain}:8" not in theirs
+    # Only alloctrace traced the lines before tracemalloc.start() (line 5), and only
+    # tracemalloc the snapshots' line (11), where alloctrace is disabled.
+    between = lambda lines: {k: v for k, v in lines.items() if 5 < int(k.split(":")[1]) < 11}  # noqa: E731
+    assert between(ours) == between(theirs)

@@ -130,7 +130,10 @@ def start(
     Install hooks on the Python memory allocators. Collected tracebacks of
     traces are limited to *nframe* frames (1 to 65535). Does nothing if
     tracing is already on. Raises :exc:`RuntimeError` while the standard
-    :mod:`tracemalloc` module is tracing: the two cannot trace together.
+    :mod:`tracemalloc` module is tracing. The other order works: once
+    alloctrace traces, ``tracemalloc.start()`` may be called (by the program,
+    a test suite, a library), and both trace, each with the answers it gives
+    alone.
 
     By default every allocation is traced (exact mode). With
     *sample_interval*, a number of bytes (1 to 2**40; ``None`` or ``0`` mean
@@ -356,41 +359,63 @@ def load_ipython_extension(ipython) -> None:
 _NO_ARGUMENT = object()
 
 
-def _refuse_tracemalloc_while_tracing() -> None:
-    """Make the standard ``tracemalloc.start()`` refuse while alloctrace traces.
+def _trace_alongside_tracemalloc() -> None:
+    """Let the standard ``tracemalloc`` start and stop while alloctrace traces.
 
-    Both modules wrap the same allocators; whichever stopped first would cut
-    the other out of the chain and leave it with a stale view of memory.
+    ``tracemalloc.start()`` wraps whatever allocators are in place, and allocates its own
+    tables through them; ``tracemalloc.stop()`` puts them back. Called bare, it would wrap
+    alloctrace's hooks, which would then count tracemalloc's tables as the program's. So the
+    two functions are wrapped: around the standard ones, the native module moves its hooks
+    above tracemalloc's, and back (see ``src/alongside.rs``). Both tracers then give the
+    answers each gives alone.
     """
     import _tracemalloc
 
-    original = _tracemalloc.start
-    if getattr(original, "_alloctrace_guard", False):
+    original_start = _tracemalloc.start
+    original_stop = _tracemalloc.stop
+    if getattr(original_start, "_alloctrace_alongside", False):
         return
 
     # No *args tuple or **kwargs dict: made before tracemalloc's hooks go in and dropped
     # after, they would sit untraced on the free lists, and the program's next tuple and
     # dicts would then be missing from tracemalloc's traces.
     def start(nframe=_NO_ARGUMENT, /, *more):
-        if is_tracing():
-            raise RuntimeError(
-                "alloctrace is tracing: call alloctrace.stop() before tracemalloc.start() "
-                "(the two cannot trace at the same time)"
-            )
-        if more:
-            return original(nframe, *more)
-        if nframe is _NO_ARGUMENT:
-            return original()
-        return original(nframe)
+        alongside = is_tracing() and not _tracemalloc.is_tracing()
+        if alongside:
+            _native._tracemalloc_starting()
+        try:
+            if more:
+                return original_start(nframe, *more)
+            if nframe is _NO_ARGUMENT:
+                return original_start()
+            return original_start(nframe)
+        finally:
+            if alongside:
+                _native._tracemalloc_started()
 
-    start._alloctrace_guard = True
-    start.__doc__ = original.__doc__
+    def stop():
+        alongside = _native._tracemalloc_stopping()
+        try:
+            return original_stop()
+        finally:
+            if alongside:
+                _native._tracemalloc_stopped()
+
+    for wrapper, original in ((start, original_start), (stop, original_stop)):
+        wrapper._alloctrace_alongside = True
+        wrapper.__doc__ = original.__doc__
+        wrapper.__qualname__ = wrapper.__name__
+        wrapper.__module__ = original.__module__
     _tracemalloc.start = start
+    _tracemalloc.stop = stop
     import sys
 
     stdlib = sys.modules.get("tracemalloc")
-    if stdlib is not None and getattr(stdlib, "start", None) is original:
-        stdlib.start = start
+    if stdlib is not None:
+        if getattr(stdlib, "start", None) is original_start:
+            stdlib.start = start
+        if getattr(stdlib, "stop", None) is original_stop:
+            stdlib.stop = stop
 
 
 #: What the standard formatter says of a warning's object while tracemalloc does not trace.
@@ -453,5 +478,5 @@ def _add_allocation_lines(warnings) -> None:
     warnings._formatwarnmsg_impl = _formatwarnmsg_impl
 
 
-_refuse_tracemalloc_while_tracing()
+_trace_alongside_tracemalloc()
 _allocation_lines_in_warnings()

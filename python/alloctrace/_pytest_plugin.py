@@ -10,10 +10,11 @@ and the traced peak is the body's own high-water mark, exact (every allocation, 
 sample), whatever ran before it. Tests that are not measured run untraced. Threads started by
 the body are traced while it runs (the hooks are process-wide).
 
-A test that itself starts or stops ``alloctrace`` or ``tracemalloc`` cannot share the tracer:
-the first such call during the body makes the plugin step aside (its tracing stops, the call
-goes through as the test meant it) and the test is reported as not measured; a marked test
-then fails saying so, rather than passing an unchecked limit.
+A test that itself starts or stops ``alloctrace`` cannot share the tracer: the first such call
+during the body makes the plugin step aside (its tracing stops, the call goes through as the
+test meant it) and the test is reported as not measured; a marked test then fails saying so,
+rather than passing an unchecked limit. A test that starts ``tracemalloc`` is measured as any
+other: tracemalloc then traces alongside, and neither counts the other's tables.
 """
 
 from __future__ import annotations
@@ -380,10 +381,10 @@ class SessionPlugin:
         _native.start(self.nframe)
 
     def _guard(self, measure: Measure) -> None:
-        """Make the first call the test makes to start or stop a tracer step the plugin
-        aside: tracing stops (the measurement is void) and the call goes through."""
-        import tracemalloc
-
+        """Make the first call the test makes to start or stop alloctrace step the plugin
+        aside: tracing stops (the measurement is void) and the call goes through. The
+        standard tracemalloc needs no such guard: started while alloctrace traces, it traces
+        alongside, and the measurement goes on."""
         import alloctrace
 
         def stepping_aside(module, name, original):
@@ -396,14 +397,10 @@ class SessionPlugin:
             call.__doc__ = original.__doc__
             return call
 
-        for module, names in (
-            (alloctrace, ("start", "stop", "clear_traces", "reset_peak")),
-            (tracemalloc, ("start",)),
-        ):
-            for name in names:
-                original = getattr(module, name)
-                setattr(module, name, stepping_aside(module, name, original))
-                measure.restore.append((module, name, original))
+        for name in ("start", "stop", "clear_traces", "reset_peak"):
+            original = getattr(alloctrace, name)
+            setattr(alloctrace, name, stepping_aside(alloctrace, name, original))
+            measure.restore.append((alloctrace, name, original))
 
     def _end(self, item, measure: Measure, passed: bool) -> None:
         for module, name, original in reversed(measure.restore):

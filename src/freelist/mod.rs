@@ -119,6 +119,18 @@ pub unsafe fn uninstall() {
     active::uninstall()
 }
 
+/// The standard tracemalloc started or stopped alongside (see [`crate::alongside`]): on 3.13
+/// it took the `PyRefTracer` slot for its own tracer, or emptied it, and ours goes back in,
+/// chained to whatever the slot holds now. On 3.9–3.12 nothing moved: the patched call
+/// forwards to the standard module by itself while its flag is set.
+///
+/// # Safety
+/// The GIL is held, and [`install`] succeeded for the tracing session.
+pub unsafe fn reclaim() {
+    #[cfg(Py_3_13)]
+    active::install();
+}
+
 /// How this interpreter lets the tracer see object creations: `"reftracer"` (3.13),
 /// `"patched"` (3.9–3.12 with the expected `_Py_NewReference`, or 3.11–3.12 with its copies
 /// all found in a static libpython), or `None` if it cannot (reused

@@ -4,8 +4,9 @@
 //! (creations and destructions), so that it keeps working while we trace. On `stop()` the
 //! slot goes back to that tracer only if it still holds ours: whoever replaced us keeps the
 //! slot. Someone who replaced us without chaining (the standard `tracemalloc.start()` does
-//! so) ends our re-attribution for this session; someone who chained to us keeps calling
-//! [`tracer`] after our `stop()`, which then only forwards.
+//! so) would end our re-attribution, so the package wraps that function and puts ours back
+//! in front ([`super::reclaim`]); someone who chained to us keeps calling [`tracer`] after our
+//! `stop()`, which then only forwards.
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::Relaxed};

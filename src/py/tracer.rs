@@ -11,8 +11,9 @@ use crate::py::snapshot::PySnapshotData;
 use crate::tracer;
 use crate::{allocator, fallible};
 
-/// Refuses to start while the standard `tracemalloc` traces: both would wrap the same
-/// allocators and each would corrupt the other's view when it stops.
+/// Refuses to start while the standard `tracemalloc` traces: its `stop()` would put back the
+/// allocators it found, cutting ours out of the chain. (The other order works: see
+/// [`crate::alongside`].)
 ///
 /// The module is taken from `sys.modules` (the package imports it), not imported:
 /// `PyImport_Import` makes and drops a list, which lands on the list free list just before the
@@ -37,7 +38,8 @@ fn refuse_if_tracemalloc_is_tracing(py: Python<'_>) -> PyResult<()> {
     if tracing {
         return Err(PyRuntimeError::new_err(
             "the standard tracemalloc module is tracing: call tracemalloc.stop() before \
-             alloctrace.start() (the two cannot trace at the same time)",
+             alloctrace.start() (tracemalloc can trace alongside alloctrace when started \
+             after it, not before)",
         ));
     }
     Ok(())
@@ -306,7 +308,43 @@ fn _depth_counter(check_every: Option<u32>) -> (bool, u64, u64) {
     crate::capture::depth::state(check_every)
 }
 
+/// Called by the package's `tracemalloc.start()` just before the standard one, while
+/// alloctrace traces and tracemalloc does not (see [`crate::alongside`]). RuntimeError if
+/// tracemalloc cannot trace alongside.
+#[pyfunction]
+fn _tracemalloc_starting() -> PyResult<()> {
+    require_main_interpreter("start")?;
+    // SAFETY: the GIL is held.
+    Ok(unsafe { crate::alongside::before_start() }?)
+}
+
+/// Called after the standard `tracemalloc.start()` returned or raised, when
+/// `_tracemalloc_starting()` succeeded.
+#[pyfunction]
+fn _tracemalloc_started() {
+    // SAFETY: the GIL is held.
+    unsafe { crate::alongside::after_start() }
+}
+
+/// Called just before the standard `tracemalloc.stop()`; true if `_tracemalloc_stopped()` is
+/// to be called after it.
+#[pyfunction]
+fn _tracemalloc_stopping() -> bool {
+    // SAFETY: the GIL is held.
+    unsafe { crate::alongside::before_stop() }
+}
+
+#[pyfunction]
+fn _tracemalloc_stopped() {
+    // SAFETY: the GIL is held.
+    unsafe { crate::alongside::after_stop() }
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_tracemalloc_starting, m)?)?;
+    m.add_function(wrap_pyfunction!(_tracemalloc_started, m)?)?;
+    m.add_function(wrap_pyfunction!(_tracemalloc_stopping, m)?)?;
+    m.add_function(wrap_pyfunction!(_tracemalloc_stopped, m)?)?;
     m.add_function(wrap_pyfunction!(_freelist_mechanism, m)?)?;
     m.add_function(wrap_pyfunction!(_depth_counter, m)?)?;
     m.add_function(wrap_pyfunction!(is_tracing_native, m)?)?;

@@ -21,11 +21,10 @@
 //! [`TraceTable::account`] so that `get_traced_memory()`, the peak and snapshots include
 //! them. The hooks' hot path is unchanged.
 //!
-//! Neither the standard module's tracing flag nor its tables are used: while alloctrace
-//! traces, the calls are never forwarded to CPython's functions, so another part of
-//! alloctrace setting that flag (3.9-3.12) changes nothing here. When alloctrace is not
-//! tracing (a call racing with `stop()`, or a slot that could not be restored) they are
-//! forwarded, so the standard module keeps working.
+//! Neither the standard module's tracing flag nor its tables are used. The calls are passed
+//! on to CPython's functions when alloctrace is not tracing (a call racing with `stop()`, or a
+//! slot that could not be restored), and, after our own recording, while the standard module
+//! traces alongside (see [`crate::alongside`]): it keeps working either way.
 //!
 //! Threads: `Track` takes the GIL as CPython's does (`PyGILState_Ensure`), so the traceback
 //! is the calling thread's Python stack even when the extension had released the GIL, and
@@ -99,6 +98,12 @@ unsafe extern "C" fn track_hook(domain: c_uint, ptr: usize, size: usize) -> c_in
         -2
     };
     ffi::PyGILState_Release(gil);
+    if result == -2 || crate::alongside::tracemalloc_traces_too() {
+        let theirs = PyTraceMalloc_Track(domain, ptr, size);
+        if result == -2 {
+            return theirs;
+        }
+    }
     result
 }
 
@@ -108,6 +113,9 @@ unsafe extern "C" fn untrack_hook(domain: c_uint, ptr: usize) -> c_int {
         return PyTraceMalloc_Untrack(domain, ptr);
     }
     untrack(domain, ptr);
+    if crate::alongside::tracemalloc_traces_too() {
+        PyTraceMalloc_Untrack(domain, ptr);
+    }
     0
 }
 

@@ -1,0 +1,241 @@
+"""The standard tracemalloc started while alloctrace traces: both trace, each with the answers
+it gives alone (see src/alongside.rs)."""
+
+import gc
+import subprocess
+import sys
+import textwrap
+import threading
+import tracemalloc
+
+import pytest
+
+import alloctrace
+
+
+@pytest.fixture(autouse=True)
+def both_stopped(stopped_tracer):
+    tracemalloc.stop()
+    yield
+    tracemalloc.stop()
+    alloctrace.stop()
+
+
+def line_of(function, offset):
+    return function.__code__.co_firstlineno + offset
+
+
+def per_line(snapshot, filename=__file__):
+    """{lineno: (size, count)} of this file's lines, from either module's snapshot."""
+    return {
+        stat.traceback[0].lineno: (stat.size, stat.count)
+        for stat in snapshot.statistics("lineno")
+        if stat.traceback[0].filename == filename
+    }
+
+
+def strings(n):
+    return [str(i) * 3 for i in range(n)]
+
+
+def floats(n):
+    return [float(i) + 0.5 for i in range(n)]
+
+
+def tuples(n):
+    return [(i, i) for i in range(n)]
+
+
+def churn():
+    """Take the floats and tuples sitting on the free lists and put others there. Such a block
+    stays allocated and traced, charged to the line that made it; the next float created (by
+    either snapshot) moves it to its own line, so the lines compared must not hold any."""
+    spare = [(float(i) + 0.25, (i, -i)) for i in range(300)]
+    del spare
+
+
+def both_snapshots():
+    """The two snapshots, taken with alloctrace's recording paused so that tracemalloc's
+    snapshot (made first) is not in alloctrace's."""
+    alloctrace.disable()
+    try:
+        return tracemalloc.take_snapshot(), alloctrace.take_snapshot()
+    finally:
+        alloctrace.enable()
+
+
+@pytest.mark.parametrize("sample_interval", [None, 1])
+def test_same_per_line_figures_as_tracemalloc(sample_interval):
+    alloctrace.start(5, sample_interval=sample_interval)
+    # Blocks that went to the free lists before tracemalloc started are in alloctrace's table
+    # only: reused, they would count on alloctrace's lines alone. A full collection empties the
+    # free lists.
+    gc.collect()
+    tracemalloc.start(5)
+    assert alloctrace.is_tracing() and tracemalloc.is_tracing()
+    # Freed floats and tuples go to free lists, and the lines below take them back: both
+    # tracers must move those blocks to the line that reuses them.
+    junk = [float(i) for i in range(5000)] + [(i, -i) for i in range(5000)]
+    del junk
+    kept = strings(20_000), floats(20_000), tuples(20_000)
+    churn()
+    theirs, ours = both_snapshots()
+    theirs, ours = per_line(theirs), per_line(ours)
+    for function in (strings, floats, tuples):
+        line = line_of(function, 1)
+        assert theirs[line][1] > 20_000
+        assert ours[line] == theirs[line], function.__name__
+    del kept
+
+
+def test_tracemalloc_tables_are_not_counted():
+    alloctrace.start(5)
+    tracemalloc.start(25)
+    base_ours = alloctrace.get_traced_memory()[0]
+    base_theirs = tracemalloc.get_traced_memory()[0]
+    base_tables = tracemalloc.get_tracemalloc_memory()
+    kept = strings(50_000)
+    ours = alloctrace.get_traced_memory()[0] - base_ours
+    theirs = tracemalloc.get_traced_memory()[0] - base_theirs
+    tables = tracemalloc.get_tracemalloc_memory() - base_tables
+    # Had tracemalloc's own tables been counted, ours would exceed theirs by their growth.
+    assert tables > theirs // 4, (tables, theirs)
+    assert abs(ours - theirs) < tables // 20, (ours, theirs, tables)
+    del kept
+
+
+def test_tracemalloc_stops_first_then_alloctrace_goes_on():
+    alloctrace.start(5)
+    for _ in range(3):
+        tracemalloc.start(5)
+        kept = strings(1000)
+        line = line_of(strings, 1)
+        churn()
+        theirs, ours = both_snapshots()
+        assert per_line(theirs)[line] == per_line(ours)[line]
+        tracemalloc.stop()
+        assert not tracemalloc.is_tracing()
+        del kept
+        # Frees after tracemalloc stopped are seen: nothing of the list is left.
+        assert line not in per_line(alloctrace.take_snapshot())
+        kept = strings(1000)
+        assert per_line(alloctrace.take_snapshot())[line][1] >= 1000
+        del kept
+
+
+def test_alloctrace_stops_first_then_tracemalloc_goes_on():
+    alloctrace.start(5)
+    tracemalloc.start(5)
+    alloctrace.stop()
+    kept = strings(3000)
+    line = line_of(strings, 1)
+    assert per_line(tracemalloc.take_snapshot())[line][1] > 3000
+    # Not while tracemalloc traces, in this order...
+    with pytest.raises(RuntimeError, match="tracemalloc.stop"):
+        alloctrace.start(5)
+    tracemalloc.stop()
+    del kept
+    # ...but afterwards, and alongside again.
+    alloctrace.start(5)
+    tracemalloc.start(5)
+    kept = strings(3000)
+    churn()
+    theirs, ours = both_snapshots()
+    assert per_line(theirs)[line] == per_line(ours)[line]
+    del kept
+
+
+def test_tracemalloc_start_refusing_its_argument_changes_nothing():
+    alloctrace.start(5)
+    with pytest.raises(ValueError):
+        tracemalloc.start(0)
+    assert not tracemalloc.is_tracing()
+    kept = strings(1000)
+    line = line_of(strings, 1)
+    assert per_line(alloctrace.take_snapshot())[line][1] >= 1000
+    del kept
+    assert line not in per_line(alloctrace.take_snapshot())
+
+
+def test_refused_under_another_tools_hook():
+    _testcapi = pytest.importorskip("_testcapi")
+    alloctrace.start(5)
+    # _testcapi's hooks wrap whatever is in place, as another tool's would; they fail nothing
+    # before the 2**30th allocation.
+    _testcapi.set_nomemory(2**30)
+    try:
+        with pytest.raises(RuntimeError, match="another allocator hook"):
+            tracemalloc.start()
+    finally:
+        _testcapi.remove_mem_hooks()
+    assert not tracemalloc.is_tracing()
+    kept = strings(1000)
+    assert per_line(alloctrace.take_snapshot())[line_of(strings, 1)][1] >= 1000
+    del kept
+
+
+def test_threads_allocating_while_tracemalloc_starts_and_stops():
+    done = threading.Event()
+    errors = []
+
+    def worker():
+        try:
+            keep = []
+            while not done.is_set():
+                keep.append(bytearray(300))
+                if len(keep) > 100:
+                    del keep[:80]
+            keep.clear()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    alloctrace.start(3)
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(40):
+            tracemalloc.start(3)
+            tracemalloc.take_snapshot()
+            tracemalloc.stop()
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    assert not errors
+    # Every bytearray the workers made was freed: none may be left behind as live.
+    line = line_of(worker, 4)
+    assert line not in per_line(alloctrace.take_snapshot())
+
+
+def test_tracemalloc_started_by_the_traced_program(tmp_path):
+    # What a test suite checking its own tracemalloc support does under `alloctrace run`.
+    script = tmp_path / "prog.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import tracemalloc
+            if not tracemalloc.is_tracing():
+                tracemalloc.start(5)
+            kept = [str(i) * 3 for i in range(5000)]
+            stat = tracemalloc.take_snapshot().statistics("lineno")[0]
+            print("tracemalloc", stat.traceback[0].lineno, stat.count)
+            tracemalloc.stop()
+            """
+        )
+    )
+    out = tmp_path / "out.snap"
+    alone, traced = (
+        subprocess.run(
+            [sys.executable, *command, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        for command in ([], ["-m", "alloctrace", "run", "-n", "5", "-o", str(out)])
+    )
+    assert alone.returncode == 0 and traced.returncode == 0, alone.stderr + traced.stderr
+    assert alone.stdout.startswith("tracemalloc 5 500")
+    assert traced.stdout == alone.stdout
+    snapshot = alloctrace.Snapshot.load(str(out))
+    assert per_line(snapshot, str(script))[5][1] >= 5000
