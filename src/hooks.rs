@@ -25,8 +25,9 @@ struct Hook {
     original: PyMemAllocatorEx,
     /// The RAW domain may be called without the GIL; MEM and OBJ never are.
     gil_held: bool,
-    /// Read by the gated functions only (`gated_malloc` and its kin): forward without recording. Set on the hook that
-    /// the standard tracemalloc wraps, once ours wrap it in turn (see [`crate::alongside`]).
+    /// Read by the gated functions only (`gated_malloc` and its kin): forward without
+    /// recording. Set on the hook that the standard tracemalloc wraps, once ours wrap it in
+    /// turn (see [`crate::alongside`]).
     inert: AtomicBool,
 }
 
@@ -371,9 +372,9 @@ pub unsafe fn uninstall() {
 }
 
 /// Before the standard tracemalloc wraps the allocators: our hooks, outermost on every
-/// domain, are swapped for their gated versions (recording still, see `gated_malloc`), which it
-/// will find and wrap. `false`, changing nothing, if some domain's outermost hook is not ours
-/// (a third party's hook over ours would end up wrapped with ours, and counted by us).
+/// domain, are swapped for their gated versions (recording still, see `gated_malloc`), which
+/// it will find and wrap. `false`, changing nothing, if some domain's outermost hook is not
+/// ours: tracemalloc would wrap that other hook, and ours beneath would count its tables.
 ///
 /// # Safety
 /// The GIL is held.

@@ -127,7 +127,7 @@ def test_numpy_domain_with_tracemalloc_alongside():
         small = [np.empty(1000 + i) for i in range(500)]
         gone = np.zeros(1_000_000)
         del gone
-        alloctrace.disable()
+        alloctrace.disable(); gc.disable()  # see test_alongside.both_snapshots
         snaps = tracemalloc.take_snapshot(), alloctrace.take_snapshot()
         D = np.lib.tracemalloc_domain
         out = []
