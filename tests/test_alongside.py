@@ -2,6 +2,7 @@
 it gives alone (see src/alongside.rs)."""
 
 import gc
+import os
 import subprocess
 import sys
 import textwrap
@@ -211,6 +212,27 @@ def test_threads_allocating_while_tracemalloc_starts_and_stops():
     # Every bytearray the workers made was freed: none may be left behind as live.
     line = line_of(worker, 4)
     assert line not in per_line(alloctrace.take_snapshot())
+
+
+def test_fork_while_both_trace():
+    alloctrace.start(3)
+    gc.collect()
+    tracemalloc.start(3)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        status = 1
+        try:
+            kept = strings(3000)
+            theirs, ours = both_snapshots()
+            line = line_of(strings, 1)
+            status = 0 if per_line(theirs)[line] == per_line(ours)[line] else 3
+            del kept
+            tracemalloc.stop()
+            alloctrace.stop()
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_tracemalloc_started_by_the_traced_program(tmp_path):
