@@ -47,6 +47,14 @@ def tuples(n):
     return [(i, i) for i in range(n)]
 
 
+# Called once before any tracer starts: on 3.9 and 3.10 each comprehension keeps its frame
+# object for the next call (the code object's "zombie" frame), allocated on the first call.
+# Allocated while alloctrace traces and tracemalloc not yet, it would be on alloctrace's line
+# alone, and stay there after the list is freed.
+for warm_up in (strings, floats, tuples):
+    warm_up(1)
+
+
 def both_snapshots():
     """The two snapshots, taken with alloctrace's recording paused so that tracemalloc's
     snapshot (made first) is not in alloctrace's, and with the collector off: a full
