@@ -92,19 +92,18 @@ unsafe extern "C" fn track_hook(domain: c_uint, ptr: usize, size: usize) -> c_in
     }
     let gil = ffi::PyGILState_Ensure();
     // Re-checked with the GIL: stop() may have run while this thread waited for it.
-    let result = if tracer::is_tracing() {
-        track(domain, ptr, size)
-    } else {
-        -2
-    };
+    let ours = tracer::is_tracing().then(|| track(domain, ptr, size));
     ffi::PyGILState_Release(gil);
-    if result == -2 || crate::alongside::tracemalloc_traces_too() {
-        let theirs = PyTraceMalloc_Track(domain, ptr, size);
-        if result == -2 {
-            return theirs;
+    match ours {
+        // Not tracing after all: as above.
+        None => PyTraceMalloc_Track(domain, ptr, size),
+        Some(result) => {
+            if crate::alongside::tracemalloc_traces_too() {
+                PyTraceMalloc_Track(domain, ptr, size);
+            }
+            result
         }
     }
-    result
 }
 
 /// `PyTraceMalloc_Untrack` as extensions see it while alloctrace traces.
