@@ -130,8 +130,12 @@ PRESETS = {
 }
 
 
-#: The side-by-side modes run.py's --native and --memray add.
+#: The side-by-side modes run.py's --native, --memray and --fidelity-cost add.
 NATIVE_MODES = (tracers.mode("alloctrace", 1, native=True),)
+#: Exact tracing at one frame without re-attributing objects reused from free lists: what
+#: alloctrace would cost if it gave up answering as tracemalloc does for those objects (the
+#: brief ranks those answers above speed, so the cost is measured rather than taken).
+FIDELITY_MODES = (tracers.mode("alloctrace", 1, reattribute=False),)
 MEMRAY_MODES = tuple(tracers.memray_mode(option) for option in tracers.MEMRAY_OPTIONS)
 
 

@@ -281,6 +281,7 @@ SIDE_TITLES = {
     "tracemalloc:1": "tracemalloc 1",
     "alloctrace:1": "alloctrace 1",
     "alloctrace:1+native": "alloctrace 1, native",
+    "alloctrace:1+noreattribute": "alloctrace 1, reattribute=False",
     "memray": "memray",
     "memray+python-allocators": "memray --trace-python-allocators",
     "memray+native": "memray --native",
@@ -337,7 +338,30 @@ def side_by_side(part: dict[str, Any]) -> list[str]:
             f"{_verdict(mean <= NATIVE_GEOMEAN_MAX)} (means over the {complete} benchmarks every "
             "column measured)"
         )
+    fidelity = "alloctrace:1+noreattribute"
+    if ratios.get(fidelity) and ratios.get("alloctrace:1"):
+        lines.append(_fidelity_line(ratios["alloctrace:1"], ratios[fidelity], complete))
     return lines
+
+
+def _fidelity_line(default: list[float], without: list[float], complete: int) -> str:
+    """What re-attributing reused objects costs against the one-frame targets: the geometric
+    mean and the rows over 2x, with it (the default) and without it, over the same rows."""
+    target = GEOMEAN_MAX[1]
+
+    def summary(ratios: list[float]) -> str:
+        mean = childproc.geomean(ratios)
+        over = sum(r > WORST_MAX_NFRAME1 for r in ratios)
+        return (
+            f"{mean:.2f}x ({_verdict(mean <= target)} against ≤{target:g}x), "
+            f"{over} row{'s' if over != 1 else ''} over {WORST_MAX_NFRAME1:g}x"
+        )
+
+    return (
+        f"- Re-attribution of objects reused from free lists, over the {complete} benchmarks "
+        f"every column measured: with it (the default) {summary(default)}; without it "
+        f"(`reattribute=False`) {summary(without)}"
+    )
 
 
 HOOK_CASES = {

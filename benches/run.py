@@ -113,6 +113,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="also time memray (its Tracker, as `memray run`, with no option, "
         "--trace-python-allocators and --native) in the overhead part",
     )
+    parser.add_argument(
+        "--fidelity-cost",
+        action="store_true",
+        help="also time exact tracing at one frame without re-attributing objects reused from "
+        "free lists (start(1, reattribute=False)) in the overhead part, beside the default",
+    )
     parser.add_argument("--out", type=Path, help="also write the markdown to this file")
     parser.add_argument(
         "--cache",
@@ -198,9 +204,11 @@ def main(argv: list[str]) -> int:
                 settings = dataclasses.replace(settings, nframes=nframes)
             if opts.rounds is not None and name == "overhead":
                 settings = dataclasses.replace(settings, rounds=opts.rounds)
-            if name == "overhead" and (opts.native or opts.memray):
-                side = (overhead.NATIVE_MODES if opts.native else ()) + (
-                    overhead.MEMRAY_MODES if opts.memray else ()
+            if name == "overhead" and (opts.native or opts.memray or opts.fidelity_cost):
+                side = (
+                    (overhead.NATIVE_MODES if opts.native else ())
+                    + (overhead.FIDELITY_MODES if opts.fidelity_cost else ())
+                    + (overhead.MEMRAY_MODES if opts.memray else ())
                 )
                 settings = dataclasses.replace(settings, extra=side)
             if opts.benchmarks and name in ("overhead", "instructions"):

@@ -274,6 +274,27 @@ def test_side_by_side_table_reports_geomeans_and_native_target() -> None:
     assert report.side_by_side({**part, "extra": []}) == []
 
 
+def test_side_by_side_states_what_reattribution_costs() -> None:
+    report = _bench_module("report")
+    modes = ["none", "tracemalloc:1", "alloctrace:1", "alloctrace:1+noreattribute"]
+    seconds = [
+        {"none": 1.0, "tracemalloc:1": 4.0, "alloctrace:1": 2.5, "alloctrace:1+noreattribute": 1.1},
+        {"none": 1.0, "tracemalloc:1": 2.0, "alloctrace:1": 1.6, "alloctrace:1+noreattribute": 1.1},
+    ]  # fmt: skip
+    part = {
+        "modes": modes,
+        "extra": ["alloctrace:1+noreattribute"],
+        "rows": [{"workload": f"w{i}", "seconds": s} for i, s in enumerate(seconds)],
+    }
+    text = "\n".join(report.side_by_side(part))
+    assert "| alloctrace 1 | alloctrace 1, reattribute=False |" in text, text
+    # sqrt(2.5 * 1.6) = 2.0 with one row over 2x; sqrt(1.1 * 1.1) = 1.1 with none.
+    assert (
+        "with it (the default) 2.00x (**MISS** against ≤1.3x), 1 row over 2x; "
+        "without it (`reattribute=False`) 1.10x (PASS against ≤1.3x), 0 rows over 2x"
+    ) in text, text
+
+
 def test_round_spread_gives_each_rounds_own_geomean() -> None:
     report = _bench_module("report")
     sampled = "alloctrace:64@524288"
@@ -308,17 +329,27 @@ def test_round_spread_gives_each_rounds_own_geomean() -> None:
 
 
 def test_native_side_by_side_smoke(pyperformance_path: str) -> None:
-    """--native and --memray: the native column is measured; memray's are measured or named
-    as absent (the tests do not install memray)."""
+    """--native, --memray and --fidelity-cost: the native and reattribute=False columns are
+    measured; memray's are measured or named as absent (the tests do not install memray)."""
     proc = _run(
-        ["--smoke", "--python", "current", "--only", "overhead", "--native", "--memray"],
+        [
+            "--smoke",
+            "--python",
+            "current",
+            "--only",
+            "overhead",
+            "--native",
+            "--memray",
+            "--fidelity-cost",
+        ],
         pyperformance_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = proc.stdout
     if importlib.util.find_spec("alloctrace") is None:
         pytest.skip("alloctrace is not installed")
-    assert "| alloctrace 1, native |" in table, table
+    assert "| alloctrace 1, native | alloctrace 1, reattribute=False |" in table, table
+    assert "- Re-attribution of objects reused from free lists, over the " in table, table
     row = next(line for line in table.splitlines() if line.startswith("| json_loads | "))
     cells = row.strip("| ").split(" | ")
     assert cells[4].endswith("x"), row
