@@ -27,9 +27,15 @@
 //!   passed on to CPython's functions too ([`tracemalloc_traces_too`]).
 //!
 //! The Python package calls these around the standard module's `start` and `stop` (it wraps
-//! `_tracemalloc.start` and `_tracemalloc.stop`). The reverse order (alloctrace started while
-//! tracemalloc traces) is refused: tracemalloc's stop would put back the allocators it found,
-//! cutting ours out of the chain.
+//! `_tracemalloc.start` and `_tracemalloc.stop`).
+//!
+//! - **The reverse order**, alloctrace started while tracemalloc traces (`python -X
+//!   tracemalloc`, `PYTHONTRACEMALLOC`, a program that started it first): tracemalloc's stop
+//!   will put back the allocators it found, which would cut hooks merely installed above its
+//!   own out of the chain. So [`start_above`] first writes our gated functions, inert, into
+//!   the allocators tracemalloc keeps to put back (`hooks::slip_beneath`), and then our usual
+//!   hooks go in above tracemalloc's: the same layers as in the first order, and the same
+//!   steps at tracemalloc's stop.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
@@ -77,6 +83,24 @@ pub unsafe fn after_start() {
             crate::freelist::reclaim();
         }
     }
+}
+
+/// `start()` while the standard tracemalloc traces, before our hooks are installed (which
+/// then wrap tracemalloc's): our gated hooks go beneath its hooks, inert (see the module docs).
+///
+/// # Safety
+/// The GIL is held, the standard tracemalloc traces, and alloctrace is starting.
+pub unsafe fn start_above() -> Result<()> {
+    if !hooks::slip_beneath() {
+        return Err(Error::State(
+            "alloctrace cannot start while tracemalloc traces here: the allocator hooks in \
+             place are not tracemalloc's alone (another tool's hook over them?); call \
+             tracemalloc.stop() first, or stop that tool"
+                .into(),
+        ));
+    }
+    TRACEMALLOC_TRACES_TOO.store(true, Relaxed);
+    Ok(())
 }
 
 /// Before `tracemalloc.stop()`: `true` if tracemalloc traces alongside, and [`after_stop`]

@@ -11,11 +11,12 @@
 //! the allocator it forwards to.
 //!
 //! While the standard `tracemalloc` traces alongside, our hooks sit both above its hooks and
-//! beneath them, the ones beneath inert ([`lend_beneath`], [`set_beneath_inert`]; the order
-//! of the steps is in [`crate::alongside`]).
+//! beneath them, the ones beneath inert ([`lend_beneath`] when it starts second,
+//! [`slip_beneath`] when it was first, [`set_beneath_inert`]; the order of the steps is in
+//! [`crate::alongside`]).
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use pyo3::ffi::{self, PyMemAllocatorDomain, PyMemAllocatorEx};
 
@@ -46,6 +47,10 @@ static HOOKS: [[AtomicPtr<Hook>; 2]; 3] =
 
 /// The hooks the standard tracemalloc wraps while it traces alongside (null: none).
 static BENEATH: [AtomicPtr<Hook>; 3] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 3];
+
+/// The hooks of the slipped functions ([`slip_beneath`]), one per domain, set once: the
+/// functions find their `Hook` here, since their context is the wrapped allocator's own.
+static SLIPPED: [AtomicPtr<Hook>; 3] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 3];
 
 #[inline(always)]
 unsafe fn hook<'a>(ctx: *mut c_void) -> &'a Hook {
@@ -247,8 +252,65 @@ extern "C" fn gated_free(ctx: *mut c_void, ptr: *mut c_void) {
     }
 }
 
-/// Function identity by address: our hooks are plain non-generic functions of this one
-/// library, so each has a single address.
+// The gated functions' twins for the reverse order (alloctrace started while tracemalloc
+// traces, [`slip_beneath`]): written into the allocator that tracemalloc keeps to put back at
+// its stop, beside the context already there, so they find their `Hook` in `SLIPPED[D]`, one
+// per domain, rather than in their context argument.
+
+/// # Safety
+/// `SLIPPED[D]` is set: these functions are written only after it is, and it never changes.
+#[inline(always)]
+unsafe fn slipped<const D: usize>() -> *mut c_void {
+    SLIPPED[D].load(Ordering::Acquire).cast()
+}
+
+extern "C" fn slipped_malloc<const D: usize>(_ctx: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: see `slipped`.
+    unsafe { gated_malloc(slipped::<D>(), size) }
+}
+
+extern "C" fn slipped_calloc<const D: usize>(
+    _ctx: *mut c_void,
+    nelem: usize,
+    elsize: usize,
+) -> *mut c_void {
+    // SAFETY: see `slipped`.
+    unsafe { gated_calloc(slipped::<D>(), nelem, elsize) }
+}
+
+extern "C" fn slipped_realloc<const D: usize>(
+    _ctx: *mut c_void,
+    ptr: *mut c_void,
+    size: usize,
+) -> *mut c_void {
+    // SAFETY: see `slipped`.
+    unsafe { gated_realloc(slipped::<D>(), ptr, size) }
+}
+
+extern "C" fn slipped_free<const D: usize>(_ctx: *mut c_void, ptr: *mut c_void) {
+    // SAFETY: see `slipped`.
+    unsafe { gated_free(slipped::<D>(), ptr) }
+}
+
+/// The slipped functions of domain `i` (an index into [`DOMAINS`]), as words.
+fn slipped_functions(i: usize) -> [usize; 4] {
+    fn words<const D: usize>() -> [usize; 4] {
+        [
+            slipped_malloc::<D> as Malloc as usize,
+            slipped_calloc::<D> as Calloc as usize,
+            slipped_realloc::<D> as Realloc as usize,
+            slipped_free::<D> as Free as usize,
+        ]
+    }
+    match i {
+        0 => words::<0>(),
+        1 => words::<1>(),
+        _ => words::<2>(),
+    }
+}
+
+/// Function identity by address: our hooks are plain functions of this one library (the
+/// slipped ones one instance per domain), so each has a single address.
 fn address<F: Copy>(f: Option<F>) -> usize {
     match f {
         // SAFETY: `F` is always one of the allocator function-pointer types.
@@ -259,6 +321,8 @@ fn address<F: Copy>(f: Option<F>) -> usize {
 
 type Malloc = extern "C" fn(*mut c_void, usize) -> *mut c_void;
 type Calloc = extern "C" fn(*mut c_void, usize, usize) -> *mut c_void;
+type Realloc = extern "C" fn(*mut c_void, *mut c_void, usize) -> *mut c_void;
+type Free = extern "C" fn(*mut c_void, *mut c_void);
 
 /// The allocation hooks of one mode; realloc and free are the same in both.
 #[derive(Clone, Copy)]
@@ -283,6 +347,22 @@ fn is_ours(allocator: &PyMemAllocatorEx) -> bool {
         .iter()
         .any(|hooks| malloc == address(Some(hooks.malloc)))
         || malloc == address(Some(gated_malloc as Malloc))
+        || slipped_domain(allocator).is_some()
+}
+
+/// The domain whose slipped functions `allocator` has, if it has some.
+fn slipped_domain(allocator: &PyMemAllocatorEx) -> Option<usize> {
+    let malloc = address(allocator.malloc);
+    (0..DOMAINS.len()).find(|&i| malloc == slipped_functions(i)[0])
+}
+
+/// The `Hook` behind one of our allocators: its context, or for the slipped functions (whose
+/// context is the wrapped allocator's) `SLIPPED`.
+fn hook_of(ours: &PyMemAllocatorEx) -> *mut Hook {
+    match slipped_domain(ours) {
+        Some(i) => SLIPPED[i].load(Ordering::Acquire),
+        None => ours.ctx.cast(),
+    }
 }
 
 fn allocator(hook: *mut Hook, hooks: Allocating) -> PyMemAllocatorEx {
@@ -345,7 +425,7 @@ pub unsafe fn install(sampling: bool) {
         let current = current(domain);
         if is_ours(&current) {
             if address(current.malloc) != address(Some(hooks.malloc)) {
-                ffi::PyMem_SetAllocator(domain, &mut allocator(current.ctx.cast(), hooks));
+                ffi::PyMem_SetAllocator(domain, &mut allocator(hook_of(&current), hooks));
             }
             continue;
         }
@@ -364,8 +444,8 @@ pub unsafe fn uninstall() {
     for domain in DOMAINS {
         let current = current(domain);
         if is_ours(&current) {
-            // SAFETY: the context of our functions is always one of our `Hook`s.
-            let mut original = (*current.ctx.cast::<Hook>()).original;
+            // SAFETY: behind our functions there is always one of our `Hook`s.
+            let mut original = (*hook_of(&current)).original;
             ffi::PyMem_SetAllocator(domain, &mut original);
         }
     }
@@ -384,11 +464,78 @@ pub unsafe fn lend_beneath() -> bool {
         return false;
     }
     for ((domain, current), beneath) in DOMAINS.into_iter().zip(currents).zip(&BENEATH) {
-        let hook = current.ctx.cast::<Hook>();
+        let hook = hook_of(&current);
         (*hook).inert.store(false, Ordering::Release);
         beneath.store(hook, Ordering::Release);
         ffi::PyMem_SetAllocator(domain, &mut gated(hook));
     }
+    true
+}
+
+/// The reverse order: alloctrace starts while the standard tracemalloc traces, whose stop will
+/// put back the allocators it found. tracemalloc installs its three hooks with the addresses
+/// of those saved allocators as their contexts (`mem`, `raw` and `obj`, in that order in one
+/// struct, in every version 3.9-3.13), and its hooks and its own tables call through them.
+/// Into each go our slipped functions in place of the allocator's own, inert, with its context
+/// left as it is: each function pointer is one aligned word, written whole, so a RAW-domain
+/// call on another thread reads the old function or ours, and either works with the context
+/// it finds. tracemalloc's stop then puts ours back, recording again ([`set_beneath_inert`]),
+/// as [`lend_beneath`]'s are in the other order. The caller then installs our usual hooks
+/// above tracemalloc's ([`install`]).
+///
+/// `false`, with nothing changed, if the allocators in place do not have that shape (another
+/// tool's hook over tracemalloc's), or if the slipped functions, made for one allocator per
+/// domain, would have to wrap another one (possible only once another tool's hooks came and
+/// went between tracemalloc's sessions).
+///
+/// # Safety
+/// The GIL is held, and the standard tracemalloc traces.
+pub unsafe fn slip_beneath() -> bool {
+    let currents = DOMAINS.map(|domain| current(domain));
+    let [raw, mem, obj] = &currents;
+    let size = std::mem::size_of::<PyMemAllocatorEx>();
+    let shaped = !currents.iter().any(is_ours)
+        && !mem.ctx.is_null()
+        && raw.ctx as usize == mem.ctx as usize + size
+        && obj.ctx as usize == mem.ctx as usize + 2 * size
+        && address(mem.malloc) == address(obj.malloc)
+        && address(mem.free) == address(obj.free);
+    if !shaped {
+        return false;
+    }
+    let saved = currents.map(|current| current.ctx.cast::<PyMemAllocatorEx>());
+    // Per domain: the allocator a slipped function is to wrap, or `None` where the one saved
+    // is ours already (an earlier start while this tracemalloc traced, or its start while we
+    // traced). Decided for all three before anything is written.
+    let mut plan = [None; 3];
+    for (i, &saved) in saved.iter().enumerate() {
+        let original = std::ptr::read(saved);
+        if is_ours(&original) {
+            continue;
+        }
+        let there = SLIPPED[i].load(Ordering::Acquire);
+        if !there.is_null() && !same_allocator(&(*there).original, &original) {
+            return false;
+        }
+        plan[i] = Some(original);
+    }
+    for (i, (&saved, original)) in saved.iter().zip(plan).enumerate() {
+        let Some(original) = original else {
+            BENEATH[i].store(hook_of(&std::ptr::read(saved)), Ordering::Release);
+            continue;
+        };
+        if SLIPPED[i].load(Ordering::Acquire).is_null() {
+            SLIPPED[i].store(hook_for(i, &original), Ordering::Release);
+        }
+        BENEATH[i].store(SLIPPED[i].load(Ordering::Acquire), Ordering::Release);
+        // SAFETY: `saved` is tracemalloc's allocator for this domain, five aligned words
+        // (context, then the four functions) that its hooks read one at a time.
+        let words = saved.cast::<AtomicUsize>();
+        for (f, function) in slipped_functions(i).into_iter().enumerate() {
+            (*words.add(1 + f)).store(function, Ordering::Release);
+        }
+    }
+    set_beneath_inert(true);
     true
 }
 

@@ -831,6 +831,7 @@ pub fn start(
     sampling: Sampling,
     native: Option<bool>,
     reattribute: Option<bool>,
+    tracemalloc_tracing: bool,
 ) -> Result<()> {
     let nframe = check_nframe(nframe)?;
     let interval = sampling.interval.map(check_interval).transpose()?;
@@ -902,9 +903,13 @@ pub fn start(
     MAIN_INTERPRETER.store(here.cast(), Relaxed);
     // No allocation was seen before: the stacks may hold trampolines already.
     capture::depth::forget_trampolines();
+    crate::alongside::reset();
+    if tracemalloc_tracing {
+        // SAFETY: the GIL is held, the standard module traces, and nothing is installed yet.
+        unsafe { crate::alongside::start_above()? };
+    }
     RECORDING.store(true, Relaxed);
     TRACING.store(true, Relaxed);
-    crate::alongside::reset();
     // SAFETY: the GIL is held.
     unsafe {
         hooks::install(interval != 0);

@@ -1,5 +1,5 @@
-"""The standard tracemalloc started while alloctrace traces: both trace, each with the answers
-it gives alone (see src/alongside.rs)."""
+"""The standard tracemalloc and alloctrace tracing together, whichever started first: both
+trace, each with the answers it gives alone (see src/alongside.rs)."""
 
 import gc
 import os
@@ -144,18 +144,194 @@ def test_alloctrace_stops_first_then_tracemalloc_goes_on():
     kept = strings(3000)
     line = line_of(strings, 1)
     assert per_line(tracemalloc.take_snapshot())[line][1] > 3000
-    # Not while tracemalloc traces, in this order...
-    with pytest.raises(RuntimeError, match="tracemalloc.stop"):
-        alloctrace.start(5)
+    del kept
+    # Started again while tracemalloc traces (the layer beneath its hooks is still there).
+    alloctrace.start(5)
+    kept = strings(3000)
+    theirs, ours = both_snapshots()
+    assert per_line(theirs)[line] == per_line(ours)[line]
     tracemalloc.stop()
     del kept
-    # ...but afterwards, and alongside again.
-    alloctrace.start(5)
+    # And alongside again once tracemalloc stopped, in the first order.
     tracemalloc.start(5)
     kept = strings(3000)
     theirs, ours = both_snapshots()
     assert per_line(theirs)[line] == per_line(ours)[line]
     del kept
+
+
+# The reverse order: alloctrace started while tracemalloc traces.
+
+
+@pytest.mark.parametrize("sample_interval", [None, 1])
+def test_started_while_tracemalloc_traces_same_per_line_figures(sample_interval):
+    gc.collect()  # see test_same_per_line_figures_as_tracemalloc
+    tracemalloc.start(5)
+    alloctrace.start(5, sample_interval=sample_interval)
+    assert alloctrace.is_tracing() and tracemalloc.is_tracing()
+    junk = [float(i) for i in range(5000)] + [(i, -i) for i in range(5000)]
+    del junk
+    kept = strings(20_000), floats(20_000), tuples(20_000)
+    theirs, ours = both_snapshots()
+    theirs, ours = per_line(theirs), per_line(ours)
+    for function in (strings, floats, tuples):
+        line = line_of(function, 1)
+        assert theirs[line][1] > 20_000
+        assert ours[line] == theirs[line], function.__name__
+    del kept
+
+
+def test_started_while_tracemalloc_traces_its_tables_are_not_counted():
+    tracemalloc.start(25)
+    alloctrace.start(5)
+    base_ours = alloctrace.get_traced_memory()[0]
+    base_theirs = tracemalloc.get_traced_memory()[0]
+    base_tables = tracemalloc.get_tracemalloc_memory()
+    kept = strings(50_000)
+    ours = alloctrace.get_traced_memory()[0] - base_ours
+    theirs = tracemalloc.get_traced_memory()[0] - base_theirs
+    tables = tracemalloc.get_tracemalloc_memory() - base_tables
+    assert tables > theirs // 4, (tables, theirs)
+    assert abs(ours - theirs) < tables // 20, (ours, theirs, tables)
+    del kept
+
+
+def test_started_while_tracemalloc_traces_then_tracemalloc_stops():
+    for _ in range(3):
+        gc.collect()
+        tracemalloc.start(5)
+        alloctrace.start(5)
+        kept = strings(1000)
+        line = line_of(strings, 1)
+        theirs, ours = both_snapshots()
+        assert per_line(theirs)[line] == per_line(ours)[line]
+        # tracemalloc puts back the allocators it found, which now lead through ours.
+        tracemalloc.stop()
+        assert alloctrace.is_tracing() and not tracemalloc.is_tracing()
+        del kept
+        gc.collect()
+        assert line not in per_line(alloctrace.take_snapshot())
+        kept = strings(1000)
+        assert per_line(alloctrace.take_snapshot())[line][1] >= 1000
+        del kept
+        gc.collect()
+        junk = [float(i) for i in range(500)]
+        del junk
+        kept = floats(1000)
+        assert per_line(alloctrace.take_snapshot())[line_of(floats, 1)][1] > 1000
+        del kept
+        alloctrace.stop()
+
+
+def test_started_while_tracemalloc_traces_every_order_of_stopping():
+    line = line_of(strings, 1)
+    for _ in range(3):
+        gc.collect()
+        tracemalloc.start(5)
+        alloctrace.start(5)
+        alloctrace.stop()  # tracemalloc goes on, our layer beneath it inert
+        kept = strings(1000)
+        assert per_line(tracemalloc.take_snapshot())[line][1] >= 1000
+        alloctrace.start(5)  # beneath it again
+        theirs, ours = both_snapshots()
+        assert line not in per_line(ours)
+        del kept
+        alloctrace.stop()
+        tracemalloc.stop()  # our inert layer is what it puts back: it only forwards
+        kept = strings(1000)
+        alloctrace.start(5)
+        gc.collect()
+        more = strings(1000)
+        assert per_line(alloctrace.take_snapshot())[line][1] >= 1000
+        alloctrace.stop()
+        del kept, more
+
+
+def test_started_while_tracemalloc_traces_refused_under_another_tools_hook():
+    _testcapi = pytest.importorskip("_testcapi")
+    tracemalloc.start(5)
+    _testcapi.set_nomemory(2**30)  # another tool's hooks over tracemalloc's (see above)
+    try:
+        with pytest.raises(RuntimeError, match="not tracemalloc's alone"):
+            alloctrace.start(5)
+    finally:
+        _testcapi.remove_mem_hooks()
+    assert not alloctrace.is_tracing()
+    kept = strings(1000)
+    assert per_line(tracemalloc.take_snapshot())[line_of(strings, 1)][1] >= 1000
+    del kept
+
+
+def test_threads_allocating_while_alloctrace_starts_and_stops_over_tracemalloc():
+    done = threading.Event()
+    errors = []
+
+    def worker():
+        try:
+            keep = []
+            while not done.is_set():
+                keep.append(bytearray(300))
+                if len(keep) > 100:
+                    del keep[:80]
+            keep.clear()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    tracemalloc.start(3)
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        for cycle in range(40):
+            alloctrace.start(3)
+            alloctrace.take_snapshot()
+            if cycle % 4 == 3:
+                # tracemalloc stops under alloctrace, and starts again above it.
+                tracemalloc.stop()
+                tracemalloc.start(3)
+            alloctrace.stop()
+        alloctrace.start(3)
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    assert not errors
+    line = line_of(worker, 4)
+    assert line not in per_line(alloctrace.take_snapshot())
+    assert line not in per_line(tracemalloc.take_snapshot())
+
+
+def test_started_from_startup_while_tracemalloc_traces(tmp_path):
+    # PYTHONTRACEMALLOC (or -X tracemalloc) and ALLOCTRACE together: tracemalloc traces from
+    # the interpreter's start, alloctrace from site's, alongside it.
+    script = tmp_path / "prog.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import gc, tracemalloc, alloctrace
+            gc.collect()  # free-listed blocks from before alloctrace started: theirs alone
+            kept = [str(i) * 3 for i in range(5000)]
+            gc.disable()
+            alloctrace.disable()
+            for module in (tracemalloc, alloctrace):
+                stat = next(
+                    s for s in module.take_snapshot().statistics("lineno")
+                    if s.traceback[0].lineno == 4
+                )
+                print(module.__name__, stat.size, stat.count)
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONTRACEMALLOC="5", ALLOCTRACE="5")
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    (_, size, count), (name, ours_size, ours_count) = (
+        line.split() for line in proc.stdout.splitlines()
+    )
+    assert name == "alloctrace" and int(count) >= 5000
+    assert (ours_size, ours_count) == (size, count), proc.stdout
 
 
 def test_tracemalloc_start_refusing_its_argument_changes_nothing():

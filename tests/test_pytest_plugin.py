@@ -411,22 +411,42 @@ def test_tests_that_use_a_tracer_themselves(pytester, run):
     assert "3 highest peaks of 3 tests measured" in out
 
 
-def test_tracemalloc_already_tracing(pytester):
+@pytest.mark.parametrize("how", ["conftest", "PYTHONTRACEMALLOC"])
+def test_measured_while_tracemalloc_already_traces(pytester, monkeypatch, how):
+    # `python -X tracemalloc -m pytest` (or PYTHONTRACEMALLOC), for the allocation tracebacks
+    # of ResourceWarnings: alloctrace starts alongside tracemalloc for each test, and a
+    # marked test is measured as without it.
     pytester.makepyfile(
         source(
             """
+            import tracemalloc
             import pytest
 
+            @pytest.mark.limit_memory("50 KB")
+            def test_over_its_limit():
+                assert tracemalloc.is_tracing()
+                kept = [str(i) * 10 for i in range(20_000)]
+
             @pytest.mark.limit_memory("1 MB")
-            def test_marked():
-                pass
+            def test_within_its_limit():
+                kept = [str(i) for i in range(1000)]
+
+            def test_tracemalloc_still_traces():
+                assert tracemalloc.is_tracing()
+                kept = [bytes(1000) for i in range(100)]
+                assert tracemalloc.get_traced_memory()[0] > 100_000
             """
         )
     )
-    pytester.makeconftest("import tracemalloc\ntracemalloc.start()\n")
+    if how == "conftest":
+        pytester.makeconftest("import tracemalloc\ntracemalloc.start()\n")
+    else:
+        monkeypatch.setenv("PYTHONTRACEMALLOC", "5")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(failed=1)
-    assert "not measured: tracemalloc was tracing when the test started" in result.stdout.str()
+    result.assert_outcomes(passed=2, failed=1)
+    out = result.stdout.str()
+    assert "not measured" not in out, out
+    assert "limit_memory: the test was limited to 50.0 KiB but its body allocated" in out, out
 
 
 LEAKY = """

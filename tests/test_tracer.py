@@ -213,20 +213,6 @@ def test_take_snapshot_requires_tracing():
         alloctrace.take_snapshot()
 
 
-def test_refuses_to_start_while_tracemalloc_traces():
-    # The other order, tracemalloc started while alloctrace traces, works: test_alongside.py.
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        with pytest.raises(RuntimeError, match="tracemalloc.stop"):
-            alloctrace.start()
-    finally:
-        tracemalloc.stop()
-    alloctrace.start()
-    assert alloctrace.is_tracing()
-
-
 def test_threads_allocating_while_another_snapshots_and_restarts():
     stop_flag = threading.Event()
     errors = []

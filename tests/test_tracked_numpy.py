@@ -114,15 +114,19 @@ def test_import_is_light():
     assert result.stdout.strip() == "[]", result.stdout
 
 
-def test_numpy_domain_with_tracemalloc_alongside():
-    """tracemalloc started while alloctrace traces gets numpy's calls too (they are passed on
-    to it), and the two agree line by line, in numpy's domain and in domain 0."""
+@pytest.mark.parametrize(
+    "first, second", [("alloctrace", "tracemalloc"), ("tracemalloc", "alloctrace")]
+)
+def test_numpy_domain_with_tracemalloc_alongside(first, second):
+    """tracemalloc tracing with alloctrace, started after it or before it, gets numpy's calls
+    too (they are passed on to it), and the two agree line by line, in numpy's domain and in
+    domain 0."""
     script = textwrap.dedent(
         """
         import json, tracemalloc, alloctrace
-        alloctrace.start(1)
+        FIRST.start(1)
         import numpy as np
-        import gc; gc.collect(); tracemalloc.start(1)  # free lists emptied: see test_alongside
+        import gc; gc.collect(); SECOND.start(1)  # free lists emptied: see test_alongside
         big = np.empty(2_000_000)
         small = [np.empty(1000 + i) for i in range(500)]
         gone = np.zeros(1_000_000)
@@ -142,6 +146,7 @@ def test_numpy_domain_with_tracemalloc_alongside():
         print(json.dumps(out))
         """
     )
+    script = script.replace("FIRST", first).replace("SECOND", second)
     result = run_python(["-c", script])
     assert result.returncode == 0, result.stderr
     theirs, ours = json.loads(result.stdout)
@@ -149,7 +154,7 @@ def test_numpy_domain_with_tracemalloc_alongside():
     assert theirs[f"{domain}:6"] == [16_000_000, 1], theirs
     assert theirs[f"{domain}:7"][1] == 500, theirs
     assert f"{domain}:8" not in theirs
-    # Only alloctrace traced the lines before tracemalloc.start() (line 5), and only
+    # Only the first traced the lines before the second started (line 5), and only
     # tracemalloc the snapshots' line (11), where alloctrace is disabled.
     between = lambda lines: {k: v for k, v in lines.items() if 5 < int(k.split(":")[1]) < 11}  # noqa: E731
     assert between(ours) == between(theirs)

@@ -129,11 +129,11 @@ def start(
 
     Install hooks on the Python memory allocators. Collected tracebacks of
     traces are limited to *nframe* frames (1 to 65535). Does nothing if
-    tracing is already on. Raises :exc:`RuntimeError` while the standard
-    :mod:`tracemalloc` module is tracing. The other order works: once
-    alloctrace traces, ``tracemalloc.start()`` may be called (by the program,
-    a test suite, a library), and both trace, each with the answers it gives
-    alone.
+    tracing is already on. The standard :mod:`tracemalloc` module may be
+    tracing already (``-X tracemalloc``), or be started later by the program,
+    a test suite or a library: both then trace, each with the answers it
+    gives alone. Raises :exc:`RuntimeError` if tracemalloc traces under
+    another tool's allocator hook.
 
     By default every allocation is traced (exact mode). With
     *sample_interval*, a number of bytes (1 to 2**40; ``None`` or ``0`` mean

@@ -63,10 +63,6 @@ def alloctrace_cell(shell, line: str, cell: str):
             "%%alloctrace: alloctrace is already tracing (started elsewhere): call "
             "alloctrace.stop() first, or take a snapshot of that tracing instead"
         )
-    import tracemalloc
-
-    if tracemalloc.is_tracing():
-        raise UsageError("%%alloctrace: tracemalloc is tracing: call tracemalloc.stop() first")
     # As %%time does: the cell's IPython syntax transformed, its source cached for
     # tracebacks and for the source lines of the report, run in the user's namespace.
     source = shell.transform_cell(cell)

@@ -369,13 +369,11 @@ class SessionPlugin:
         return result
 
     def _begin(self, measure: Measure) -> None:
-        import tracemalloc
-
+        # The standard tracemalloc tracing already (`python -X tracemalloc -m pytest`, asked
+        # for the allocation tracebacks of ResourceWarnings) is no obstacle: alloctrace then
+        # traces alongside it.
         if _native.is_tracing():
             measure.skipped_reason = "alloctrace was already tracing when the test started"
-            return
-        if tracemalloc.is_tracing():
-            measure.skipped_reason = "tracemalloc was tracing when the test started"
             return
         self._guard(measure)
         _native.start(self.nframe)

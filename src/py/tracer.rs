@@ -11,15 +11,14 @@ use crate::py::snapshot::PySnapshotData;
 use crate::tracer;
 use crate::{allocator, fallible};
 
-/// Refuses to start while the standard `tracemalloc` traces: its `stop()` would put back the
-/// allocators it found, cutting ours out of the chain. (The other order works: see
-/// [`crate::alongside`].)
+/// Whether the standard `tracemalloc` traces: then alloctrace starts beneath and above its
+/// hooks, so that its `stop()` cannot cut ours out of the chain (see [`crate::alongside`]).
 ///
 /// The module is taken from `sys.modules` (the package imports it), not imported:
 /// `PyImport_Import` makes and drops a list, which lands on the list free list just before the
 /// hooks go in, untraced; the program's next list then reuses it and is missing from the
 /// traces where `tracemalloc.start()` leaves no such list behind.
-fn refuse_if_tracemalloc_is_tracing(py: Python<'_>) -> PyResult<()> {
+fn tracemalloc_is_tracing(py: Python<'_>) -> bool {
     let name = pyo3::intern!(py, "_tracemalloc");
     // SAFETY: the GIL is held; `name` is a valid str; the result is a new reference or null.
     let imported = unsafe { pyo3::ffi::PyImport_GetModule(name.as_ptr()) };
@@ -31,18 +30,10 @@ fn refuse_if_tracemalloc_is_tracing(py: Python<'_>) -> PyResult<()> {
         // SAFETY: a new, non-null reference, owned from here on.
         Ok(unsafe { Bound::from_owned_ptr(py, imported) })
     };
-    let tracing = module
+    module
         .and_then(|m| m.call_method0(pyo3::intern!(py, "is_tracing")))
         .and_then(|r| r.extract::<bool>())
-        .unwrap_or(false);
-    if tracing {
-        return Err(PyRuntimeError::new_err(
-            "the standard tracemalloc module is tracing: call tracemalloc.stop() before \
-             alloctrace.start() (tracemalloc can trace alongside alloctrace when started \
-             after it, not before)",
-        ));
-    }
-    Ok(())
+        .unwrap_or(false)
 }
 
 /// Refuses calls from a sub-interpreter. The tracer's state belongs to the main interpreter:
@@ -125,10 +116,15 @@ fn start(
         seed: byte_count(sample_seed, "sample_seed")?,
     };
     require_main_interpreter("start")?;
-    if !tracer::is_tracing() {
-        refuse_if_tracemalloc_is_tracing(py)?;
-    }
-    Ok(tracer::start(py, nframe, sampling, native, reattribute)?)
+    let tracemalloc_tracing = !tracer::is_tracing() && tracemalloc_is_tracing(py);
+    Ok(tracer::start(
+        py,
+        nframe,
+        sampling,
+        native,
+        reattribute,
+        tracemalloc_tracing,
+    )?)
 }
 
 /// The sampling interval in bytes while tracing in sampled mode; None when tracing exactly
