@@ -1,6 +1,7 @@
 """The standard tracemalloc and alloctrace tracing together, whichever started first: both
 trace, each with the answers it gives alone (see src/alongside.rs)."""
 
+import contextlib
 import gc
 import os
 import subprocess
@@ -69,15 +70,30 @@ def both_snapshots():
         alloctrace.enable()
 
 
-@pytest.mark.parametrize("sample_interval", [None, 1])
-def test_same_per_line_figures_as_tracemalloc(sample_interval):
-    alloctrace.start(5, sample_interval=sample_interval)
-    # Blocks that went to the free lists before tracemalloc started are in alloctrace's table
-    # only: reused, they would count on alloctrace's lines alone. A full collection empties the
+def start_both(order, nframe=5, tracemalloc_nframe=5, sample_interval=None):
+    """Starts the two tracers, alloctrace first or tracemalloc first."""
+    starts = {
+        "alloctrace": lambda: alloctrace.start(nframe, sample_interval=sample_interval),
+        "tracemalloc": lambda: tracemalloc.start(tracemalloc_nframe),
+    }
+    first = order.removesuffix(" first")
+    second = "tracemalloc" if first == "alloctrace" else "alloctrace"
+    starts[first]()
+    # Blocks that went to the free lists before the second started are in the first one's
+    # table only: reused, they would count on its lines alone. A full collection empties the
     # free lists.
     gc.collect()
-    tracemalloc.start(5)
+    starts[second]()
     assert alloctrace.is_tracing() and tracemalloc.is_tracing()
+
+
+ORDERS = ["alloctrace first", "tracemalloc first"]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("sample_interval", [None, 1])
+def test_same_per_line_figures_as_tracemalloc(order, sample_interval):
+    start_both(order, sample_interval=sample_interval)
     # Freed floats and tuples go to free lists, and the lines below take them back: both
     # tracers must move those blocks to the line that reuses them.
     junk = [float(i) for i in range(5000)] + [(i, -i) for i in range(5000)]
@@ -92,9 +108,9 @@ def test_same_per_line_figures_as_tracemalloc(sample_interval):
     del kept
 
 
-def test_tracemalloc_tables_are_not_counted():
-    alloctrace.start(5)
-    tracemalloc.start(25)
+@pytest.mark.parametrize("order", ORDERS)
+def test_tracemalloc_tables_are_not_counted(order):
+    start_both(order, tracemalloc_nframe=25)
     base_ours = alloctrace.get_traced_memory()[0]
     base_theirs = tracemalloc.get_traced_memory()[0]
     base_tables = tracemalloc.get_tracemalloc_memory()
@@ -108,17 +124,17 @@ def test_tracemalloc_tables_are_not_counted():
     del kept
 
 
-def test_tracemalloc_stops_first_then_alloctrace_goes_on():
-    alloctrace.start(5)
+@pytest.mark.parametrize("order", ORDERS)
+def test_tracemalloc_stops_first_then_alloctrace_goes_on(order):
     for _ in range(3):
-        gc.collect()  # see test_same_per_line_figures_as_tracemalloc
-        tracemalloc.start(5)
+        start_both(order)
         kept = strings(1000)
         line = line_of(strings, 1)
         theirs, ours = both_snapshots()
         assert per_line(theirs)[line] == per_line(ours)[line]
+        # tracemalloc puts back the allocators it found: ours, in either order.
         tracemalloc.stop()
-        assert not tracemalloc.is_tracing()
+        assert alloctrace.is_tracing() and not tracemalloc.is_tracing()
         del kept
         # Frees after tracemalloc stopped are seen: nothing of the list is left (once a full
         # collection emptied the free lists, where the list's own block may wait).
@@ -135,6 +151,7 @@ def test_tracemalloc_stops_first_then_alloctrace_goes_on():
         kept = floats(1000)
         assert per_line(alloctrace.take_snapshot())[line_of(floats, 1)][1] > 1000
         del kept
+        alloctrace.stop()
 
 
 def test_alloctrace_stops_first_then_tracemalloc_goes_on():
@@ -158,69 +175,6 @@ def test_alloctrace_stops_first_then_tracemalloc_goes_on():
     theirs, ours = both_snapshots()
     assert per_line(theirs)[line] == per_line(ours)[line]
     del kept
-
-
-# The reverse order: alloctrace started while tracemalloc traces.
-
-
-@pytest.mark.parametrize("sample_interval", [None, 1])
-def test_started_while_tracemalloc_traces_same_per_line_figures(sample_interval):
-    gc.collect()  # see test_same_per_line_figures_as_tracemalloc
-    tracemalloc.start(5)
-    alloctrace.start(5, sample_interval=sample_interval)
-    assert alloctrace.is_tracing() and tracemalloc.is_tracing()
-    junk = [float(i) for i in range(5000)] + [(i, -i) for i in range(5000)]
-    del junk
-    kept = strings(20_000), floats(20_000), tuples(20_000)
-    theirs, ours = both_snapshots()
-    theirs, ours = per_line(theirs), per_line(ours)
-    for function in (strings, floats, tuples):
-        line = line_of(function, 1)
-        assert theirs[line][1] > 20_000
-        assert ours[line] == theirs[line], function.__name__
-    del kept
-
-
-def test_started_while_tracemalloc_traces_its_tables_are_not_counted():
-    tracemalloc.start(25)
-    alloctrace.start(5)
-    base_ours = alloctrace.get_traced_memory()[0]
-    base_theirs = tracemalloc.get_traced_memory()[0]
-    base_tables = tracemalloc.get_tracemalloc_memory()
-    kept = strings(50_000)
-    ours = alloctrace.get_traced_memory()[0] - base_ours
-    theirs = tracemalloc.get_traced_memory()[0] - base_theirs
-    tables = tracemalloc.get_tracemalloc_memory() - base_tables
-    assert tables > theirs // 4, (tables, theirs)
-    assert abs(ours - theirs) < tables // 20, (ours, theirs, tables)
-    del kept
-
-
-def test_started_while_tracemalloc_traces_then_tracemalloc_stops():
-    for _ in range(3):
-        gc.collect()
-        tracemalloc.start(5)
-        alloctrace.start(5)
-        kept = strings(1000)
-        line = line_of(strings, 1)
-        theirs, ours = both_snapshots()
-        assert per_line(theirs)[line] == per_line(ours)[line]
-        # tracemalloc puts back the allocators it found, which now lead through ours.
-        tracemalloc.stop()
-        assert alloctrace.is_tracing() and not tracemalloc.is_tracing()
-        del kept
-        gc.collect()
-        assert line not in per_line(alloctrace.take_snapshot())
-        kept = strings(1000)
-        assert per_line(alloctrace.take_snapshot())[line][1] >= 1000
-        del kept
-        gc.collect()
-        junk = [float(i) for i in range(500)]
-        del junk
-        kept = floats(1000)
-        assert per_line(alloctrace.take_snapshot())[line_of(floats, 1)][1] > 1000
-        del kept
-        alloctrace.stop()
 
 
 def test_started_while_tracemalloc_traces_every_order_of_stopping():
@@ -260,45 +214,6 @@ def test_started_while_tracemalloc_traces_refused_under_another_tools_hook():
     kept = strings(1000)
     assert per_line(tracemalloc.take_snapshot())[line_of(strings, 1)][1] >= 1000
     del kept
-
-
-def test_threads_allocating_while_alloctrace_starts_and_stops_over_tracemalloc():
-    done = threading.Event()
-    errors = []
-
-    def worker():
-        try:
-            keep = []
-            while not done.is_set():
-                keep.append(bytearray(300))
-                if len(keep) > 100:
-                    del keep[:80]
-            keep.clear()
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    tracemalloc.start(3)
-    threads = [threading.Thread(target=worker) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    try:
-        for cycle in range(40):
-            alloctrace.start(3)
-            alloctrace.take_snapshot()
-            if cycle % 4 == 3:
-                # tracemalloc stops under alloctrace, and starts again above it.
-                tracemalloc.stop()
-                tracemalloc.start(3)
-            alloctrace.stop()
-        alloctrace.start(3)
-    finally:
-        done.set()
-        for thread in threads:
-            thread.join()
-    assert not errors
-    line = line_of(worker, 4)
-    assert line not in per_line(alloctrace.take_snapshot())
-    assert line not in per_line(tracemalloc.take_snapshot())
 
 
 def test_started_from_startup_while_tracemalloc_traces(tmp_path):
@@ -364,38 +279,69 @@ def test_refused_under_another_tools_hook():
     del kept
 
 
-def test_threads_allocating_while_tracemalloc_starts_and_stops():
-    done = threading.Event()
+def churn():
+    """A worker thread's loop: bytearrays made and freed until `stopping` is set."""
+    keep = []
+    while not stopping.is_set():
+        keep.append(bytearray(300))
+        if len(keep) > 100:
+            del keep[:80]
+    keep.clear()
+
+
+stopping = threading.Event()
+CHURN_LINE = line_of(churn, 4)
+
+
+@contextlib.contextmanager
+def threads_churning(count=2):
+    """Threads running `churn` for the duration of the block; their errors fail the test."""
     errors = []
 
     def worker():
         try:
-            keep = []
-            while not done.is_set():
-                keep.append(bytearray(300))
-                if len(keep) > 100:
-                    del keep[:80]
-            keep.clear()
+            churn()
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    alloctrace.start(3)
-    threads = [threading.Thread(target=worker) for _ in range(2)]
+    stopping.clear()
+    threads = [threading.Thread(target=worker) for _ in range(count)]
     for thread in threads:
         thread.start()
     try:
+        yield
+    finally:
+        stopping.set()
+        for thread in threads:
+            thread.join()
+    assert not errors
+
+
+def test_threads_allocating_while_tracemalloc_starts_and_stops():
+    alloctrace.start(3)
+    with threads_churning():
         for _ in range(40):
             tracemalloc.start(3)
             tracemalloc.take_snapshot()
             tracemalloc.stop()
-    finally:
-        done.set()
-        for thread in threads:
-            thread.join()
-    assert not errors
     # Every bytearray the workers made was freed: none may be left behind as live.
-    line = line_of(worker, 4)
-    assert line not in per_line(alloctrace.take_snapshot())
+    assert CHURN_LINE not in per_line(alloctrace.take_snapshot())
+
+
+def test_threads_allocating_while_alloctrace_starts_and_stops_over_tracemalloc():
+    tracemalloc.start(3)
+    with threads_churning():
+        for cycle in range(40):
+            alloctrace.start(3)
+            alloctrace.take_snapshot()
+            if cycle % 4 == 3:
+                # tracemalloc stops under alloctrace, and starts again above it.
+                tracemalloc.stop()
+                tracemalloc.start(3)
+            alloctrace.stop()
+        alloctrace.start(3)
+    assert CHURN_LINE not in per_line(alloctrace.take_snapshot())
+    assert CHURN_LINE not in per_line(tracemalloc.take_snapshot())
 
 
 def test_fork_while_both_trace():
