@@ -32,10 +32,10 @@
 //! - **The reverse order**, alloctrace started while tracemalloc traces (`python -X
 //!   tracemalloc`, `PYTHONTRACEMALLOC`, a program that started it first): tracemalloc's stop
 //!   will put back the allocators it found, which would cut hooks merely installed above its
-//!   own out of the chain. So [`start_above`] first writes our gated functions, inert, into
-//!   the allocators tracemalloc keeps to put back (`hooks::slip_beneath`), and then our usual
-//!   hooks go in above tracemalloc's: the same layers as in the first order, and the same
-//!   steps at tracemalloc's stop.
+//!   own out of the chain. So [`start_above`] first writes inert functions of ours (the gated
+//!   ones' twins) into the allocators tracemalloc keeps to put back (`hooks::slip_beneath`),
+//!   and then our usual hooks go in above tracemalloc's: the same layers as in the first
+//!   order, and the same steps at tracemalloc's stop.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
@@ -86,7 +86,7 @@ pub unsafe fn after_start() {
 }
 
 /// `start()` while the standard tracemalloc traces, before our hooks are installed (which
-/// then wrap tracemalloc's): our gated hooks go beneath its hooks, inert (see the module docs).
+/// then wrap tracemalloc's): inert hooks of ours go beneath its hooks (see the module docs).
 ///
 /// # Safety
 /// The GIL is held, the standard tracemalloc traces, and alloctrace is starting.

@@ -819,6 +819,9 @@ pub fn sample_interval() -> Option<u64> {
 /// With `native` (`None` meaning off, or whatever is running), extensions' own `malloc`/`mmap`
 /// calls are recorded too, in the native domain (see [`crate::native`]).
 ///
+/// With `tracemalloc_tracing` (the standard module traces already), our hooks go in beneath
+/// and above its hooks, and both trace ([`crate::alongside`]).
+///
 /// With `reattribute` (`None` meaning on, or whatever is running), an object that CPython
 /// builds in a block taken from one of its free lists moves that block to the object's
 /// traceback, as `tracemalloc` does ([`crate::freelist`]). Off, such a block keeps the
