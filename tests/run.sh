@@ -3,8 +3,11 @@
 # tests, then, for EVERY supported CPython found on this machine (3.9 to 3.13), a release wheel
 # built and installed into a fresh virtual environment and the pytest suite run against it.
 # Installs what it needs (maturin, pytest, ruff) from PyPI. Exit status 0 only if all passed.
+# Debian packages that some tests use (golang-go, chromium) are installed only in CI (CI=true) or
+# when asked (ALLOCTRACE_TEST_INSTALL=1, as root); elsewhere those tests skip and say why.
+# Each phase's duration is printed as it ends, and all of them at the end.
 #
-#   tests/run.sh            # everything
+#   tests/run.sh            # everything (about 35 minutes on a quiet 2-core machine)
 #   PYTHONS="3.11" tests/run.sh   # only some interpreters (for a quicker local run)
 set -euo pipefail
 
@@ -15,6 +18,37 @@ mkdir -p "$work"
 cd "$repo"
 
 log() { printf '\n==> %s\n' "$*"; }
+
+# Phase timing: each phase ends when the next begins, and its duration is kept for the summary
+# printed before the verdict (or at exit, when a check stops the script early).
+phase_name=""
+phase_start=$SECONDS
+phases=()
+phase() {
+    if [ -n "$phase_name" ]; then
+        phases+=("$(printf '%4dm%02ds  %s' $(((SECONDS - phase_start) / 60)) $(((SECONDS - phase_start) % 60)) "$phase_name")")
+        printf -- '--- %s took %ds\n' "$phase_name" $((SECONDS - phase_start))
+    fi
+    phase_name=$1
+    phase_start=$SECONDS
+    [ -n "$phase_name" ] && log "$phase_name"
+    return 0
+}
+summary_done=""
+summary() {
+    [ -z "$summary_done" ] || return 0
+    summary_done=1
+    phase ""
+    printf '\n==> time per phase (total %dm%02ds)\n' $((SECONDS / 60)) $((SECONDS % 60))
+    printf '%s\n' "${phases[@]}"
+}
+trap summary EXIT
+
+# May this run install Debian packages? In CI, or when asked, and only as root with apt-get.
+may_install() {
+    { [ "${CI:-}" = true ] || [ "${ALLOCTRACE_TEST_INSTALL:-}" = 1 ]; } &&
+        command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]
+}
 
 # Every supported interpreter we can find: pyenv's own installs first, then the system's
 # (/usr/bin, /usr/local/bin: a distribution's build, such as Debian's python3.11 with libpython
@@ -56,30 +90,34 @@ log "interpreters: ${pythons[*]}"
 tool_py=${pythons[-1]#*=}
 tools=$work/tools
 if [ ! -x "$tools/bin/maturin" ] || [ ! -x "$tools/bin/ruff" ]; then
-    log "installing maturin and ruff"
+    phase "installing maturin and ruff"
     "$tool_py" -m venv "$tools"
     "$tools/bin/pip" install -q --upgrade pip
     "$tools/bin/pip" install -q "maturin>=1.7,<2" "ruff>=0.6"
 fi
 
-log "cargo fmt --check"
+phase "cargo fmt --check"
 cargo fmt --check
-log "ruff check / ruff format --check"
+phase "ruff check / ruff format --check"
 "$tools/bin/ruff" check .
 "$tools/bin/ruff" format --check .
 
 # pyo3 needs an interpreter for lints and Rust tests; any supported one will do.
 rust_py=${pythons[0]#*=}
 rust_libdir=$("$rust_py" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
-log "cargo clippy (-D warnings)"
+phase "cargo clippy (-D warnings)"
 PYO3_PYTHON=$rust_py cargo clippy --all-targets -- -D warnings
-log "cargo test"
+phase "cargo test"
 PYO3_PYTHON=$rust_py LD_LIBRARY_PATH=$rust_libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} cargo test
 
 # tests/test_export.py reads our pprof files back with `go tool pprof`. Install Debian's Go
-# where we can (root with apt-get); if that fails, those tests skip and say why.
-if ! command -v go >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    log "installing golang-go (for go tool pprof)"
+# where we may (see may_install); otherwise, or if that fails, those tests skip and say why.
+if ! command -v go >/dev/null && ! may_install; then
+    echo "note: go is not installed, so the pprof read-back tests will skip;" \
+        "ALLOCTRACE_TEST_INSTALL=1 lets this script install golang-go (as CI does)"
+fi
+if ! command -v go >/dev/null && may_install; then
+    phase "installing golang-go (for go tool pprof)"
     if ! (timeout 300 apt-get update -qq &&
         DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq golang-go) \
         >"$work/apt-golang.log" 2>&1; then
@@ -88,9 +126,13 @@ if ! command -v go >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" =
 fi
 
 # tests/test_html_report.py opens the HTML report in headless Chromium. Install Debian's where
-# we can; if that fails, those tests skip and say why.
-if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    log "installing chromium (for the HTML report's browser tests)"
+# we may; otherwise, or if that fails, those tests skip and say why.
+if ! command -v chromium >/dev/null && ! may_install; then
+    echo "note: chromium is not installed, so the HTML report's browser tests will skip;" \
+        "ALLOCTRACE_TEST_INSTALL=1 lets this script install it (as CI does)"
+fi
+if ! command -v chromium >/dev/null && may_install; then
+    phase "installing chromium (for the HTML report's browser tests)"
     if ! (timeout 300 apt-get update -qq &&
         DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq chromium) \
         >"$work/apt-chromium.log" 2>&1; then
@@ -115,7 +157,7 @@ for entry in "${pythons[@]}"; do
     name=$(printf '%s' "$label" | tr -c 'A-Za-z0-9.\n' '-' | tr -s '-')
     name=${name%-}
     venv=$work/venv-$name
-    log "Python $label ($py): build wheel, install, pytest"
+    phase "Python $label ($py): build wheel, install, pytest"
     if [ ! -x "$venv/bin/pytest" ]; then
         "$py" -m venv "$venv"
         "$venv/bin/pip" install -q --upgrade pip
@@ -134,15 +176,17 @@ for entry in "${pythons[@]}"; do
             fi
         done
     fi
-    # Run from an empty directory so that only the installed package can be imported.
+    # Run from an empty directory so that only the installed package can be imported. -rs lists
+    # each skipped test with its reason.
     run_dir=$(mktemp -d)
     if ! (cd "$run_dir" && ALLOCTRACE_CPYTHON_TESTS="$other_tests" \
-        "$venv/bin/python" -m pytest -p no:cacheprovider -q "$repo/tests"); then
+        "$venv/bin/python" -m pytest -p no:cacheprovider -q -rs "$repo/tests"); then
         failed+=("$label")
     fi
     rm -rf "$run_dir"
 done
 
+summary
 if [ "${#failed[@]}" -ne 0 ]; then
     log "FAILED on Python ${failed[*]}"
     exit 1
