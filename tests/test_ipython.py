@@ -1,4 +1,5 @@
-"""The ``%%alloctrace`` cell magic, in an in-process IPython shell (no notebook server)."""
+"""The ``%alloctrace`` and ``%%alloctrace`` magics, in an in-process IPython shell (no notebook
+server)."""
 
 import pytest
 
@@ -19,8 +20,8 @@ def shell(stopped_tracer):
 
 def test_cell_magic_prints_and_returns_the_snapshot(shell, capsys):
     result = shell.run_cell(
-        "%%alloctrace -n 3\nkept = [bytes(1000) for _ in range(3000)]\ntemp = bytes(5_000_000)\n"
-        "del temp\n"
+        "%%alloctrace --limit 3\nkept = [bytes(1000) for _ in range(3000)]\n"
+        "temp = bytes(5_000_000)\ndel temp\n"
     )
     assert result.success, result.error_in_exec
     snapshot = result.result
@@ -58,10 +59,54 @@ def test_cell_errors(shell, capsys):
     assert isinstance(result.error_in_exec, KeyError)
     assert not alloctrace.is_tracing()
     result = shell.run_cell("%%alloctrace -n nope\npass\n")
-    assert "%%alloctrace: argument -n" in capsys.readouterr().err
+    assert "%%alloctrace: argument -n/--frames" in capsys.readouterr().err
+    shell.run_cell("%%alloctrace -n 0\npass\n")
+    assert "-n/--frames from 1 to 65535" in capsys.readouterr().err
     alloctrace.start(1)
     try:
         shell.run_cell("%%alloctrace\npass\n")
     finally:
         alloctrace.stop()
     assert "alloctrace is already tracing" in capsys.readouterr().err
+
+
+def test_n_is_frames_as_in_run_and_limit_is_lines(shell, capsys):
+    shell.run_cell(
+        "def inner():\n    return [bytes(500) for _ in range(200)]\n"
+        "def outer():\n    return inner()\n"
+    )
+    result = shell.run_cell("%%alloctrace -n 3 --limit 1 --key traceback\nkept = outer()\n")
+    assert result.success, result.error_in_exec
+    assert result.result.traceback_limit == 3
+    top = result.result.statistics("traceback")[0]
+    assert len(top.traceback) == 3
+    out = capsys.readouterr().out
+    assert "top 1 lines still alive:" in out
+
+
+def test_line_magic_traces_one_statement(shell, capsys):
+    result = shell.run_cell("%alloctrace kept = [bytes(1000) for _ in range(2000)]\n")
+    assert result.success, result.error_in_exec
+    snapshot = result.result
+    assert isinstance(snapshot, alloctrace.Snapshot) and snapshot.traceback_limit == 16
+    assert len(shell.user_ns["kept"]) == 2000
+    out = capsys.readouterr().out
+    assert out.startswith("%alloctrace: peak ") and "still alive at the end of the statement" in out
+    assert snapshot.statistics("lineno")[0].size >= 2000 * 1000
+    assert not alloctrace.is_tracing()
+    # Options come first; the statement is the rest of the line, as typed (it may hold "-").
+    result = shell.run_cell("%alloctrace -n 2 --limit 0 kept = [-1] * 100_000\n")
+    assert result.success, result.error_in_exec
+    assert result.result.traceback_limit == 2
+    assert shell.user_ns["kept"][0] == -1
+    assert "top" not in capsys.readouterr().out
+
+
+def test_line_magic_errors(shell, capsys):
+    shell.run_cell("%alloctrace\n")
+    assert "%alloctrace: a statement to trace is required" in capsys.readouterr().err
+    shell.run_cell("%alloctrace --limit x y = 1\n")
+    assert "%alloctrace: argument --limit" in capsys.readouterr().err
+    result = shell.run_cell("%alloctrace raise KeyError('in the statement')\n")
+    assert isinstance(result.error_in_exec, KeyError)
+    assert not alloctrace.is_tracing()
