@@ -6,6 +6,7 @@ import inspect
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import zipfile
@@ -109,8 +110,15 @@ def test_version(tmp_path):
 
 def test_help_describes_every_subcommand_and_variable(tmp_path):
     top = cli("--help", cwd=tmp_path)
-    assert "ALLOCTRACE_OBJECTS=1" in top.stdout and "ALLOCTRACE_RETENTION" in top.stdout
-    for command in ("stats", "top", "diff", "export", "flamegraph", "why"):
+    # Every variable the start-up code reads, and no pointer at docs/, which pip users lack.
+    source = (REPO / "python" / "alloctrace" / "_startup.py").read_text()
+    source += (REPO / "python" / "alloctrace" / "_memory_limit.py").read_text()
+    read = set(re.findall(r'"(ALLOCTRACE(?:_[A-Z]+)*)"', source)) - {"ALLOCTRACE_DATA"}
+    assert "ALLOCTRACE_NATIVE" in read and "ALLOCTRACE_REATTRIBUTE" in read
+    listed = set(re.findall(r"^  (ALLOCTRACE(?:_[A-Z]+)*)=", top.stdout, re.MULTILINE))
+    assert read <= listed, read - listed
+    assert "docs/" not in top.stdout
+    for command in ("stats", "top", "diff", "export", "flamegraph", "why", "report", "snapshot"):
         helped = cli(command, "--help", cwd=tmp_path)
         assert helped.returncode == 0
         # argparse prints the description between the usage and the options.
@@ -165,6 +173,30 @@ def test_run_of_a_program_that_never_starts_writes_nothing(tmp_path, program, ne
     assert done.stderr.startswith(f"alloctrace: error: {needle}"), done.stderr
     assert "nothing was run or written" in done.stderr
     assert not (tmp_path / "never.snap").exists()
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("stats", "--limt", "3", "x.snap"), "--limt (did you mean --limit?)"),
+        (("diff", "a.snap", "b.snap", "--cumulatve"), "--cumulatve (did you mean --cumulative?)"),
+        (("stats", "x.snap", "--zzz"), "unrecognized arguments: --zzz (see 'alloctrace stats"),
+    ],
+)
+def test_misspelt_option_suggests_the_known_one(tmp_path, args, needle):
+    done = cli(*args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert needle in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+def test_run_of_an_interpreter_says_to_drop_it(tmp_path):
+    done = cli("run", "python", "app.py", cwd=tmp_path, PATH=os.path.dirname(sys.executable))
+    assert done.returncode == 1
+    assert "python is an interpreter: alloctrace run takes what follows it, as in " in done.stderr
+    assert "'alloctrace run app.py'" in done.stderr
+    done = cli("run", "ls", cwd=tmp_path, PATH="/usr/bin:/bin")
+    assert "ls is a command (" in done.stderr and "takes a Python script" in done.stderr
 
 
 def test_run_still_runs_modules_directories_and_zip_archives(tmp_path):

@@ -19,10 +19,12 @@ A subcommand that reads its own command line (``run``) is also listed in
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Sequence
 
+from . import _common as common
 from . import diff, export, flamegraph, report, run, snapshot, stats, why
 from ._common import FAILURE, PROG, USAGE_ERROR, CommandError, Parser
 
@@ -33,15 +35,32 @@ COMMANDS = (run, stats, diff, export, flamegraph, why, report, snapshot)
 OWN_COMMAND_LINE = {"run": run.main}
 
 
+#: The start-up variables, for ``--help``: what a pip user has, without the docs folder.
+VARIABLES = """\
+start-up variables (read by the programs you trace; the alloctrace command itself is never
+traced; run's options set them for you):
+  ALLOCTRACE=NFRAME              trace from start-up, NFRAME frames per traceback (0: off)
+  ALLOCTRACE_DUMP=PATH           write a snapshot at exit; {pid}, {time}, {n} are replaced
+  ALLOCTRACE_INTERVAL=SECONDS    with ALLOCTRACE_DUMP: also a numbered snapshot every SECONDS
+  ALLOCTRACE_SAMPLE_INTERVAL=BYTES  sampled tracing, one sample per BYTES on average (512KiB)
+  ALLOCTRACE_SAMPLE_SEED=N       the sampler's seed, for repeatable runs
+  ALLOCTRACE_REATTRIBUTE=0       leave objects reused from free lists on their first line
+  ALLOCTRACE_OBJECTS=1           with ALLOCTRACE_DUMP: record object kinds (and retention)
+  ALLOCTRACE_RETENTION=N         with ALLOCTRACE_OBJECTS: retention reports for N sites (5)
+  ALLOCTRACE_NATIVE=1            also trace the C library's malloc family (native mode)
+  ALLOCTRACE_MEMORY_LIMIT=LIMIT  a snapshot before memory reaches LIMIT (e.g. 2GiB, rss:80%)
+  ALLOCTRACE_SIGNAL=SIGNAME      a snapshot each time the process gets SIGNAME ('snapshot')
+An invalid value stops the program before it starts, with one line naming the variable.
+Every command has its own --help; 'python -c "import alloctrace; help(alloctrace)"' documents
+the API."""
+
+
 def build_parser() -> Parser:
     parser = Parser(
         prog=PROG,
         description="Trace Python memory allocations and read the snapshots.",
-        epilog="Start-up variables (for the programs you trace; the alloctrace command "
-        "itself is never traced): ALLOCTRACE=NFRAME, ALLOCTRACE_DUMP=PATH, "
-        "ALLOCTRACE_INTERVAL=SECONDS, ALLOCTRACE_SAMPLE_INTERVAL=BYTES, "
-        "ALLOCTRACE_SAMPLE_SEED=N, ALLOCTRACE_OBJECTS=1, ALLOCTRACE_RETENTION=N, "
-        "ALLOCTRACE_SIGNAL=SIGNAME (see docs/startup.md).",
+        epilog=VARIABLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {_version()}", help="show the version"
@@ -65,7 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv and argv[0] in OWN_COMMAND_LINE:
             return OWN_COMMAND_LINE[argv[0]](argv[1:])
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            raise CommandError(common.unrecognized(extras, parser, args.command), USAGE_ERROR)
         if args.command is None:
             raise CommandError(
                 "a command is required: run, stats, top, diff, export, flamegraph, why, report "

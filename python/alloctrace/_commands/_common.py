@@ -45,6 +45,24 @@ class Parser(argparse.ArgumentParser):
         raise CommandError(f"{message} (see '{self.prog} --help')", USAGE_ERROR)
 
 
+def unrecognized(extras: list[str], parser: argparse.ArgumentParser, command: str | None) -> str:
+    """The error for arguments no option took: each unknown option with the known one it is
+    probably a misspelling of (``--limt`` -> ``--limit``), and the help to read."""
+    import difflib
+
+    target = parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            target = action.choices[command]
+    known = [option for action in target._actions for option in action.option_strings]
+    words = []
+    for extra in extras:
+        name = extra.partition("=")[0]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6) if name[:1] == "-" else []
+        words.append(f"{extra} (did you mean {close[0]}?)" if close else extra)
+    return f"unrecognized arguments: {' '.join(words)} (see '{target.prog} --help')"
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

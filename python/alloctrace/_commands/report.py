@@ -11,7 +11,12 @@ from . import _common as common
 
 def register(commands) -> None:
     report = commands.add_parser(
-        "report", help="write a self-contained HTML report of one or more snapshots"
+        "report",
+        help="write a self-contained HTML report of one or more snapshots",
+        description="Write one HTML page, with no outside resources, of one snapshot or a series "
+        "of them (e.g. the files of ALLOCTRACE_INTERVAL): memory over time, the top lines and "
+        "what changed, the peak, object kinds and retention paths where recorded, and a "
+        "flamegraph. Open it in any browser.",
     )
     report.add_argument(
         "files",

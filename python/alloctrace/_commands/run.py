@@ -208,7 +208,7 @@ def main(argv: Sequence[str]) -> int:
         raise CommandError(str(exc), common.USAGE_ERROR) from None
     if not program[0].startswith("-") and not os.path.exists(program[0]):
         # Checked here: python would report it too, but only after writing an empty snapshot.
-        raise CommandError(f"cannot run {program[0]}: No such file or directory")
+        raise CommandError(f"cannot run {program[0]}: No such file or directory{_hint(program)}")
     _check_starts(program)
     # {time} is fixed here so that the runner knows the file name; {pid} and {n} are the child's.
     started = time.time()
@@ -245,6 +245,27 @@ def main(argv: Sequence[str]) -> int:
     if status < 0:
         _die_like_child(-status)
     return status
+
+
+def _hint(program: list[str]) -> str:
+    """What the user probably meant when the program named is a command, not a script:
+    ``alloctrace run python app.py`` (run takes what comes after ``python``)."""
+    import shutil
+
+    command = shutil.which(program[0])
+    if command is None:
+        return ""
+    rest = " ".join(program[1:]) or "app.py"
+    if os.path.basename(program[0]).startswith("python"):
+        return (
+            f"; {program[0]} is an interpreter: alloctrace run takes what follows it, as in "
+            f"'{PROG} run {rest}' (run uses the interpreter alloctrace is installed in, "
+            f"{sys.executable})"
+        )
+    return (
+        f"; {program[0]} is a command ({command}): alloctrace run takes a Python script, "
+        "-m MODULE or -c CODE"
+    )
 
 
 def _check_starts(program: list[str]) -> None:

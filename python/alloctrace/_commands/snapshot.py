@@ -12,6 +12,10 @@ def register(commands) -> None:
     snapshot = commands.add_parser(
         "snapshot",
         help="ask a running process started with ALLOCTRACE_SIGNAL for a snapshot; print its path",
+        description="Ask a running process for a snapshot now, and print the file's path once it "
+        "is written. The process must have been started with ALLOCTRACE_SIGNAL=SIGNAME (and "
+        "ALLOCTRACE_DUMP, which names the files); it writes the snapshot between two lines of "
+        "its Python code and goes on running.",
     )
     snapshot.add_argument("pid", type=int, help="the process id")
     snapshot.add_argument(

@@ -29,7 +29,7 @@ def register(commands) -> None:
         "--limit",
         type=common.positive_int,
         metavar="N",
-        help="show at most N sample paths per site",
+        help="show at most N sample paths per site (default: every path the report holds)",
     )
     why.add_argument("--json", action="store_true", help="write the reports as JSON")
     why.add_argument(
