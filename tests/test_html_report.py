@@ -162,18 +162,47 @@ def test_flamegraph_tree_is_the_folded_stacks(series):
 
 
 def test_flamegraph_keeps_the_largest_frames():
-    stacks = [(["main", f"f{i}"], 1000 - i) for i in range(100)]
-    labels = []
-
-    def label(name):
-        labels.append(name)
-        return len(labels) - 1
-
-    flat = _html_report._flame(stacks, 10, label)
-    kept = [labels[n] for n in flat[0::3]]
+    traces = [(0, 1000 - i, (("f.py", 100 + i), ("main.py", 1)), 2) for i in range(100)]
+    snapshot = alloctrace.Snapshot(traces, 2)
+    frames, flat = snapshot._data.flame(10)
+    kept = [frames[n] if n >= 0 else "all" for n in flat[0::3]]
     # Root, main, and the 8 largest children, largest first.
-    assert kept == ["all", "main"] + [f"f{i}" for i in range(8)]
-    assert flat[1] == sum(size for _, size in stacks)
+    assert kept == ["all", ("main.py", 1, None)] + [("f.py", 100 + i, None) for i in range(8)]
+    assert flat[1] == sum(size for _, size, _, _ in traces)
+    assert flat[2::3] == [0, 1] + [2] * 8
+    # The page names them "file:line" where no function was recorded.
+    data = _html_report.build_data([("x.snap", snapshot)])
+    names = [data["names"][n] for n in data["snapshots"][0]["flame"][0::3]]
+    assert names[:3] == ["all", "main.py:1", "f.py:100"]
+
+
+def test_long_series_embeds_some_snapshots_in_full(tmp_path, monkeypatch):
+    monkeypatch.setattr(_html_report, "EMBEDDED_MAX", 5)
+    paths = []
+    for i in range(23):
+        grow = (0, 1000 * (i + 1), (("app.py", 7),), 1)
+        spike = [(0, 50_000, (("app.py", 9),), 1)] if i == 11 else []
+        snapshot = alloctrace.Snapshot([grow, *spike], 1)
+        path = tmp_path / f"s-{i}.snap"
+        snapshot.dump(str(path))
+        os.utime(path, (1000 + i, 1000 + i))
+        paths.append(str(path))
+    data = _html_report.write_report(list(reversed(paths)), str(tmp_path / "r.html"))
+    docs = data["snapshots"]
+    assert [d["path"] for d in docs] == paths
+    full = [i for i, d in enumerate(docs) if d["lines"] is not None]
+    # The first, the last, the largest, and the rest spread between them.
+    assert len(full) == data["embedded"] == 5 and {0, 11, 22} <= set(full)
+    assert all(docs[i]["flame"] is None for i in range(23) if i not in full)
+    # Every snapshot is a point of the chart with its figures.
+    assert [d["size"] for d in docs] == [
+        1000 * (i + 1) + (50_000 if i == 11 else 0) for i in range(23)
+    ]
+    (grow,) = [s for s in data["series"] if data["sites"][s["site"]][1] == 7]
+    assert grow["sizes"] == [1000 * (i + 1) for i in range(23)]
+    # An embedded snapshot's growth is against the snapshot just before it, embedded or not.
+    row = next(r for r in docs[22]["lines"] if data["sites"][r[0]][1] == 7)
+    assert row[1:5] == [23_000, 1, 1000, 0]
 
 
 def raw_snapshot_file(path, traces, limit=3, sample_interval=None):

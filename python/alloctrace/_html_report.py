@@ -14,7 +14,9 @@ Everything is aggregated here, per line and per stack, before it is embedded: th
 holds a trace. Each snapshot contributes at most :data:`TABLE_LINES` lines by size plus the
 :data:`DIFF_LINES` lines that changed most, and a flamegraph cut to its largest frames
 (:func:`_flame_budget`), so a report stays small (a few hundred KiB per snapshot at most)
-whatever the number of traces.
+whatever the number of traces. A series longer than :data:`EMBEDDED_MAX` embeds that many in
+full and the rest as points of the chart. The files are read one at a time, twice (to order
+and check them, then to build), so memory holds about three snapshots whatever their number.
 
 The chart and the flamegraph are hand-written SVG and HTML driven by a few hundred lines of
 plain JavaScript: no library to bundle or licence, every drawn point is an element the page
@@ -26,7 +28,6 @@ from __future__ import annotations
 import json
 import linecache
 import os
-import re
 import tempfile
 import time
 from collections.abc import Sequence
@@ -52,18 +53,75 @@ SOURCE_WIDTH = 160
 FLAME_TOTAL = 40_000
 FLAME_MIN = 400
 FLAME_MAX = 6_000
+#: Snapshots embedded in full (table, diffs, flamegraph, kinds, peak); the others of a longer
+#: series are points on the chart: their time, total and the chart's top lines.
+EMBEDDED_MAX = 200
 
 _TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_template.html")
 _DATA_MARK = "/*ALLOCTRACE_DATA*/null"
 _TITLE_MARK = "<!--ALLOCTRACE_TITLE-->"
-# "function (file:line)" or "file:line": the frame labels of Snapshot.to_collapsed().
-_LABEL_RE = re.compile(
-    r"^(?:(?P<function>.*) \((?P<file1>.*):(?P<line1>\d+)\)|(?P<file2>.*):(?P<line2>\d+))$"
-)
 
 
 class ReportError(ValueError):
     """Snapshots that cannot make one report; the message names the file and the problem."""
+
+
+class _Scanned:
+    """What the first reading of a snapshot file leaves: enough to order the series, check
+    that its files belong together, choose which to embed and which lines to chart."""
+
+    __slots__ = ("path", "stamp", "size", "count", "top", "has_peak")
+
+    def __init__(self, path: str, stamp: float, stats, has_peak: bool):
+        self.path = path
+        self.has_peak = has_peak
+        self.stamp = stamp
+        self.size = sum(stat.size for stat in stats)
+        self.count = sum(stat.count for stat in stats)
+        #: (site key, size) of its largest lines: a line among the chart's top lines by its
+        #: largest size is among the largest of the snapshot where it is largest.
+        self.top = [(_site_key(stat.traceback), stat.size) for stat in stats[:SERIES_LINES]]
+
+
+def _load(path: str, allow_pickle: bool):
+    import alloctrace
+
+    try:
+        return alloctrace.Snapshot.load(path, allow_pickle=allow_pickle)
+    except alloctrace.SnapshotFormatError as exc:
+        message = str(exc) or type(exc).__name__
+        raise ReportError(message if path in message else f"{path}: {message}") from None
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _stamp(path: str, snapshot) -> float:
+    stamp = (snapshot.metadata or {}).get("timestamp")
+    if stamp is None:
+        stamp = os.stat(path).st_mtime if os.path.exists(path) else 0.0
+    return float(stamp)
+
+
+def _check_together(items) -> None:
+    """Raise :class:`ReportError` unless the ``(path, snapshot)`` pairs of *items* (in the
+    order given) come from one process and are all exact or all sampled at one interval."""
+    first_path = first_pid = base_path = base = None
+    for path, snapshot in items:
+        pid = (snapshot.metadata or {}).get("pid")
+        if first_pid is None:
+            first_pid, first_path = pid, path
+        elif pid is not None and pid != first_pid:
+            raise ReportError(
+                f"{path}: written by process {pid}, but {first_path} by process {first_pid}: "
+                "a report shows the snapshots of one process"
+            )
+        if base is None:
+            base_path, base = path, snapshot
+        elif snapshot.sample_interval != base.sample_interval:
+            raise ReportError(
+                f"{path}: {_mode(snapshot)}, but {base_path} is {_mode(base)}: a report "
+                "cannot mix exact and sampled figures"
+            )
 
 
 def load_series(paths: Sequence[str], allow_pickle: bool = False) -> list[tuple[str, Any]]:
@@ -74,45 +132,34 @@ def load_series(paths: Sequence[str], allow_pickle: bool = False) -> list[tuple[
     without one (built by hand) takes its file's modification time. Raise :class:`ReportError`
     if there are no files, if one cannot be read, or if they do not belong together: written
     by different processes, or some sampled and others exact (or sampled at another interval).
+    Every snapshot stays loaded: :func:`write_report` reads a long series file by file instead.
     """
-    import alloctrace
-
     if not paths:
         raise ReportError("no snapshot files given")
-    loaded = []
-    for path in paths:
-        try:
-            snapshot = alloctrace.Snapshot.load(path, allow_pickle=allow_pickle)
-        except alloctrace.SnapshotFormatError as exc:
-            message = str(exc) or type(exc).__name__
-            raise ReportError(message if path in message else f"{path}: {message}") from None
-        except OSError as exc:
-            raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
-        metadata = snapshot.metadata or {}
-        stamp = metadata.get("timestamp")
-        if stamp is None:
-            stamp = os.stat(path).st_mtime
-        loaded.append((float(stamp), path, snapshot))
-    first_stamp, first_path, first = loaded[0]
-    first_pid = (first.metadata or {}).get("pid")
-    for _, path, snapshot in loaded[1:]:
-        pid = (snapshot.metadata or {}).get("pid")
-        if first_pid is None:
-            first_pid, first_path = pid, path
-        elif pid is not None and pid != first_pid:
-            raise ReportError(
-                f"{path}: written by process {pid}, but {first_path} by process {first_pid}: "
-                "a report shows the snapshots of one process"
-            )
-    _, base_path, base = loaded[0]
-    for _, path, snapshot in loaded[1:]:
-        if snapshot.sample_interval != base.sample_interval:
-            raise ReportError(
-                f"{path}: {_mode(snapshot)}, but {base_path} is {_mode(base)}: a report "
-                "cannot mix exact and sampled figures"
-            )
-    loaded.sort(key=lambda item: item[0])
-    return [(path, snapshot) for _, path, snapshot in loaded]
+    loaded = [(path, _load(path, allow_pickle)) for path in paths]
+    _check_together(loaded)
+    stamped = [(_stamp(path, snapshot), i) for i, (path, snapshot) in enumerate(loaded)]
+    stamped.sort()
+    return [loaded[i] for _, i in stamped]
+
+
+def _scan(paths: Sequence[str], allow_pickle: bool) -> list[_Scanned]:
+    """The first reading of a series of files, one at a time (one snapshot in memory at a
+    time), in time order: the checks of :func:`load_series`, without keeping the snapshots."""
+    if not paths:
+        raise ReportError("no snapshot files given")
+    scanned = []
+
+    def each():
+        for path in paths:
+            snapshot = _load(path, allow_pickle)
+            stats = snapshot.statistics("lineno")
+            scanned.append(_Scanned(path, _stamp(path, snapshot), stats, snapshot.peak is not None))
+            yield path, snapshot
+
+    _check_together(each())
+    scanned.sort(key=lambda item: item.stamp)
+    return scanned
 
 
 def _mode(snapshot) -> str:
@@ -141,59 +188,10 @@ class _Strings:
         return index
 
 
-def _folded(snapshot) -> list[tuple[list[str], int]]:
-    """The snapshot's stacks (oldest frame first) and their bytes, via Snapshot.to_collapsed."""
-    handle, path = tempfile.mkstemp(prefix="alloctrace-report-", suffix=".folded")
-    os.close(handle)
-    try:
-        snapshot.to_collapsed(path)
-        with open(path, encoding="utf-8", errors="replace") as stream:
-            text = stream.read()
-    finally:
-        os.unlink(path)
-    stacks = []
-    for line in text.splitlines():
-        stack, _, size = line.rpartition(" ")
-        if stack:
-            stacks.append((stack.split(";"), int(size)))
-    return stacks
-
-
-def _flame(stacks, budget: int, label) -> list[int]:
-    """A flamegraph tree as flat ``[name, bytes, depth, ...]`` in depth-first order.
-
-    Only the *budget* largest frames are kept (a child is never larger than its parent, so
-    what is kept is still a tree); what is cut shows as the gap under its parent.
-    """
-    root: list[Any] = [0, {}]
-    for frames, size in stacks:
-        node = root
-        node[0] += size
-        for frame in frames:
-            child = node[1].get(frame)
-            if child is None:
-                child = node[1][frame] = [0, {}]
-            child[0] += size
-            node = child
-    # (value, -depth, order): larger first, parents before children on ties.
-    everything = []
-    pending = [(root, 0)]
-    while pending:
-        node, depth = pending.pop()
-        everything.append((node[0], -depth, len(everything), id(node)))
-        pending.extend((child, depth + 1) for child in node[1].values())
-    everything.sort(reverse=True)
-    kept = {entry[3] for entry in everything[:budget]}
-    out: list[int] = []
-
-    def walk(name: str, node, depth: int) -> None:
-        out.extend((label(name), node[0], depth))
-        for child_name, child in sorted(node[1].items(), key=lambda item: -item[1][0]):
-            if id(child) in kept:
-                walk(child_name, child, depth + 1)
-
-    walk("all", root, 0)
-    return out
+def _site_key(traceback) -> tuple[str, int]:
+    if len(traceback):
+        return (traceback[0].filename, traceback[0].lineno)
+    return ("[no frames]", 0)
 
 
 def _source(filename: str, lineno: int) -> str:
@@ -203,96 +201,128 @@ def _source(filename: str, lineno: int) -> str:
     return text
 
 
-def build_data(series: Sequence[tuple[str, Any]], title: str | None = None) -> dict[str, Any]:
-    """The JSON document the page draws from; *series* as :func:`load_series` returns it."""
-    snapshots = [snapshot for _, snapshot in series]
-    folded = [_folded(snapshot) for snapshot in snapshots]
-    # The peaks stored with the snapshots: every dump of a series carries the session's peak
-    # so far, so the same one is usually stored many times and is embedded once.
-    peak_of: list[int | None] = []
-    distinct: dict[tuple[Any, ...], int] = {}
-    peak_snapshots = []
-    for snapshot in snapshots:
-        peak = snapshot.peak
-        if peak is None:
-            peak_of.append(None)
-            continue
-        stacks = _folded(peak)
-        key = tuple((tuple(frames), size) for frames, size in stacks)
-        if key not in distinct:
-            distinct[key] = len(peak_snapshots)
-            peak_snapshots.append((peak, stacks))
-        peak_of.append(distinct[key])
-    peak_stats = [peak.statistics("lineno") for peak, _ in peak_snapshots]
-    filenames = set()
-    for stacks in folded + [stacks for _, stacks in peak_snapshots]:
-        for frames, _ in stacks:
-            for frame in frames:
-                match = _LABEL_RE.match(frame)
-                if match:
-                    filenames.add(match["file1"] or match["file2"])
-    stats = [snapshot.statistics("lineno") for snapshot in snapshots]
-    for rows in stats + peak_stats:
-        filenames.update(frame.filename for stat in rows for frame in stat.traceback)
-    shorten = _report.PathShortener(filenames)
+def _embedded(scanned: Sequence[_Scanned]) -> set[int]:
+    """Which snapshots of the series are embedded in full: all of a series of at most
+    :data:`EMBEDDED_MAX`; of a longer one the first, the last, the largest and others evenly
+    spaced in between."""
+    n = len(scanned)
+    if n <= EMBEDDED_MAX:
+        return set(range(n))
+    largest = max(range(n), key=lambda i: scanned[i].size)
+    chosen = {0, n - 1, largest}
+    slots = EMBEDDED_MAX - len(chosen)
+    chosen.update(round(k * (n - 1) / (slots + 1)) for k in range(1, slots + 1))
+    return chosen
 
-    # Function of each line, from the frame labels of the stacks.
-    functions: dict[tuple[str, int], str] = {}
-    names = _Strings()
-    label_cache: dict[str, int] = {}
 
-    def label(frame: str) -> int:
-        index = label_cache.get(frame)
+def _chart_lines(scanned: Sequence[_Scanned]) -> list[tuple[str, int]]:
+    """The :data:`SERIES_LINES` lines with the largest size anywhere in the series."""
+    largest: dict[tuple[str, int], int] = {}
+    for item in scanned:
+        for key, size in item.top:
+            if size > largest.get(key, -1):
+                largest[key] = size
+    return sorted(largest, key=lambda key: -largest[key])[:SERIES_LINES]
+
+
+class _Builder:
+    """The page's JSON document, built one snapshot at a time in time order.
+
+    What it keeps besides the document is the first and the previous snapshot (for the
+    growth columns), so a series of any length costs about three snapshots of memory plus what
+    the page embeds. File names are kept as recorded until :meth:`finish` shortens them, all
+    at once, knowing every name the page shows.
+    """
+
+    def __init__(self, scanned: Sequence[_Scanned], title: str | None):
+        self.title = title
+        self.embedded = _embedded(scanned)
+        self.chart = _chart_lines(scanned)
+        # Flamegraphs: one per embedded snapshot and at most one per peak stored with one.
+        flames = len(self.embedded) + sum(scanned[i].has_peak for i in self.embedded)
+        self.budget = _flame_budget(flames)
+        self.documents: list[dict[str, Any]] = []
+        self.series_sizes: list[list[int]] = [[] for _ in self.chart]
+        self.sites: list[tuple[str, int]] = []
+        self.site_index: dict[tuple[str, int], int] = {}
+        #: Flamegraph frames, (filename, lineno, function) or None, embedded once each.
+        self.names: list[Any] = []
+        self.name_index: dict[Any, int] = {}
+        #: A function name per line, from the flamegraphs' frames.
+        self.functions: dict[tuple[str, int], str] = {}
+        self.peaks: list[dict[str, Any]] = []
+        self.peak_index: dict[Any, int] = {}
+        self.first = self.previous = None
+        self.first_meta: dict[str, Any] = {}
+        self.traceback_limit = 0
+        self.sampled = None
+
+    def site(self, traceback) -> int:
+        return self.site_of(_site_key(traceback))
+
+    def site_of(self, key: tuple[str, int]) -> int:
+        index = self.site_index.get(key)
         if index is None:
-            match = _LABEL_RE.match(frame)
-            shown = frame
-            if match:
-                if match["file1"] is not None:
-                    key = (match["file1"], int(match["line1"]))
-                    functions.setdefault(key, match["function"])
-                    shown = f"{match['function']} ({shorten(key[0])}:{key[1]})"
-                else:
-                    shown = f"{shorten(match['file2'])}:{match['line2']}"
-            index = label_cache[frame] = names(shown)
+            index = self.site_index[key] = len(self.sites)
+            self.sites.append(key)
         return index
 
-    budget = _flame_budget(len(snapshots) + len(peak_snapshots))
-    flames = [_flame(stacks, budget, label) for stacks in folded]
-    peak_flames = [_flame(stacks, budget, label) for _, stacks in peak_snapshots]
+    def flame(self, snapshot) -> list[int]:
+        """The snapshot's flamegraph cut to the budget, its frames as indexes in ``names``."""
+        frames, nodes = snapshot._data.flame(self.budget)
+        mapped = []
+        for frame in frames:
+            index = self.name_index.get(frame)
+            if index is None:
+                index = self.name_index[frame] = len(self.names)
+                self.names.append(frame)
+                if frame is not None and frame[2] is not None:
+                    self.functions.setdefault((frame[0], frame[1]), frame[2])
+            mapped.append(index)
+        # The root is named "all": index -1 until finish() gives it its place.
+        nodes[0::3] = [mapped[i] if i >= 0 else -1 for i in nodes[0::3]]
+        return nodes
 
-    files = _Strings()
-    sites: list[list[Any]] = []
-    site_index: dict[tuple[str, int], int] = {}
+    def add(self, path: str, snapshot) -> None:
+        i = len(self.documents)
+        stats = snapshot.statistics("lineno")
+        by_key = {_site_key(stat.traceback): stat for stat in stats}
+        for sizes, key in zip(self.series_sizes, self.chart):
+            stat = by_key.get(key)
+            sizes.append(stat.size if stat is not None else 0)
+        metadata = snapshot.metadata or {}
+        document: dict[str, Any] = {
+            "path": path,
+            "time": metadata.get("timestamp"),
+            "size": sum(stat.size for stat in stats),
+            "count": sum(stat.count for stat in stats),
+            "lines_total": len(stats),
+            # null: a point on the chart only (a long series embeds EMBEDDED_MAX in full).
+            "lines": None,
+            "flame": None,
+            "peak": None,
+            "kinds": None,
+            "retention": None,
+        }
+        if i == 0:
+            self.first, self.first_meta = snapshot, metadata
+            self.traceback_limit = snapshot.traceback_limit
+            self.sampled = _report.sampling_note(snapshot)
+        if i in self.embedded:
+            self._embed(document, snapshot, stats, by_key, i)
+        self.documents.append(document)
+        self.previous = snapshot
 
-    def site(traceback) -> int:
-        if len(traceback):
-            key = (traceback[0].filename, traceback[0].lineno)
-        else:
-            key = ("[no frames]", 0)
-        index = site_index.get(key)
-        if index is None:
-            index = site_index[key] = len(sites)
-            function = functions.get(key)
-            sites.append([files(shorten(key[0])), key[1], function, _source(*key)])
-        return index
-
-    totals = []
-    per_line: list[dict[int, tuple[int, int]]] = []
-    for rows in stats:
-        sizes = {site(stat.traceback): (stat.size, stat.count) for stat in rows}
-        per_line.append(sizes)
-        totals.append((sum(stat.size for stat in rows), sum(stat.count for stat in rows)))
-
-    documents = []
-    for i, ((path, snapshot), rows) in enumerate(zip(series, stats)):
-        keep = [site(stat.traceback) for stat in rows[:TABLE_LINES]]
-        diffs: dict[str, dict[int, tuple[int, int]]] = {}
-        for name, j in (("previous", i - 1), ("first", 0)):
+    def _embed(self, document, snapshot, stats, by_key, i: int) -> None:
+        # Site keys until the rows are chosen: only the lines shown become sites of the page.
+        keep = [_site_key(stat.traceback) for stat in stats[:TABLE_LINES]]
+        diffs: dict[str, dict[tuple[str, int], tuple[int, int]]] = {}
+        for name, base in (("previous", self.previous), ("first", self.first)):
             if i == 0 or (name == "first" and i == 1):
                 continue
-            changes = snapshot.compare_to(snapshots[j], "lineno")
+            changes = snapshot.compare_to(base, "lineno")
             diffs[name] = {
-                site(d.traceback): (d.size_diff, d.count_diff)
+                _site_key(d.traceback): (d.size_diff, d.count_diff)
                 for d in changes
                 if d.size_diff or d.count_diff
             }
@@ -306,28 +336,17 @@ def build_data(series: Sequence[tuple[str, Any]], title: str | None = None) -> d
             if key in seen:
                 continue
             seen.add(key)
-            size, count = per_line[i].get(key, (0, 0))
-            row = [key, size, count]
+            stat = by_key.get(key)
+            size, count = (stat.size, stat.count) if stat is not None else (0, 0)
+            row = [self.site_of(key), size, count]
             for name in ("previous", "first"):
                 if name in diffs:
                     row.extend(diffs[name].get(key, (0, 0)))
                 else:
                     row.extend((None, None))
             lines.append(row)
-        metadata = snapshot.metadata or {}
-        document: dict[str, Any] = {
-            "path": path,
-            "time": metadata.get("timestamp"),
-            "size": totals[i][0],
-            "count": totals[i][1],
-            "lines_total": len(rows),
-            "lines": lines,
-            "flame": flames[i],
-            # Index in the document's "peaks", or null: no peak stored with this snapshot.
-            "peak": peak_of[i],
-            "kinds": None,
-            "retention": None,
-        }
+        document["lines"] = lines
+        document["flame"] = self.flame(snapshot)
         if snapshot.has_objects:
             kinds = snapshot.statistics("type")
             document["kinds"] = [[stat.kind, stat.size, stat.count] for stat in kinds[:KIND_LINES]]
@@ -338,57 +357,118 @@ def build_data(series: Sequence[tuple[str, Any]], title: str | None = None) -> d
 
             text = "\n\n".join(str(SiteRetention(report)) for report in reports)
             document["retention"] = text.replace(os.getcwd().rstrip("/") + "/", "")
-        documents.append(document)
+        document["peak"] = self._peak(snapshot.peak)
 
-    # Times: recorded ones; a snapshot without one is placed one second after the previous.
-    previous_time = None
-    for document in documents:
-        if document["time"] is None:
-            document["time"] = previous_time + 1.0 if previous_time is not None else 0.0
-        previous_time = document["time"]
+    def _peak(self, peak) -> int | None:
+        """The index of the peak stored with a snapshot in the document's "peaks": every dump
+        of a series carries the session's peak so far, so the same one is usually stored
+        many times, and is embedded once (the same figures and flamegraph: the same peak)."""
+        if peak is None:
+            return None
+        rows = peak.statistics("lineno")
+        document = {
+            "size": sum(stat.size for stat in rows),
+            "count": sum(stat.count for stat in rows),
+            "lines": [
+                [self.site(stat.traceback), stat.size, stat.count] for stat in rows[:PEAK_LINES]
+            ],
+            "flame": self.flame(peak),
+        }
+        key = json.dumps(document, separators=(",", ":"))
+        index = self.peak_index.get(key)
+        if index is None:
+            index = self.peak_index[key] = len(self.peaks)
+            self.peaks.append(document)
+        return index
 
-    peaks = []
-    for flame, rows in zip(peak_flames, peak_stats):
-        peaks.append(
-            {
-                "size": sum(stat.size for stat in rows),
-                "count": sum(stat.count for stat in rows),
-                "lines": [
-                    [site(stat.traceback), stat.size, stat.count] for stat in rows[:PEAK_LINES]
-                ],
-                "flame": flame,
-            }
-        )
+    def finish(self) -> dict[str, Any]:
+        documents = self.documents
+        # Times: recorded ones; a snapshot without one is placed one second after the previous.
+        previous_time = None
+        for document in documents:
+            if document["time"] is None:
+                document["time"] = previous_time + 1.0 if previous_time is not None else 0.0
+            previous_time = document["time"]
+        chart = [self.site_of(key) for key in self.chart]
+        filenames = {filename for filename, _ in self.sites}
+        filenames.update(name[0] for name in self.names if name is not None)
+        shorten = _report.PathShortener(filenames)
+        files = _Strings()
+        sites = [
+            [
+                files(shorten(filename)),
+                lineno,
+                self.functions.get((filename, lineno)),
+                _source(filename, lineno),
+            ]
+            for filename, lineno in self.sites
+        ]
+        labels = _Strings()
+        root = labels("all")
+        label_of = []
+        for name in self.names:
+            if name is None:
+                label_of.append(labels(EMPTY_STACK))
+            elif name[2] is not None:
+                label_of.append(labels(f"{name[2]} ({shorten(name[0])}:{name[1]})"))
+            else:
+                label_of.append(labels(f"{shorten(name[0])}:{name[1]}"))
+        for flame in [d["flame"] for d in documents if d["flame"]] + [
+            p["flame"] for p in self.peaks
+        ]:
+            flame[0::3] = [label_of[i] if i >= 0 else root for i in flame[0::3]]
+        peak = max(range(len(documents)), key=lambda i: documents[i]["size"])
+        version = self.first_meta.get("python_version")
+        if version and not isinstance(version, str):
+            version = ".".join(str(part) for part in version)
+        return {
+            "version": DATA_VERSION,
+            "title": self.title or _default_title(self.first_meta),
+            "generated": time.time(),
+            "pid": self.first_meta.get("pid"),
+            "argv": list(self.first_meta.get("argv") or []),
+            "python": version,
+            "traceback_limit": self.traceback_limit,
+            "sampled": self.sampled,
+            "files": files.items,
+            "sites": sites,
+            "names": labels.items,
+            "peak": peak,
+            "embedded": sum(1 for d in documents if d["lines"] is not None),
+            "series": [
+                {"site": site, "sizes": sizes} for site, sizes in zip(chart, self.series_sizes)
+            ],
+            "snapshots": documents,
+            "peaks": self.peaks,
+        }
 
-    peak = max(range(len(documents)), key=lambda i: documents[i]["size"])
-    largest: dict[int, int] = {}
-    for sizes in per_line:
-        for key, (size, _) in sizes.items():
-            largest[key] = max(largest.get(key, 0), size)
-    top = sorted(largest, key=lambda key: -largest[key])[:SERIES_LINES]
-    first = snapshots[0].metadata or {}
-    version = first.get("python_version")
-    if version and not isinstance(version, str):
-        version = ".".join(str(part) for part in version)
-    return {
-        "version": DATA_VERSION,
-        "title": title or _default_title(first),
-        "generated": time.time(),
-        "pid": first.get("pid"),
-        "argv": list(first.get("argv") or []),
-        "python": version,
-        "traceback_limit": snapshots[0].traceback_limit,
-        "sampled": _report.sampling_note(snapshots[0]),
-        "files": files.items,
-        "sites": sites,
-        "names": names.items,
-        "peak": peak,
-        "series": [
-            {"site": key, "sizes": [sizes.get(key, (0, 0))[0] for sizes in per_line]} for key in top
-        ],
-        "snapshots": documents,
-        "peaks": peaks,
-    }
+
+#: The name of the flamegraph node of stacks without frames.
+EMPTY_STACK = "[no frames]"
+
+
+def build_data(series: Sequence[tuple[str, Any]], title: str | None = None) -> dict[str, Any]:
+    """The JSON document the page draws from; *series* as :func:`load_series` returns it."""
+    scanned = [
+        _Scanned(path, float(i), snapshot.statistics("lineno"), snapshot.peak is not None)
+        for i, (path, snapshot) in enumerate(series)
+    ]
+    builder = _Builder(scanned, title)
+    for path, snapshot in series:
+        builder.add(path, snapshot)
+    return builder.finish()
+
+
+def _build_from_files(
+    paths: Sequence[str], title: str | None, allow_pickle: bool
+) -> dict[str, Any]:
+    """:func:`build_data` of the files *paths*, reading them one at a time: twice (once to
+    order and check them, once to build), so memory holds about three snapshots at most."""
+    scanned = _scan(paths, allow_pickle)
+    builder = _Builder(scanned, title)
+    for item in scanned:
+        builder.add(item.path, _load(item.path, allow_pickle))
+    return builder.finish()
 
 
 def _default_title(metadata: dict[str, Any]) -> str:
@@ -423,8 +503,7 @@ def write_report(
     The page is written to a temporary file beside *output* and renamed over it, so a failure
     never leaves half a report in place of a good one.
     """
-    series = load_series(paths, allow_pickle=allow_pickle)
-    data = build_data(series, title)
+    data = _build_from_files(paths, title, allow_pickle)
     page = render(data)
     directory = os.path.dirname(os.path.abspath(output))
     handle, temporary = tempfile.mkstemp(

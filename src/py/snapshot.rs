@@ -836,6 +836,52 @@ impl PySnapshotData {
         })
     }
 
+    /// The flamegraph tree of live memory cut to `budget` nodes, for the HTML report:
+    /// `(frames, nodes)`, `frames` a list of `(filename, lineno, function or None)` (or `None`
+    /// for stacks without frames), `nodes` flat `[frame index or -1 for the root, bytes,
+    /// depth, ...]` depth-first. Built in Rust from the distinct tracebacks, so the report's
+    /// cost follows them and not the traces.
+    fn flame<'py>(
+        &self,
+        py: Python<'py>,
+        budget: usize,
+    ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
+        allocator::guarded(|| {
+            let snap: &Snapshot = &self.inner;
+            let flame = py.detach(|| export::flame(snap, budget))?;
+            let mut tables = PyTables::new(py, snap)?;
+            let mut frames = Vec::new();
+            for frame in &flame.frames {
+                frames.push(match frame {
+                    None => py.None().into_bound(py),
+                    Some((f, function)) => {
+                        let fr = snap.frames[*f as usize];
+                        let function = match function {
+                            Some(id) => {
+                                bytes_str(py, &snap.functions[*id as usize].name)?.into_any()
+                            }
+                            None => py.None().into_bound(py),
+                        };
+                        let name = tables.name(fr.filename)?.into_any();
+                        let lineno = objects::uint(py, fr.lineno.into())?;
+                        objects::tuple(py, &[name, lineno, function])?.into_any()
+                    }
+                });
+            }
+            let mut nodes = Vec::new();
+            for &(index, bytes, depth) in &flame.nodes {
+                let index = match index {
+                    Some(i) => objects::uint(py, i.into())?,
+                    None => (-1i64).into_pyobject(py)?.into_any(),
+                };
+                nodes.push(index);
+                nodes.push(objects::uint(py, bytes.into())?);
+                nodes.push(objects::uint(py, depth.into())?);
+            }
+            Ok((objects::list(py, &frames)?, objects::list(py, &nodes)?))
+        })
+    }
+
     /// Reads a snapshot file: `(SnapshotData, attributes dict)`.
     #[staticmethod]
     fn load<'py>(py: Python<'py>, path: PathBuf) -> PyResult<(Self, Bound<'py, PyDict>)> {
