@@ -98,6 +98,17 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
     fi
 fi
 
+# tests/test_attach.py attaches to running processes through lldb. Install Debian's where we
+# can; if that fails, those tests skip and say why.
+if ! command -v lldb >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    log "installing lldb (for alloctrace attach)"
+    if ! (timeout 300 apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq lldb) \
+        >"$work/apt-lldb.log" 2>&1; then
+        echo "could not install lldb (see $work/apt-lldb.log); attach tests will skip"
+    fi
+fi
+
 # An interpreter's own copy of CPython's test_tracemalloc.py (tests/test_conformance.py runs it),
 # or nothing where its distribution ships the tests apart (Debian's libpython3.X-testsuite).
 cpython_tests() {
