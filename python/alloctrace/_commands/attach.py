@@ -141,9 +141,10 @@ def execute_attach(args: argparse.Namespace) -> int:
     name = signal.Signals(options["signal"]).name
     common.write_lines(
         [
-            f"tracing process {args.pid} (Python {status['version']}, {status['executable']}) "
-            f"with {args.nframe} frame{'s' if args.nframe != 1 else ''}; "
-            f"'alloctrace snapshot {args.pid}' writes {options['dump']} ({name}), "
+            f"tracing process {args.pid} (Python {status['version']}, {status['executable']}), "
+            f"{args.nframe} frame{'s' if args.nframe != 1 else ''}; "
+            f"'alloctrace snapshot {args.pid}' writes "
+            f"{options['dump'].replace('{pid}', str(args.pid))} ({name}), "
             f"'alloctrace detach {args.pid}' stops"
         ]
     )
