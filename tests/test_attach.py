@@ -56,7 +56,7 @@ TARGET = textwrap.dedent(
     def churn():
         while True:
             junk = [str(i) * 3 for i in range(200)]
-            time.sleep(0.001)
+            time.sleep(0.01)
 
     mode = sys.argv[1]
     gate = threading.Lock()
