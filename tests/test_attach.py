@@ -205,14 +205,16 @@ def test_attach_snapshots_diff_detach_and_attach_again(target, tmp_path):
 @needs_lldb
 def test_attach_to_a_process_in_a_long_c_call(target, tmp_path):
     """The main thread spends its time in 2 s C calls with the GIL released: tracing starts
-    when one returns."""
+    when one returns. Options reach the target (3 frames, native mode)."""
     proc = target("ccall")
-    result = cli("attach", proc.pid, cwd=tmp_path)
+    result = cli("attach", proc.pid, "-n", "3", "--native", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     proc.ask("alloc")
     snap = cli("snapshot", proc.pid)
     assert snap.returncode == 0, snap.stderr
     assert proc.line_size(snap.stdout.strip()) >= 200_000
+    snapshot = alloctrace.Snapshot.load(snap.stdout.strip())
+    assert snapshot.traceback_limit == 3
     assert proc.alive()
 
 
