@@ -131,6 +131,10 @@ def _start(request: dict, directory: str) -> dict:
         raise Refused(f"the program handles or ignores {name} itself: choose another --signal")
     duration = request.get("duration")
     dumper = _startup.Dumper(template, None)
+    # A second attach continues the numbering of the first one's files instead of
+    # overwriting them.
+    while os.path.exists(_startup.expand_path(template, pid=os.getpid(), n=dumper._count + 1)):
+        dumper._count += 1
     alloctrace.start(
         request["nframe"],
         sample_interval=request.get("sample_interval"),
