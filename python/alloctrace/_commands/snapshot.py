@@ -1,5 +1,6 @@
-"""``alloctrace snapshot PID``: ask a running process started with ``ALLOCTRACE_SIGNAL`` for a
-snapshot and print the file's path (see :mod:`alloctrace._ondemand`)."""
+"""``alloctrace snapshot PID``: ask a running process started with ``ALLOCTRACE_SIGNAL`` (or
+``run --signal``, or traced by ``alloctrace attach``) for a snapshot and print the file's path
+(see :mod:`alloctrace._ondemand`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from . import _common as common
 def register(commands) -> None:
     snapshot = commands.add_parser(
         "snapshot",
-        help="ask a running process started with ALLOCTRACE_SIGNAL for a snapshot; print its path",
+        help="ask a running process for a snapshot (started with ALLOCTRACE_SIGNAL or 'run "
+        "--signal', or attached to); print its path",
     )
     snapshot.add_argument("pid", type=int, help="the process id")
     snapshot.add_argument(

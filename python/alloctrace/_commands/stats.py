@@ -34,7 +34,7 @@ def register(commands) -> None:
     top = commands.add_parser(
         "top",
         help="the top 10 lines of a snapshot (stats with defaults); with --interval, of the "
-        "newest dump of a running process, redrawn live",
+        "newest dump of a running process, redrawn live; with --pid, of snapshots asked of it",
         description="The top lines of a snapshot file: 'stats' with its defaults. With "
         "--interval, the top lines of the newest dump matching a pattern, redrawn live.",
     )
