@@ -12,7 +12,8 @@ resident memory, threads and open file descriptors; a round also times the attac
 detach. Exit status 1 if a round fails, the target stops answering, or it ends with more
 threads or descriptors than it started with, or its resident memory is more than
 --rss-slack-kib above where it was (the allocator may keep some pages, and each attach leaves
-one 4 KiB page of queued code mapped).
+one 4 KiB page of queued code mapped). The RSS after each round is printed, to tell a level
+from a drift.
 """
 
 import argparse
@@ -97,10 +98,12 @@ def main() -> int:
             command("detach", proc.pid, cwd=work)
             before = health()
             attach_times, detach_times = [], []
+            rss_per_round = []
             for _ in range(args.rounds):
                 attach_times.append(command("attach", proc.pid, cwd=work))
                 command("snapshot", proc.pid, cwd=work)
                 detach_times.append(command("detach", proc.pid, cwd=work))
+                rss_per_round.append(health()[0])
             after = health()
         finally:
             proc.stdin.close()
@@ -121,6 +124,7 @@ def main() -> int:
             f"{attach_times[len(attach_times) // 2]:.2f} s (max {attach_times[-1]:.2f} s), "
             f"detach median {detach_times[len(detach_times) // 2]:.2f} s"
         )
+        print("RSS after each round (KiB): " + " ".join(map(str, rss_per_round)))
         if failures:
             print("FAIL: " + "; ".join(failures))
             return 1
