@@ -516,3 +516,13 @@ def test_top_pid_of_a_process_that_cannot_answer(tmp_path):
     result = cli("top", "--pid", _pid_of_no_process(), "--interval", "0.2")
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "no process" in result.stderr
+    # Not set up for snapshots: said once, not retried for ever.
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        result = cli("top", "--pid", proc.pid, "--interval", "0.2")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1
+    assert "was not started with ALLOCTRACE_SIGNAL" in result.stderr

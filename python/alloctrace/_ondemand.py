@@ -27,16 +27,19 @@ class RequestError(Exception):
     """A snapshot could not be asked for or did not arrive; the message says why."""
 
 
+class NotSetUp(RequestError):
+    """The process cannot be asked at all (it does not exist, or has no snapshot signal):
+    asking again later would not help."""
+
+
 def _environment(pid: int) -> dict[str, str]:
     try:
         with open(f"/proc/{pid}/environ", "rb") as stream:
             raw = stream.read()
     except FileNotFoundError:
-        raise RequestError(f"no process {pid}") from None
+        raise NotSetUp(f"no process {pid}") from None
     except PermissionError:
-        raise RequestError(
-            f"cannot read the environment of process {pid}: permission denied"
-        ) from None
+        raise NotSetUp(f"cannot read the environment of process {pid}: permission denied") from None
     environ = {}
     for item in raw.split(b"\0"):
         name, sep, value = item.partition(b"=")
@@ -86,7 +89,7 @@ def _settings(pid: int) -> tuple[int, int, str]:
         if child is not None:
             return _settings(child)
         missing = _startup.ENV_SIGNAL if not value else _startup.ENV_DUMP
-        raise RequestError(
+        raise NotSetUp(
             f"process {pid} was not started with {missing} and is not traced by 'alloctrace "
             f"attach': start it with {_startup.ENV_SIGNAL}=SIGUSR2 {_startup.ENV_DUMP}=PATH "
             "or 'alloctrace run --signal SIGUSR2', or attach to it first"

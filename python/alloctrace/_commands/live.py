@@ -96,9 +96,12 @@ def _requester(interval: float):
         try:
             # A snapshot of a big process may take longer than the interval: wait for it.
             return _ondemand.request_snapshot(pid, timeout=max(30.0, interval))
+        except _ondemand.NotSetUp as exc:
+            # Asking again would not help: say so once and end.
+            raise common.CommandError(str(exc)) from None
         except _ondemand.RequestError as exc:
             if not os.path.exists(f"/proc/{pid}"):
-                raise common.CommandError(f"no process {pid}") from None
+                raise common.CommandError(f"process {pid} has ended") from None
             raise ValueError(str(exc)) from None
 
     return request
