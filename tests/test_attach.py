@@ -79,8 +79,9 @@ TARGET = textwrap.dedent(
             gate.acquire()  # until "wake": blocked outside Python
             mode = "sleep"
         elif mode == "exit":
-            time.sleep(float(sys.argv[2]))
-            os._exit(0)
+            # Ends after argv[2] seconds; its main thread never runs the queued code first.
+            threading.Timer(float(sys.argv[2]), os._exit, (0,)).start()
+            gate.acquire()
         else:
             time.sleep(0.05)
     """
@@ -401,7 +402,7 @@ def test_failures_in_the_target_leave_it_running(case, target, tmp_path):
         proc.ask("wake")
         time.sleep(0.5)
     else:
-        proc = target("exit", "0.5")
+        proc = target("exit", "1.5")
         result = cli("attach", proc.pid)
         assert any(
             text in result.stderr for text in ("exited during the attach", "no process", "exited")
