@@ -110,35 +110,30 @@ PYO3_PYTHON=$rust_py cargo clippy --all-targets -- -D warnings
 phase "cargo test"
 PYO3_PYTHON=$rust_py LD_LIBRARY_PATH=$rust_libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} cargo test
 
-# tests/test_export.py reads our pprof files back with `go tool pprof`. Install Debian's Go
-# where we may (see may_install); otherwise, or if that fails, those tests skip and say why.
-if ! command -v go >/dev/null && ! may_install; then
-    echo "note: go is not installed, so the pprof read-back tests will skip;" \
-        "ALLOCTRACE_TEST_INSTALL=1 lets this script install golang-go (as CI does)"
-fi
-if ! command -v go >/dev/null && may_install; then
-    phase "installing golang-go (for go tool pprof)"
-    if ! (timeout 300 apt-get update -qq &&
-        DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq golang-go) \
-        >"$work/apt-golang.log" 2>&1; then
-        echo "could not install golang-go (see $work/apt-golang.log); pprof tests will skip"
+# Debian packages some tests use, installed where we may (see may_install); otherwise, or if
+# the install fails, those tests skip and say why. tests/test_export.py reads our pprof files
+# back with `go tool pprof`; tests/test_html_report.py opens the report in headless Chromium;
+# tests/test_attach.py attaches to running processes through lldb.
+apt_updated=""
+install_for() {
+    local tool=$1 package=$2 tests=$3
+    command -v "$tool" >/dev/null && return 0
+    if ! may_install; then
+        echo "note: $tool is not installed, so $tests will skip;" \
+            "ALLOCTRACE_TEST_INSTALL=1 lets this script install $package (as CI does)"
+        return 0
     fi
-fi
-
-# tests/test_html_report.py opens the HTML report in headless Chromium. Install Debian's where
-# we may; otherwise, or if that fails, those tests skip and say why.
-if ! command -v chromium >/dev/null && ! may_install; then
-    echo "note: chromium is not installed, so the HTML report's browser tests will skip;" \
-        "ALLOCTRACE_TEST_INSTALL=1 lets this script install it (as CI does)"
-fi
-if ! command -v chromium >/dev/null && may_install; then
-    phase "installing chromium (for the HTML report's browser tests)"
-    if ! (timeout 300 apt-get update -qq &&
-        DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq chromium) \
-        >"$work/apt-chromium.log" 2>&1; then
-        echo "could not install chromium (see $work/apt-chromium.log); browser tests will skip"
+    phase "installing $package (for $tests)"
+    if ! ({ [ -n "$apt_updated" ] || timeout 300 apt-get update -qq; } &&
+        DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "$package") \
+        >"$work/apt-$package.log" 2>&1; then
+        echo "could not install $package (see $work/apt-$package.log); $tests will skip"
     fi
-fi
+    apt_updated=1
+}
+install_for go golang-go "the pprof read-back tests"
+install_for chromium chromium "the HTML report's browser tests"
+install_for lldb lldb "the attach tests"
 
 # An interpreter's own copy of CPython's test_tracemalloc.py (tests/test_conformance.py runs it),
 # or nothing where its distribution ships the tests apart (Debian's libpython3.X-testsuite).

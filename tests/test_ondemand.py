@@ -176,8 +176,9 @@ def test_process_without_the_setting(tmp_path):
     finally:
         finish(proc)
     assert str(info.value) == (
-        f"process {proc.pid} was not started with ALLOCTRACE_SIGNAL: start it with "
-        "ALLOCTRACE_SIGNAL=SIGUSR2 ALLOCTRACE_DUMP=PATH to take snapshots on demand"
+        f"process {proc.pid} was not started with ALLOCTRACE_SIGNAL and is not traced by "
+        "'alloctrace attach': start it with ALLOCTRACE_SIGNAL=SIGUSR2 ALLOCTRACE_DUMP=PATH or "
+        "'alloctrace run --signal SIGUSR2', or attach to it first"
     )
 
 

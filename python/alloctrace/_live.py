@@ -1,4 +1,8 @@
-"""The live view: ``alloctrace top --interval SECONDS FILE_PATTERN``.
+"""The live view: ``alloctrace top --interval SECONDS FILE_PATTERN`` and
+``alloctrace top --pid PID --interval SECONDS``.
+
+With ``--pid`` the view asks the process itself for a snapshot at each interval (as
+``alloctrace snapshot PID`` does, see :mod:`alloctrace._ondemand`) instead of waiting for files.
 
 A process started with ``ALLOCTRACE_DUMP`` and ``ALLOCTRACE_INTERVAL`` keeps writing numbered
 snapshots; this view looks every SECONDS for the newest file matching the pattern (by
@@ -143,11 +147,79 @@ def run(
                     _draw(stream, lines)
                     shown = (newest, stamp)
             except (OSError, ValueError) as exc:
-                stream.write(f"\ralloctrace top: {exc}\x1b[K")
-                stream.flush()
+                _status(stream, f"alloctrace top: {exc}")
         time.sleep(interval)
 
 
+def run_pid(
+    pid: int,
+    interval: float,
+    stream,
+    *,
+    request: Callable[[int], str],
+    limit: int | None = 10,
+    source: bool = True,
+    full_paths: bool = False,
+    load: Callable[[str], Any],
+    width: Callable[[], int | None] | None = None,
+) -> None:
+    """Ask process *pid* for a snapshot every *interval* seconds (*request* returns the new
+    file's path, or raises ``ValueError`` or ``OSError`` saying why not) and redraw with the
+    growth since the one before; returns only by an exception (KeyboardInterrupt).
+
+    The files are the process's own series (its dump path); the view keeps the last two it
+    asked for and removes older ones it asked for, so that hours of watching do not fill the
+    disk.
+    """
+    if width is None:
+
+        def width() -> int | None:
+            return shutil.get_terminal_size().columns
+
+    previous: tuple[str, Any] | None = None
+    asked: list[str] = []
+    while True:
+        try:
+            path = request(pid)
+            snapshot = load(path)
+        except (OSError, ValueError) as exc:
+            _status(stream, f"alloctrace top: {exc}")
+        else:
+            asked.append(path)
+            while len(asked) > 2:
+                try:
+                    os.unlink(asked.pop(0))
+                except OSError:
+                    pass
+            lines = render((path, snapshot), previous, limit, width(), source, full_paths)
+            lines.append("")
+            lines.append(
+                f"process {pid}, asked at {time.strftime('%H:%M:%S')}, every {interval:g} s; "
+                "Ctrl-C to quit"
+            )
+            _draw(stream, lines)
+            previous = (path, snapshot)
+        time.sleep(interval)
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _status(stream, text: str) -> None:
+    """A line under the screen, replaced by the next one on a terminal."""
+    if _is_terminal(stream):
+        stream.write(f"\r{text}\x1b[K")
+    else:
+        stream.write(text + "\n")
+    stream.flush()
+
+
 def _draw(stream, lines: list[str]) -> None:
-    stream.write(CLEAR + "\n".join(lines) + "\n")
+    # Into a pipe or a file, screens follow one another, without terminal escapes.
+    start = CLEAR if _is_terminal(stream) else "\n"
+    stream.write(start + "\n".join(lines) + "\n")
     stream.flush()

@@ -6,10 +6,11 @@ behind this dispatch.
 ``ALLOCTRACE_DUMP`` or by ``run``; ``export`` and ``flamegraph`` turn them into pprof
 profiles, folded stacks and SVG flamegraphs; ``why`` shows retention reports; ``report`` writes
 one HTML page of a series of snapshots; ``snapshot`` asks a running process for one
-(``ALLOCTRACE_SIGNAL``); ``top --interval`` follows a running process's dumps live. Text goes to
-people, ``--json`` to programs (rendering lives in ``_report``). Every failure is one line on
-stderr and a non-zero status, never a traceback: this is a tool people point at files they are
-unsure about.
+(``ALLOCTRACE_SIGNAL``, ``run --signal`` or ``attach``); ``attach``/``detach`` start and stop
+tracing in a running process; ``top --interval`` follows a running process's dumps live. Text
+goes to people, ``--json`` to programs (rendering lives in ``_report``). Every failure is one
+line on stderr and a non-zero status, never a traceback: this is a tool people point at files
+they are unsure about.
 
 A subcommand is a module with ``register(commands)``, which adds its parser to the
 subcommands and sets ``handler`` (called with the parsed arguments, returning the exit status).
@@ -25,11 +26,11 @@ import sys
 from collections.abc import Sequence
 
 from . import _common as common
-from . import diff, export, flamegraph, report, run, snapshot, stats, why
+from . import attach, diff, export, flamegraph, report, run, snapshot, stats, why
 from ._common import FAILURE, PROG, USAGE_ERROR, CommandError, Parser
 
 #: In the order ``--help`` lists them.
-COMMANDS = (run, stats, diff, export, flamegraph, why, report, snapshot)
+COMMANDS = (run, stats, diff, export, flamegraph, why, report, snapshot, attach)
 
 #: Subcommands handed the rest of the command line as it is, before argparse sees it.
 OWN_COMMAND_LINE = {"run": run.main}
@@ -89,8 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CommandError(common.unrecognized(extras, parser, args.command), USAGE_ERROR)
         if args.command is None:
             raise CommandError(
-                "a command is required: run, stats, top, diff, export, flamegraph, why, report "
-                "or snapshot",
+                "a command is required: run, stats, top, diff, export, flamegraph, why, report, "
+                "snapshot, attach or detach",
                 USAGE_ERROR,
             )
         return args.handler(args)

@@ -43,6 +43,7 @@ _RUN_VALUE_OPTIONS = {
     "--sample-seed",
     "--retention",
     "--memory-limit",
+    "--signal",
 }
 _RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help", "--objects", "--native"}
 
@@ -92,7 +93,7 @@ def _run_parser() -> common.Parser:
         "without alloctrace.",
         usage=f"{PROG} run [-n NFRAME] [-o FILE] [--interval SECONDS] "
         "[--sample-interval BYTES [--sample-seed N]] [--objects [--retention N]] [--native] "
-        "[--no-reattribute] [--memory-limit LIMIT] [-q] "
+        "[--no-reattribute] [--memory-limit LIMIT] [--signal SIG] [-q] "
         "(script.py | -m module | -c command) [args ...]",
     )
     parser.add_argument(
@@ -159,6 +160,13 @@ def _run_parser() -> common.Parser:
         "the block's first allocation, which makes creating objects free of tracing cost, "
         "chiefly in sampled mode (see ALLOCTRACE_REATTRIBUTE)",
     )
+    parser.add_argument(
+        "--signal",
+        metavar="SIG",
+        help="also write a numbered snapshot whenever the program receives signal SIG (e.g. "
+        "SIGUSR2); 'alloctrace snapshot PID' sends it, to this command's pid or the "
+        "program's (see ALLOCTRACE_SIGNAL)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary after the run")
     return parser
 
@@ -200,6 +208,13 @@ def main(argv: Sequence[str]) -> int:
             from .._memory_limit import parse_memory_limit
 
             parse_memory_limit(args.memory_limit, "--memory-limit")
+        if args.signal is not None:
+            try:
+                _startup.parse_signal(args.signal)
+            except _startup.ConfigError as exc:
+                raise _startup.ConfigError(
+                    str(exc).replace(f"{_startup.ENV_SIGNAL}=", "--signal ")
+                ) from None
         if args.retention is not None:
             _startup.parse_retention(args.retention, "--retention")
             if not args.objects:
@@ -229,12 +244,14 @@ def main(argv: Sequence[str]) -> int:
         (args.memory_limit, _startup.ENV_MEMORY_LIMIT),
         ("1" if args.native else None, _startup.ENV_NATIVE),
         ("0" if args.no_reattribute else None, _startup.ENV_REATTRIBUTE),
+        (args.signal, _startup.ENV_SIGNAL),
     ):
         if option is not None:
             env[name] = option
     command = [sys.executable, *program]
 
-    status, pid = _spawn(command, env)
+    extra = (_startup.parse_signal(args.signal),) if args.signal is not None else ()
+    status, pid = _spawn(command, env, extra)
     path = _find_dump(template, pid, started)
     shown = path if path is None or os.path.isabs(output) else os.path.relpath(path)
     if path is None:
@@ -340,9 +357,10 @@ def _fill_template(template: str, **values: str) -> str:
     return "".join(parts)
 
 
-def _spawn(command: list[str], env: dict[str, str]) -> tuple[int, int]:
+def _spawn(command: list[str], env: dict[str, str], extra=()) -> tuple[int, int]:
     """Run the program in the foreground; return its status (negative: killed by a signal)
-    and its process id."""
+    and its process id. The *extra* signals (``--signal``'s) are passed on to it too: sent to
+    this command by hand, they would otherwise end it."""
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as exc:
@@ -358,7 +376,7 @@ def _spawn(command: list[str], env: dict[str, str]) -> tuple[int, int]:
     # decide what it means and stay alive to summarise. Termination requests sent to us alone
     # are passed on.
     previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in (signal.SIGTERM, signal.SIGHUP, *extra):
         previous[signum] = signal.signal(signum, forward)
     try:
         return child.wait(), child.pid

@@ -1,5 +1,6 @@
-"""``alloctrace snapshot PID``: ask a running process started with ``ALLOCTRACE_SIGNAL`` for a
-snapshot and print the file's path (see :mod:`alloctrace._ondemand`)."""
+"""``alloctrace snapshot PID``: ask a running process started with ``ALLOCTRACE_SIGNAL`` (or
+``run --signal``, or traced by ``alloctrace attach``) for a snapshot and print the file's path
+(see :mod:`alloctrace._ondemand`)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from . import _common as common
 def register(commands) -> None:
     snapshot = commands.add_parser(
         "snapshot",
-        help="ask a running process started with ALLOCTRACE_SIGNAL for a snapshot; print its path",
+        help="ask a running process for a snapshot (started with ALLOCTRACE_SIGNAL or 'run "
+        "--signal', or attached to); print its path",
         description="Ask a running process for a snapshot now, and print the file's path once it "
         "is written. The process must have been started with ALLOCTRACE_SIGNAL=SIGNAME (and "
-        "ALLOCTRACE_DUMP, which names the files); it writes the snapshot between two lines of "
-        "its Python code and goes on running.",
+        "ALLOCTRACE_DUMP, which names the files) or under 'alloctrace run --signal', or be "
+        "traced by 'alloctrace attach'; it writes the snapshot between two lines of its Python "
+        "code and goes on running.",
     )
     snapshot.add_argument("pid", type=int, help="the process id")
     snapshot.add_argument(

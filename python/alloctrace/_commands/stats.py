@@ -34,12 +34,14 @@ def register(commands) -> None:
     top = commands.add_parser(
         "top",
         help="the top 10 lines of a snapshot (stats with defaults); with --interval, of the "
-        "newest dump of a running process, redrawn live",
+        "newest dump of a running process, redrawn live; with --pid, of snapshots asked of it",
         description="The top lines of a snapshot file: 'stats' with its defaults. With "
         "--interval, the top lines of the newest dump matching a pattern, redrawn live.",
     )
     top.add_argument(
-        "file", help="snapshot file; with --interval, a pattern such as 'app-*.snap' (quoted)"
+        "file",
+        nargs="?",
+        help="snapshot file; with --interval, a pattern such as 'app-*.snap' (quoted)",
     )
     live.add_options(top)
     common.add_report_options(top, full=False)
@@ -47,7 +49,11 @@ def register(commands) -> None:
 
 
 def execute_top(args: argparse.Namespace) -> int:
-    return live.execute(args) if args.interval is not None else execute(args)
+    if args.interval is not None or args.pid is not None:
+        return live.execute(args)
+    if args.file is None:
+        raise common.CommandError("a snapshot FILE (or --pid PID) is required", common.USAGE_ERROR)
+    return execute(args)
 
 
 def _statistics(snapshot, args: argparse.Namespace, path: str):
