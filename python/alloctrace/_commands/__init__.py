@@ -23,11 +23,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import diff, export, flamegraph, report, run, snapshot, stats, why
+from . import diff, export, flamegraph, push, report, run, snapshot, stats, why
 from ._common import FAILURE, PROG, USAGE_ERROR, CommandError, Parser
 
 #: In the order ``--help`` lists them.
-COMMANDS = (run, stats, diff, export, flamegraph, why, report, snapshot)
+COMMANDS = (run, stats, diff, export, flamegraph, why, report, snapshot, push)
 
 #: Subcommands handed the rest of the command line as it is, before argparse sees it.
 OWN_COMMAND_LINE = {"run": run.main}
@@ -68,8 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command is None:
             raise CommandError(
-                "a command is required: run, stats, top, diff, export, flamegraph, why, report "
-                "or snapshot",
+                "a command is required: run, stats, top, diff, export, flamegraph, why, report, "
+                "snapshot or push",
                 USAGE_ERROR,
             )
         return args.handler(args)
