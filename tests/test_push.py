@@ -22,7 +22,8 @@ from pushwire import CONNECT, Receiver, fields, profile, push_request
 from subproc import run_python
 
 #: The program the start-up tests push from: ~41 MB of 1000-byte objects kept alive on one
-#: line, then freed; it prints its pid, the exact bytes of what it kept, and the time it freed.
+#: line, then freed; it prints its pid, the exact bytes of what it kept, and the times it had
+#: built them and freed them.
 PROGRAM = textwrap.dedent(
     """
     import os, sys, time
@@ -30,9 +31,10 @@ PROGRAM = textwrap.dedent(
         return [bytes(1000) for _ in range(40000)]  # KEEP
     keep = build()
     kept = sum(sys.getsizeof(b) for b in keep)
+    built_at = time.time_ns()
     time.sleep(float(sys.argv[1]))
     del keep
-    print(os.getpid(), kept, time.time_ns())
+    print(os.getpid(), kept, built_at, time.time_ns())
     """
 )
 
@@ -65,6 +67,7 @@ def test_connect_push_labels_profile_and_totals(tmp_path):
         done, _ = run_program(
             tmp_path,
             receiver.url,
+            seconds="1.2",
             ALLOCTRACE_SAMPLE_INTERVAL="64KiB",
             ALLOCTRACE_SERVICE="shop.api",
             ALLOCTRACE_TAGS="env=test, region=eu",
@@ -77,7 +80,7 @@ def test_connect_push_labels_profile_and_totals(tmp_path):
         paths = {path for path, _, _ in receiver.requests}
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
-    pid, kept, freed_at = map(int, done.stdout.split())
+    pid, kept, built_at, freed_at = map(int, done.stdout.split())
     assert paths == {CONNECT}
     assert len(pushes) >= 3
     for push in pushes:
@@ -113,7 +116,10 @@ def test_connect_push_labels_profile_and_totals(tmp_path):
     # While the objects were alive, the estimate of their line is within sampling error
     # (relative standard error sqrt(64 KiB / 41 MB) = 4%) of their exact size.
     during = [
-        p for p in pushes if p["profile"]["time_nanos"] + p["profile"]["duration_nanos"] < freed_at
+        p
+        for p in pushes
+        if built_at <= p["profile"]["time_nanos"]
+        and p["profile"]["time_nanos"] + p["profile"]["duration_nanos"] < freed_at
     ]
     assert during
     for push in during:
@@ -187,7 +193,7 @@ def test_failing_server_costs_one_warning(tmp_path, mode):
             done, elapsed = run_program(tmp_path, receiver.url, **FAST)
             attempts = receiver.attempts
     assert done.returncode == 0, done.stderr
-    assert len(done.stdout.split()) == 3
+    assert len(done.stdout.split()) == 4
     lines = done.stderr.splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("alloctrace: cannot push memory profiles to http://127.0.0.1:")

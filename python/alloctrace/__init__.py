@@ -291,8 +291,10 @@ def stop_push(final: bool = True) -> None:
 def get_push_status() -> dict | None:
     """The pusher's counters: ``url`` (without credentials), ``api`` (``'connect'`` or
     ``'ingest'``), ``pushed``, ``failed``, ``dropped``, ``queued``, ``last_error``,
-    ``snapshot_seconds_last`` and ``snapshot_seconds_max`` (how long taking a profile held
-    the GIL); ``None`` if this process never pushed."""
+    ``snapshot_seconds_last`` and ``snapshot_seconds_max`` (the wall time of taking a
+    profile's snapshot, the part that holds the GIL) and ``thread_cpu_seconds`` (the CPU time
+    of the pusher's thread: snapshots, profiles, compression, requests); ``None`` if this
+    process never pushed."""
     from alloctrace import _push
 
     return _push.get_push_status()

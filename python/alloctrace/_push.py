@@ -480,6 +480,7 @@ class Pusher:
         self.last_error: str | None = None
         self.snapshot_seconds_last = 0.0
         self.snapshot_seconds_max = 0.0
+        self.thread_cpu_seconds = 0.0
 
     def status(self) -> dict:
         with self._lock:
@@ -494,6 +495,7 @@ class Pusher:
                 "last_error": self.last_error,
                 "snapshot_seconds_last": self.snapshot_seconds_last,
                 "snapshot_seconds_max": self.snapshot_seconds_max,
+                "thread_cpu_seconds": self.thread_cpu_seconds,
             }
 
     def start(self) -> None:
@@ -574,6 +576,7 @@ class Pusher:
             if self._stop.wait(max(0.0, wake - now)):
                 break
             now = time.monotonic()
+            cpu = time.thread_time()
             try:
                 if now >= next_take:
                     self._take()
@@ -592,6 +595,8 @@ class Pusher:
             except Exception as exc:  # the program must never see the pusher's troubles
                 self._failed(PushError(f"{type(exc).__name__}: {exc}", retry=True))
                 retry_at = time.monotonic() + backoff
+            finally:
+                self.thread_cpu_seconds += time.thread_time() - cpu
 
     def close(self, final: bool = True) -> None:
         """Stop the thread; with *final*, take a last profile and make one attempt to send
