@@ -41,7 +41,7 @@ PROGRAM = textwrap.dedent(
 FAST = {"ALLOCTRACE_PUSH_INTERVAL": "0.2", "ALLOCTRACE_PUSH_TIMEOUT": "0.5"}
 
 
-def run_program(tmp_path, url, seconds="0.9", **env):
+def run_program(tmp_path, url, seconds="0.6", **env):
     script = tmp_path / "app.py"
     script.write_text(PROGRAM)
     began = time.monotonic()
@@ -199,7 +199,7 @@ def test_failing_server_costs_one_warning(tmp_path, mode):
     assert lines[0].startswith("alloctrace: cannot push memory profiles to http://127.0.0.1:")
     if attempts is not None:
         assert attempts >= 1
-    # The program sleeps 0.9 s; its start-up and our checks are well under 5 s even on a busy
+    # The program sleeps 0.6 s; its start-up and our checks are well under 5 s even on a busy
     # machine, while waiting for the stalled server would take 10.
     assert elapsed < 8.0
 
@@ -228,6 +228,41 @@ def test_start_push_api_and_status(tmp_path):
     assert (failed, dropped, api, timed) == ("0", "0", "connect", "True")
     assert pushes[-1]["profile"]["period"] == 4096
     assert pushes[-1]["labels"]["service_name"] == "api"
+
+
+def test_run_push_passes_on_push_variables_only(tmp_path):
+    (tmp_path / "app.py").write_text(PROGRAM)
+    with Receiver("connect") as receiver:
+        done = run_python(
+            [
+                "-m",
+                "alloctrace",
+                "run",
+                "-q",
+                "-o",
+                "app.snap",
+                "--push",
+                receiver.url,
+                "app.py",
+                "0.5",
+            ],
+            cwd=tmp_path,
+            ALLOCTRACE_TAGS="team=core",
+            ALLOCTRACE_PUSH_TOKEN="tok-1",
+            ALLOCTRACE_OBJECTS="1",  # not a push variable: run does not pass it on
+            **FAST,
+        )
+        pushes = receiver.pushes()
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert len(pushes) >= 2
+    assert pushes[-1]["labels"]["team"] == "core"
+    assert pushes[-1]["labels"]["service_name"] == "app"
+    assert pushes[-1]["headers"]["authorization"] == "Bearer tok-1"
+    assert pushes[-1]["profile"]["period"] == 512 * 1024
+    assert not alloctrace.Snapshot.load(str(tmp_path / "app.snap")).has_objects
+    bad = run_python(["-m", "alloctrace", "run", "--push", "nope://x", "app.py"], cwd=tmp_path)
+    assert bad.returncode == 2 and "--push" in bad.stderr and bad.stdout == ""
 
 
 def test_forked_child_pushes_under_its_own_pid(tmp_path):
