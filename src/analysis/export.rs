@@ -650,6 +650,35 @@ mod tests {
     }
 
     #[test]
+    fn pprof_span_stamps_the_interval() {
+        let s = sample();
+        let whole = {
+            let data = pprof(&s).unwrap();
+            let mut raw = Vec::new();
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&data[..]), &mut raw)
+                .unwrap();
+            proto::Profile::decode(&raw[..]).unwrap()
+        };
+        // (start, duration, compressed): the start and length replace the snapshot's time.
+        for (start, duration, compress) in [(5, 7, false), (1_000, 0, true), (0, 1 << 40, false)] {
+            let data = pprof_span(&s, start, duration, compress).unwrap();
+            assert_eq!(data.starts_with(&[0x1f, 0x8b]), compress);
+            let raw = if compress {
+                let mut raw = Vec::new();
+                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&data[..]), &mut raw)
+                    .unwrap();
+                raw
+            } else {
+                data
+            };
+            let p = proto::Profile::decode(&raw[..]).unwrap();
+            assert_eq!((p.time_nanos, p.duration_nanos), (start, duration));
+            assert_eq!(p.sample, whole.sample);
+            assert_eq!(p.string_table, whole.string_table);
+        }
+    }
+
+    #[test]
     fn pprof_round_trip() {
         let s = sample();
         let data = pprof(&s).unwrap();
