@@ -428,3 +428,18 @@ def test_same_shape_as_pyroscope_io(tmp_path):
     assert set(ours[0]["profile"]["sample_type"]) <= set(their_types)
     assert ours[0]["profile"]["period_type"] == theirs[0]["profile"]["period_type"]
     assert ours[0]["raw"][:2] != b"\x1f\x8b" and theirs[0]["raw"][:2] != b"\x1f\x8b"
+
+
+def test_start_up_defaults_when_pushing():
+    from alloctrace._startup import read_config
+
+    config = read_config({"ALLOCTRACE_PUSH": "http://h", "ALLOCTRACE_SAMPLE_SEED": "3"}, {}, False)
+    assert (config.nframe, config.sample_interval, config.sample_seed) == (64, 512 * 1024, 3)
+    config = read_config(
+        {"ALLOCTRACE_PUSH": "http://h", "ALLOCTRACE": "5", "ALLOCTRACE_SAMPLE_INTERVAL": "0"},
+        {},
+        False,
+    )
+    assert (config.nframe, config.sample_interval) == (5, None)
+    assert read_config({"ALLOCTRACE_PUSH": "http://h", "ALLOCTRACE": "0"}, {}, False).nframe == 0
+    assert read_config({"ALLOCTRACE_PUSH": "http://h"}, {}, True).nframe == 0

@@ -462,6 +462,11 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
     env_sample = environ.get(ENV_SAMPLE_INTERVAL, "")
     if env_sample:
         sample_interval = parse_sample_interval(env_sample)
+    push = bool(environ.get(ENV_PUSH))
+    if push and not env_sample:
+        from alloctrace._push import DEFAULT_SAMPLE_INTERVAL
+
+        sample_interval = DEFAULT_SAMPLE_INTERVAL
     sample_seed = None
     env_seed = environ.get(ENV_SAMPLE_SEED, "")
     if env_seed:
@@ -497,11 +502,6 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
     env_reattribute = environ.get(ENV_REATTRIBUTE, "")
     if env_reattribute:
         reattribute = parse_reattribute(env_reattribute)
-    push = bool(environ.get(ENV_PUSH))
-    if push and not env_sample:
-        from alloctrace._push import DEFAULT_SAMPLE_INTERVAL
-
-        sample_interval = DEFAULT_SAMPLE_INTERVAL
     if nframe is None and push:
         from alloctrace._push import DEFAULT_NFRAME
 
