@@ -90,6 +90,7 @@ __all__ = [
     "get_filters",
     "get_object_traceback",
     "get_process_memory",
+    "get_push_status",
     "get_sample_interval",
     "get_traceback_limit",
     "get_traced_memory",
@@ -104,7 +105,9 @@ __all__ = [
     "retention",
     "set_traceback_limit",
     "start",
+    "start_push",
     "stop",
+    "stop_push",
     "take_snapshot",
 ]
 
@@ -124,6 +127,7 @@ def start(
     reattribute: bool | None = None,
     memory_limit: int | str | None = None,
     memory_limit_dump: str | _os.PathLike | None = None,
+    push: str | None = None,
 ) -> None:
     """Start tracing Python memory allocations.
 
@@ -184,7 +188,18 @@ def start(
     its wait for the GIL); it ends with :func:`stop` (and a later
     :func:`start` without a limit). It cannot be given while tracing
     (:exc:`RuntimeError`: call :func:`stop` first).
+
+    With *push*, the URL of a Pyroscope-compatible server, a memory profile
+    of the process is pushed there every 15 seconds and at exit, as
+    :func:`start_push` does (its other settings from the ``ALLOCTRACE_PUSH_*``
+    variables); *sample_interval* then defaults to 512 KiB.
     """
+    if push is not None:
+        from alloctrace import _push
+
+        _push.settings(push)  # a bad URL or variable is refused before tracing starts
+        if sample_interval is None and not is_tracing():
+            sample_interval = _push.DEFAULT_SAMPLE_INTERVAL
     limit = None
     if memory_limit is not None or memory_limit_dump is not None:
         limit = _memory_limit.start_in_code(memory_limit, memory_limit_dump)
@@ -202,6 +217,87 @@ def start(
     )
     if limit is not None:
         limit.install()
+    if push is not None:
+        from alloctrace import _push
+
+        if _push._pusher is None or _push._pusher._closed:
+            start_push(push)
+
+
+def start_push(
+    url: str,
+    *,
+    interval: float | None = None,
+    timeout: float | None = None,
+    service: str | None = None,
+    tags: dict[str, str] | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    token: str | None = None,
+    tenant: str | None = None,
+) -> None:
+    """Push a memory profile of this process to a Pyroscope-compatible server.
+
+    Every *interval* seconds (default 15) and once at exit (or at
+    :func:`stop_push`), a background thread takes a snapshot of what is
+    traced now (holding the GIL only for that) and sends it as a pprof heap
+    profile (``inuse_space``, ``inuse_objects``) to *url*, e.g.
+    ``http://localhost:4040`` or ``https://USER:TOKEN@profiles-prod-001.grafana.net``:
+    Pyroscope's Connect push API first, its ``/ingest`` API if the server
+    shows it does not speak Connect. Tracing must be on (:func:`start`,
+    best sampled, e.g. ``sample_interval=512 * 1024``); while it is off,
+    no profile is taken.
+
+    Labels: ``service_name`` (*service*, default the program's name),
+    ``host``, ``pid``, ``process.runtime.*``, ``alloctrace_version`` and
+    *tags* (a dict; names of letters, digits, ``_`` and ``.``). Auth: basic
+    (*user*, *password*, or the URL's user info), a bearer *token*, and a
+    *tenant* (``X-Scope-OrgID``). Each argument left ``None`` comes from its
+    variable (``ALLOCTRACE_PUSH_INTERVAL``, ``ALLOCTRACE_PUSH_TIMEOUT``,
+    ``ALLOCTRACE_SERVICE``, ``ALLOCTRACE_TAGS``, ``ALLOCTRACE_PUSH_USER``,
+    ``ALLOCTRACE_PUSH_PASSWORD``, ``ALLOCTRACE_PUSH_TOKEN``,
+    ``ALLOCTRACE_PUSH_TENANT``). Requests time out after *timeout* seconds
+    (default 5).
+
+    A server that is down, slow or failing never reaches the program: one
+    line on stderr at the first failure, then quiet retries with backoff, at
+    most 8 profiles waiting (the oldest dropped). A forked child pushes its
+    own profiles under its own ``pid``. Raises :exc:`ValueError` for a bad
+    setting, :exc:`RuntimeError` if already pushing. See docs/push.md.
+    """
+    from alloctrace import _push
+
+    _push.start_push(
+        url,
+        interval=interval,
+        timeout=timeout,
+        service=service,
+        tags=tags,
+        user=user,
+        password=password,
+        token=token,
+        tenant=tenant,
+    )
+
+
+def stop_push(final: bool = True) -> None:
+    """Stop pushing profiles; with *final* (the default), push a last one first, waiting
+    at most the push timeout (not if the server's last answer was a failure)."""
+    from alloctrace import _push
+
+    _push.stop_push(final)
+
+
+def get_push_status() -> dict | None:
+    """The pusher's counters: ``url`` (without credentials), ``api`` (``'connect'`` or
+    ``'ingest'``), ``pushed``, ``failed``, ``dropped``, ``queued``, ``last_error``,
+    ``snapshot_seconds_last`` and ``snapshot_seconds_max`` (the wall time of taking a
+    profile's snapshot, the part that holds the GIL) and ``thread_cpu_seconds`` (the CPU time
+    of the pusher's thread: snapshots, profiles, compression, requests); ``None`` if this
+    process never pushed."""
+    from alloctrace import _push
+
+    return _push.get_push_status()
 
 
 def get_sample_interval() -> int | None:

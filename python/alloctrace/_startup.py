@@ -62,6 +62,11 @@ and ``alloctrace run`` passes its child the settings of its own options.
     memory) or ``cgroup:FRACTION`` (resident memory against a fraction of the cgroup's memory
     limit), comma-separated; see :mod:`alloctrace._memory_limit`.
 
+``ALLOCTRACE_PUSH=URL``
+    Push a memory profile to the Pyroscope-compatible server at URL every
+    ``ALLOCTRACE_PUSH_INTERVAL`` seconds (default 15) and at exit (see :mod:`alloctrace._push`
+    and docs/push.md for its other variables). Implies ``ALLOCTRACE=64`` and
+    ``ALLOCTRACE_SAMPLE_INTERVAL=512KiB`` when they are not set.
 ``ALLOCTRACE_SIGNAL=SIGNAME``
     With ``ALLOCTRACE_DUMP``, write a numbered snapshot (as ``ALLOCTRACE_INTERVAL`` does)
     whenever the process receives that signal, e.g. ``SIGUSR2`` (``alloctrace snapshot PID``
@@ -99,6 +104,7 @@ ENV_REATTRIBUTE = "ALLOCTRACE_REATTRIBUTE"
 ENV_RETENTION = "ALLOCTRACE_RETENTION"
 ENV_SIGNAL = "ALLOCTRACE_SIGNAL"
 ENV_MEMORY_LIMIT = "ALLOCTRACE_MEMORY_LIMIT"
+ENV_PUSH = "ALLOCTRACE_PUSH"
 #: Sites that get a retention report in each dump written with ``ALLOCTRACE_OBJECTS=1``, unless
 #: ``ALLOCTRACE_RETENTION`` says otherwise.
 RETENTION_SITES = 5
@@ -456,6 +462,11 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
     env_sample = environ.get(ENV_SAMPLE_INTERVAL, "")
     if env_sample:
         sample_interval = parse_sample_interval(env_sample)
+    push = bool(environ.get(ENV_PUSH))
+    if push and not env_sample:
+        from alloctrace._push import DEFAULT_SAMPLE_INTERVAL
+
+        sample_interval = DEFAULT_SAMPLE_INTERVAL
     sample_seed = None
     env_seed = environ.get(ENV_SAMPLE_SEED, "")
     if env_seed:
@@ -491,6 +502,10 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
     env_reattribute = environ.get(ENV_REATTRIBUTE, "")
     if env_reattribute:
         reattribute = parse_reattribute(env_reattribute)
+    if nframe is None and push:
+        from alloctrace._push import DEFAULT_NFRAME
+
+        nframe = DEFAULT_NFRAME
     if nframe is None:
         configured = dump is not None or sample_interval is not None or native
         nframe = 1 if configured else 0
@@ -905,6 +920,14 @@ def install() -> None:
         memory_limit = read_memory_limit(
             os.environ, bool(sys.flags.ignore_environment), os.environ.get(ENV_DUMP) or None
         )
+        push = None if sys.flags.ignore_environment else os.environ.get(ENV_PUSH) or None
+        if push is not None:
+            from alloctrace import _push
+
+            try:
+                _push.settings(push)
+            except ValueError as exc:
+                raise ConfigError(f"{ENV_PUSH}: {exc}") from None
     except ConfigError as exc:
         _warn(str(exc))
         # site.py swallows exceptions from .pth lines and would run the program untraced.
@@ -936,6 +959,15 @@ def install() -> None:
     except Exception as exc:
         _warn(f"cannot start tracing: {exc}")
         return
+    if push is not None:
+        # Like the dumper's machinery, the pusher's set-up is alloctrace's own.
+        alloctrace.disable()
+        try:
+            alloctrace.start_push(push)
+        except Exception as exc:
+            _warn(f"cannot push profiles: {exc}")
+        finally:
+            alloctrace.enable()
     if dumper is not None:
         _dumper = dumper
         # The exit-dump machinery (atexit and signal registrations, the interval thread) is

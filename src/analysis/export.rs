@@ -46,6 +46,8 @@ pub mod proto {
         pub string_table: Vec<String>,
         #[prost(int64, tag = "9")]
         pub time_nanos: i64,
+        #[prost(int64, tag = "10")]
+        pub duration_nanos: i64,
         #[prost(message, optional, tag = "11")]
         pub period_type: Option<ValueType>,
         #[prost(int64, tag = "12")]
@@ -408,6 +410,7 @@ pub fn pprof_profile(snapshot: &Snapshot) -> Result<proto::Profile> {
             .timestamp
             .filter(|t| t.is_finite() && *t > 0.0)
             .map_or(0, |t| (t * 1e9) as i64),
+        duration_nanos: 0,
         period_type,
         period: snapshot.sample_interval.map_or(1, clamp),
         comment,
@@ -417,12 +420,38 @@ pub fn pprof_profile(snapshot: &Snapshot) -> Result<proto::Profile> {
 
 /// The gzipped pprof file's bytes.
 pub fn pprof(snapshot: &Snapshot) -> Result<Vec<u8>> {
-    let profile = pprof_profile(snapshot)?;
+    gzip(encoded(pprof_profile(snapshot)?)?)
+}
+
+/// A profile of the time span `[time_nanos, time_nanos + duration_nanos]`, as a profile
+/// pusher sends it: the profile's own time is the span's start (the snapshot's time is its
+/// end), gzipped or not (the push API compresses the whole request instead).
+pub fn pprof_span(
+    snapshot: &Snapshot,
+    time_nanos: i64,
+    duration_nanos: i64,
+    compress: bool,
+) -> Result<Vec<u8>> {
+    let mut profile = pprof_profile(snapshot)?;
+    profile.time_nanos = time_nanos;
+    profile.duration_nanos = duration_nanos;
+    let message = encoded(profile)?;
+    if compress {
+        gzip(message)
+    } else {
+        Ok(message)
+    }
+}
+
+fn encoded(profile: proto::Profile) -> Result<Vec<u8>> {
     let mut message = fallible::with_capacity(profile.encoded_len())?;
     profile
         .encode(&mut message)
         .expect("the buffer was reserved for the whole message");
-    drop(profile);
+    Ok(message)
+}
+
+fn gzip(message: Vec<u8>) -> Result<Vec<u8>> {
     // Deflate never grows data by more than a few bytes per 16 KiB block: with this much
     // room reserved up front, the compressed output never reallocates (infallibly).
     let room = message.len() + message.len() / 1000 + 1024;
@@ -866,6 +895,35 @@ mod tests {
             .any(|&c| p.string_table[c as usize].contains("estimates")));
         let svg = String::from_utf8(flamegraph(&s, None, None).unwrap()).unwrap();
         assert!(svg.contains("estimated, sampled every 4096 bytes"));
+    }
+
+    #[test]
+    fn pprof_span_stamps_the_interval() {
+        let s = sample();
+        let whole = {
+            let data = pprof(&s).unwrap();
+            let mut raw = Vec::new();
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&data[..]), &mut raw)
+                .unwrap();
+            proto::Profile::decode(&raw[..]).unwrap()
+        };
+        // (start, duration, compressed): the start and length replace the snapshot's time.
+        for (start, duration, compress) in [(5, 7, false), (1_000, 0, true), (0, 1 << 40, false)] {
+            let data = pprof_span(&s, start, duration, compress).unwrap();
+            assert_eq!(data.starts_with(&[0x1f, 0x8b]), compress);
+            let raw = if compress {
+                let mut raw = Vec::new();
+                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&data[..]), &mut raw)
+                    .unwrap();
+                raw
+            } else {
+                data
+            };
+            let p = proto::Profile::decode(&raw[..]).unwrap();
+            assert_eq!((p.time_nanos, p.duration_nanos), (start, duration));
+            assert_eq!(p.sample, whole.sample);
+            assert_eq!(p.string_table, whole.string_table);
+        }
     }
 
     #[test]

@@ -807,6 +807,23 @@ impl PySnapshotData {
         })
     }
 
+    /// The pprof profile of the span starting at `time_nanos` and lasting `duration_nanos`,
+    /// gzipped if `compress`: what a profile pusher sends (built without the GIL).
+    fn pprof_span<'py>(
+        &self,
+        py: Python<'py>,
+        time_nanos: i64,
+        duration_nanos: i64,
+        compress: bool,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        allocator::guarded(|| {
+            let snap: &Snapshot = &self.inner;
+            let data =
+                py.detach(|| export::pprof_span(snap, time_nanos, duration_nanos, compress))?;
+            objects::bytes(py, &data)
+        })
+    }
+
     /// Writes folded stacks (`root;...;leaf bytes` lines) to `path` atomically.
     fn to_collapsed(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
         allocator::guarded(|| {

@@ -26,11 +26,11 @@ import sys
 from collections.abc import Sequence
 
 from . import _common as common
-from . import attach, diff, export, flamegraph, report, run, snapshot, stats, why
+from . import attach, diff, export, flamegraph, push, report, run, snapshot, stats, why
 from ._common import FAILURE, PROG, USAGE_ERROR, CommandError, Parser
 
 #: In the order ``--help`` lists them.
-COMMANDS = (run, stats, diff, export, flamegraph, why, report, snapshot, attach)
+COMMANDS = (run, stats, diff, export, flamegraph, why, report, snapshot, attach, push)
 
 #: Subcommands handed the rest of the command line as it is, before argparse sees it.
 OWN_COMMAND_LINE = {"run": run.main}
@@ -51,6 +51,15 @@ traced; run's options set them for you):
   ALLOCTRACE_NATIVE=1            also trace the C library's malloc family (native mode)
   ALLOCTRACE_MEMORY_LIMIT=LIMIT  a snapshot before memory reaches LIMIT (e.g. 2GiB, rss:80%)
   ALLOCTRACE_SIGNAL=SIGNAME      a snapshot each time the process gets SIGNAME ('snapshot')
+  ALLOCTRACE_PUSH=URL            push memory profiles to a Pyroscope server (sampled, 512KiB)
+  ALLOCTRACE_PUSH_INTERVAL=SECONDS  between two pushes (15)
+  ALLOCTRACE_PUSH_TIMEOUT=SECONDS   of one request (5)
+  ALLOCTRACE_SERVICE=NAME        the service_name label (default: the program's name)
+  ALLOCTRACE_TAGS=K=V,...        more labels
+  ALLOCTRACE_PUSH_USER=USER      basic authentication (or USER:PASSWORD@ in the URL)
+  ALLOCTRACE_PUSH_PASSWORD=PW    its password
+  ALLOCTRACE_PUSH_TOKEN=TOKEN    bearer token
+  ALLOCTRACE_PUSH_TENANT=ID      tenant (the X-Scope-OrgID header)
 An invalid value stops the program before it starts, with one line naming the variable.
 Every command has its own --help; 'python -c "import alloctrace; help(alloctrace)"' documents
 the API."""
@@ -91,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             raise CommandError(
                 "a command is required: run, stats, top, diff, export, flamegraph, why, report, "
-                "snapshot, attach or detach",
+                "snapshot, attach, detach or push",
                 USAGE_ERROR,
             )
         return args.handler(args)

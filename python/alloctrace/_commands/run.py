@@ -44,6 +44,7 @@ _RUN_VALUE_OPTIONS = {
     "--retention",
     "--memory-limit",
     "--signal",
+    "--push",
 }
 _RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help", "--objects", "--native"}
 
@@ -93,7 +94,7 @@ def _run_parser() -> common.Parser:
         "without alloctrace.",
         usage=f"{PROG} run [-n NFRAME] [-o FILE] [--interval SECONDS] "
         "[--sample-interval BYTES [--sample-seed N]] [--objects [--retention N]] [--native] "
-        "[--no-reattribute] [--memory-limit LIMIT] [--signal SIG] [-q] "
+        "[--no-reattribute] [--memory-limit LIMIT] [--signal SIG] [--push URL] [-q] "
         "(script.py | -m module | -c command) [args ...]",
     )
     parser.add_argument(
@@ -167,6 +168,14 @@ def _run_parser() -> common.Parser:
         "SIGUSR2); 'alloctrace snapshot PID' sends it, to this command's pid or the "
         "program's (see ALLOCTRACE_SIGNAL)",
     )
+    parser.add_argument(
+        "--push",
+        metavar="URL",
+        help="also push a memory profile to the Pyroscope-compatible server at URL every 15 s "
+        "and at exit (sampled at 512KiB unless --sample-interval says otherwise); the "
+        "ALLOCTRACE_PUSH_*, ALLOCTRACE_SERVICE and ALLOCTRACE_TAGS variables are passed on "
+        "(see docs/push.md)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary after the run")
     return parser
 
@@ -215,6 +224,13 @@ def main(argv: Sequence[str]) -> int:
                 raise _startup.ConfigError(
                     str(exc).replace(f"{_startup.ENV_SIGNAL}=", "--signal ")
                 ) from None
+        if args.push is not None:
+            from .. import _push
+
+            try:
+                _push.settings(args.push)
+            except ValueError as exc:
+                raise _startup.ConfigError(f"--push: {exc}") from None
         if args.retention is not None:
             _startup.parse_retention(args.retention, "--retention")
             if not args.objects:
@@ -248,6 +264,15 @@ def main(argv: Sequence[str]) -> int:
     ):
         if option is not None:
             env[name] = option
+    if args.push is not None:
+        from .. import _push
+
+        env[_push.ENV_PUSH] = args.push
+        if args.sample_interval is None:
+            env[_startup.ENV_SAMPLE_INTERVAL] = str(_push.DEFAULT_SAMPLE_INTERVAL)
+        for name in _push.PASSED_ON:
+            if name in os.environ:
+                env[name] = os.environ[name]
     command = [sys.executable, *program]
 
     extra = (_startup.parse_signal(args.signal),) if args.signal is not None else ()

@@ -1,0 +1,131 @@
+"""What pushing profiles to Pyroscope adds to sampled tracing: the same workload untraced,
+sampled at 512 KiB, and sampled at 512 KiB while pushing every INTERVAL seconds to a loopback
+server that accepts the Connect push API, side by side, rounds interleaved.
+
+Not part of the test suite. Usage::
+
+    python benches/push.py                    # 3 rounds of ~60 s programs, pushing every 15 s
+    python benches/push.py --quick            # 1 round of ~6 s programs, pushing every 1 s
+
+Each program runs a fixed amount of server-like work (JSON in, objects out, an LRU cache of
+20,000 responses, so a live heap of tens of MB and many tracebacks) and prints its wall time;
+the pushing one also prints its pusher's counters, among them the longest time taking a
+profile held the GIL. Ratios are of median wall times against the untraced program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+WORKLOAD = textwrap.dedent(
+    """
+    import collections, json, random, sys, time
+    iterations = int(sys.argv[1])
+    rng = random.Random(1)
+    cache = collections.OrderedDict()
+    began = time.perf_counter()
+    for i in range(iterations):
+        payload = json.dumps({"id": rng.randrange(10**6), "items": list(range(rng.randrange(60)))})
+        request = json.loads(payload)
+        body = json.dumps({"id": request["id"], "total": sum(request["items"]),
+                           "tags": [str(x) for x in request["items"][:10]]}).encode()
+        cache[request["id"]] = body
+        cache.move_to_end(request["id"])
+        while len(cache) > 20000:
+            cache.popitem(last=False)
+    elapsed = time.perf_counter() - began
+    status = None
+    if "alloctrace" in sys.modules:
+        import alloctrace
+        status = alloctrace.get_push_status()
+    print(json.dumps({"elapsed": elapsed, "push": status}))
+    """
+)
+
+
+def run(script: str, iterations: int, env: dict) -> dict:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
+    full.update(env)
+    done = subprocess.run(
+        [sys.executable, script, str(iterations)],
+        env=full,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one short round")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--iterations", type=int, default=None)
+    parser.add_argument("--interval", type=float, default=None, help="push interval, seconds")
+    args = parser.parse_args()
+    rounds = args.rounds or (1 if args.quick else 3)
+    iterations = args.iterations or (60_000 if args.quick else 600_000)
+    interval = args.interval or (1.0 if args.quick else 15.0)
+
+    from pushwire import Receiver
+
+    with tempfile.TemporaryDirectory() as tmp, Receiver("connect") as receiver:
+        script = os.path.join(tmp, "workload.py")
+        with open(script, "w") as file:
+            file.write(WORKLOAD)
+        modes = {
+            "untraced": {},
+            "sampled 512KiB": {"ALLOCTRACE": "64", "ALLOCTRACE_SAMPLE_INTERVAL": "512KiB"},
+            f"sampled + push every {interval:g}s": {
+                "ALLOCTRACE": "64",
+                "ALLOCTRACE_SAMPLE_INTERVAL": "512KiB",
+                "ALLOCTRACE_PUSH": receiver.url,
+                "ALLOCTRACE_PUSH_INTERVAL": str(interval),
+            },
+        }
+        times: dict[str, list[float]] = {name: [] for name in modes}
+        statuses = []
+        for _ in range(rounds):
+            for name, env in modes.items():
+                result = run(script, iterations, env)
+                times[name].append(result["elapsed"])
+                if result["push"]:
+                    statuses.append(result["push"])
+        pushes = len(receiver.pushes())
+    base = statistics.median(times["untraced"])
+    print(
+        f"{sys.implementation.name} {sys.version.split()[0]}, {rounds} round(s), "
+        f"{iterations} iterations"
+    )
+    print(f"{'mode':<30} {'median s':>9} {'vs untraced':>12}  rounds")
+    for name, values in times.items():
+        median = statistics.median(values)
+        shown = " ".join(f"{v:.2f}" for v in values)
+        print(f"{name:<30} {median:>9.2f} {median / base:>11.3f}x  {shown}")
+    sampled = statistics.median(times["sampled 512KiB"])
+    pushing = statistics.median(times[list(modes)[-1]])
+    print(f"pushing vs sampled alone: {pushing / sampled:.3f}x")
+    if statuses:
+        worst = max(s["snapshot_seconds_max"] for s in statuses)
+        sent = sum(s["pushed"] for s in statuses)
+        failed = sum(s["failed"] for s in statuses)
+        cpu = sum(s["thread_cpu_seconds"] for s in statuses)
+        print(
+            f"profiles pushed during the runs: {sent} (received in all: {pushes}), failed "
+            f"{failed}; longest GIL hold to take one: {worst * 1000:.1f} ms; pusher thread "
+            f"CPU {cpu * 1000 / max(sent, 1):.1f} ms per profile"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,445 @@
+"""Profiles pushed to a Pyroscope-compatible server (``ALLOCTRACE_PUSH``, ``start_push``,
+``alloctrace push``), received by a loopback stand-in (:class:`pushwire.Receiver`) that decodes
+every request with the push and pprof schemas; and the failures that must not reach the
+program: a server down, failing, stalled, talking garbage or hanging up."""
+
+import base64
+import gzip
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import textwrap
+import time
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+import alloctrace
+from alloctrace import _push
+from pushwire import CONNECT, Receiver, fields, profile, push_request
+from subproc import run_python
+
+#: The program the start-up tests push from: ~41 MB of 1000-byte objects kept alive on one
+#: line, then freed; it prints its pid, the exact bytes of what it kept, and the times it had
+#: built them and freed them.
+PROGRAM = textwrap.dedent(
+    """
+    import os, sys, time
+    def build():
+        return [bytes(1000) for _ in range(40000)]  # KEEP
+    keep = build()
+    kept = sum(sys.getsizeof(b) for b in keep)
+    built_at = time.time_ns()
+    time.sleep(float(sys.argv[1]))
+    del keep
+    print(os.getpid(), kept, built_at, time.time_ns())
+    """
+)
+
+FAST = {"ALLOCTRACE_PUSH_INTERVAL": "0.2", "ALLOCTRACE_PUSH_TIMEOUT": "0.5"}
+
+
+def run_program(tmp_path, url, seconds="0.6", **env):
+    script = tmp_path / "app.py"
+    script.write_text(PROGRAM)
+    began = time.monotonic()
+    done = run_python([str(script), seconds], cwd=tmp_path, ALLOCTRACE_PUSH=url, **env)
+    return done, time.monotonic() - began
+
+
+def keep_line_bytes(prof) -> int:
+    """In-use bytes of the samples whose leaf is the KEEP line."""
+    line = PROGRAM.splitlines().index(next(x for x in PROGRAM.splitlines() if "# KEEP" in x))
+    total = 0
+    index = prof["sample_type"].index(("inuse_space", "bytes"))
+    for sample in prof["samples"]:
+        leaf = sample["stack"][0][0]
+        if leaf[0]["filename"].endswith("app.py") and leaf[1] == line + 1:
+            total += sample["values"][index]
+    return total
+
+
+def test_connect_push_labels_profile_and_totals(tmp_path):
+    started = time.time_ns()
+    with Receiver("connect") as receiver:
+        done, _ = run_program(
+            tmp_path,
+            receiver.url,
+            seconds="1.2",
+            ALLOCTRACE_SAMPLE_INTERVAL="64KiB",
+            ALLOCTRACE_SERVICE="shop.api",
+            ALLOCTRACE_TAGS="env=test, region=eu",
+            ALLOCTRACE_PUSH_USER="stack-1",
+            ALLOCTRACE_PUSH_PASSWORD="s3cret",
+            ALLOCTRACE_PUSH_TENANT="tenant-7",
+            **FAST,
+        )
+        pushes = receiver.pushes()
+        paths = {path for path, _, _ in receiver.requests}
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    pid, kept, built_at, freed_at = map(int, done.stdout.split())
+    assert paths == {CONNECT}
+    assert len(pushes) >= 3
+    for push in pushes:
+        headers = push["headers"]
+        assert headers["content-type"] == "application/proto"
+        assert headers["content-encoding"] == "gzip"
+        assert headers["authorization"] == "Basic " + base64.b64encode(b"stack-1:s3cret").decode()
+        assert headers["x-scope-orgid"] == "tenant-7"
+        assert push["labels"] == {
+            "__name__": "memory",
+            "service_name": "shop.api",
+            "host": socket.gethostname(),
+            "pid": str(pid),
+            "process.runtime.name": "cpython",
+            "process.runtime.version": platform.python_version(),
+            "alloctrace_version": alloctrace.__version__,
+            "env": "test",
+            "region": "eu",
+        }
+        assert "s3cret" not in repr(push["labels"])
+        prof = push["profile"]
+        assert prof["sample_type"] == [("inuse_objects", "count"), ("inuse_space", "bytes")]
+        assert prof["default_sample_type"] == "inuse_space"
+        assert prof["period_type"] == ("space", "bytes")
+        assert prof["period"] == 64 * 1024
+        assert started <= prof["time_nanos"] and prof["duration_nanos"] > 0
+    assert len({push["id"] for push in pushes}) == len(pushes)
+    # The intervals follow one another without gaps or overlaps, the last one ending at exit.
+    spans = sorted((p["profile"]["time_nanos"], p["profile"]["duration_nanos"]) for p in pushes)
+    for (start, length), (next_start, _) in zip(spans, spans[1:]):
+        assert start + length == next_start
+    assert spans[-1][0] + spans[-1][1] >= freed_at
+    # While the objects were alive, the estimate of their line is within sampling error
+    # (relative standard error sqrt(64 KiB / 41 MB) = 4%) of their exact size.
+    during = [
+        p
+        for p in pushes
+        if built_at <= p["profile"]["time_nanos"]
+        and p["profile"]["time_nanos"] + p["profile"]["duration_nanos"] < freed_at
+    ]
+    assert during
+    for push in during:
+        assert abs(keep_line_bytes(push["profile"]) - kept) < 0.2 * kept
+    # The last profile, taken at exit, no longer holds them.
+    assert keep_line_bytes(pushes[-1]["profile"]) < 0.2 * kept
+
+
+def test_defaults_when_pushing(tmp_path):
+    with Receiver("connect") as receiver:
+        done, _ = run_program(tmp_path, receiver.url, seconds="0.3", **FAST)
+        pushes = receiver.pushes()
+    assert done.returncode == 0, done.stderr
+    assert pushes
+    last = pushes[-1]
+    assert last["profile"]["period"] == 512 * 1024
+    assert last["labels"]["service_name"] == "app"
+    assert "authorization" not in last["headers"]
+    assert "x-scope-orgid" not in last["headers"]
+    # ALLOCTRACE_PUSH traces with 64 frames (ALLOCTRACE=1 would keep the leaf alone).
+    names = {
+        frame[0]["name"]
+        for push in pushes
+        for sample in push["profile"]["samples"]
+        for location in sample["stack"]
+        for frame in location
+    }
+    assert {"build", "<module>"} <= names
+
+
+def test_ingest_fallback_is_chosen_once(tmp_path):
+    with Receiver("ingest") as receiver:
+        done, _ = run_program(
+            tmp_path, receiver.url, ALLOCTRACE_SERVICE="old", ALLOCTRACE_TAGS="env=x", **FAST
+        )
+        requests = list(receiver.requests)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    pid = int(done.stdout.split()[0])
+    paths = [urlsplit(path).path for path, _, _ in requests]
+    assert paths[0] == CONNECT
+    assert paths[1:] and set(paths[1:]) == {"/ingest"}
+    for path, _headers, body in requests[1:]:
+        query = parse_qs(urlsplit(path).query)
+        assert query["format"] == ["pprof"]
+        name = query["name"][0]
+        assert name.startswith("old{") and f"pid={pid}" in name and "env=x" in name
+        assert int(query["from"][0]) <= int(query["until"][0])
+        assert body[:2] == b"\x1f\x8b"
+        prof = profile(body)
+        assert prof["sample_type"] == [("inuse_objects", "count"), ("inuse_space", "bytes")]
+        assert prof["period"] == 512 * 1024
+
+
+def _refused_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("mode", ["down", "500", "stall", "garbage", "close"])
+def test_failing_server_costs_one_warning(tmp_path, mode):
+    """The program ends as it would, with one line on stderr; a 10-second stall does not hold
+    it (requests time out after 0.5 s, and the exit push is skipped after a failure)."""
+    if mode == "down":
+        done, elapsed = run_program(tmp_path, _refused_url(), **FAST)
+        attempts = None
+    else:
+        with Receiver(mode, stall=10.0) as receiver:
+            done, elapsed = run_program(tmp_path, receiver.url, **FAST)
+            attempts = receiver.attempts
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.split()) == 4
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("alloctrace: cannot push memory profiles to http://127.0.0.1:")
+    if attempts is not None:
+        assert attempts >= 1
+    # The program sleeps 0.6 s; its start-up and our checks are well under 5 s even on a busy
+    # machine, while waiting for the stalled server would take 10.
+    assert elapsed < 8.0
+
+
+def test_start_push_api_and_status(tmp_path):
+    code = textwrap.dedent(
+        """
+        import sys, time, alloctrace
+        alloctrace.start(16, sample_interval=4096, push=sys.argv[1])
+        keep = [bytearray(5000) for _ in range(2000)]
+        time.sleep(0.5)
+        alloctrace.stop_push()
+        status = alloctrace.get_push_status()
+        print(status["pushed"], status["failed"], status["dropped"], status["api"],
+              status["snapshot_seconds_max"] > 0)
+        """
+    )
+    with Receiver("connect") as receiver:
+        done = run_python(
+            ["-c", code, receiver.url], ALLOCTRACE_PUSH_INTERVAL="0.2", ALLOCTRACE_SERVICE="api"
+        )
+        pushes = receiver.pushes()
+    assert done.returncode == 0, done.stderr
+    pushed, failed, dropped, api, timed = done.stdout.split()
+    assert int(pushed) == len(pushes) >= 2
+    assert (failed, dropped, api, timed) == ("0", "0", "connect", "True")
+    assert pushes[-1]["profile"]["period"] == 4096
+    assert pushes[-1]["labels"]["service_name"] == "api"
+
+
+def test_run_push_passes_on_push_variables_only(tmp_path):
+    (tmp_path / "app.py").write_text(PROGRAM)
+    with Receiver("connect") as receiver:
+        done = run_python(
+            [
+                "-m",
+                "alloctrace",
+                "run",
+                "-q",
+                "-o",
+                "app.snap",
+                "--push",
+                receiver.url,
+                "app.py",
+                "0.5",
+            ],
+            cwd=tmp_path,
+            ALLOCTRACE_TAGS="team=core",
+            ALLOCTRACE_PUSH_TOKEN="tok-1",
+            ALLOCTRACE_OBJECTS="1",  # not a push variable: run does not pass it on
+            **FAST,
+        )
+        pushes = receiver.pushes()
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert len(pushes) >= 2
+    assert pushes[-1]["labels"]["team"] == "core"
+    assert pushes[-1]["labels"]["service_name"] == "app"
+    assert pushes[-1]["headers"]["authorization"] == "Bearer tok-1"
+    assert pushes[-1]["profile"]["period"] == 512 * 1024
+    assert not alloctrace.Snapshot.load(str(tmp_path / "app.snap")).has_objects
+    bad = run_python(["-m", "alloctrace", "run", "--push", "nope://x", "app.py"], cwd=tmp_path)
+    assert bad.returncode == 2 and "--push" in bad.stderr and bad.stdout == ""
+
+
+def test_forked_child_pushes_under_its_own_pid(tmp_path):
+    code = textwrap.dedent(
+        """
+        import os, sys, time
+        keep = [bytes(800) for _ in range(3000)]
+        pid = os.fork()
+        if pid == 0:
+            more = [bytes(900) for _ in range(3000)]
+            time.sleep(0.6)
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(0.3)
+        print(os.getpid(), pid)
+        """
+    )
+    with Receiver("connect") as receiver:
+        done = run_python(
+            ["-W", "ignore::DeprecationWarning", "-c", code],
+            ALLOCTRACE_PUSH=receiver.url,
+            **FAST,
+        )
+        pushes = receiver.pushes()
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    parent, child = done.stdout.split()
+    pids = {p["labels"]["pid"] for p in pushes}
+    assert pids == {parent, child}
+    assert sum(p["labels"]["pid"] == child for p in pushes) >= 2
+
+
+def test_bad_settings_are_refused(tmp_path):
+    for env, message in [
+        ({"ALLOCTRACE_PUSH": "ftp://x"}, "push URL must be http"),
+        ({"ALLOCTRACE_PUSH": "http://h", "ALLOCTRACE_TAGS": "a b=c"}, "is not a tag"),
+        ({"ALLOCTRACE_PUSH": "http://h", "ALLOCTRACE_TAGS": "pid=3"}, "set by alloctrace"),
+        ({"ALLOCTRACE_PUSH": "http://h", "ALLOCTRACE_PUSH_INTERVAL": "0"}, "at least 0.1"),
+        ({"ALLOCTRACE_PUSH": "http://h", "ALLOCTRACE_SERVICE": "a b"}, "service name"),
+    ]:
+        done = run_python(["-c", "print('ran')"], **env)
+        assert done.returncode == 2, (env, done.stderr)
+        assert done.stdout == ""
+        assert message in done.stderr and "ALLOCTRACE_PUSH" in done.stderr
+    with pytest.raises(ValueError, match="push URL"):
+        alloctrace.start(1, push="localhost:4040")
+    assert not alloctrace.is_tracing()
+
+
+def test_credentials_never_shown():
+    target = _push.Target("https://me:pa%20ss@example.com/pyro/", tenant="t")
+    assert target.shown == "https://example.com:443/pyro"
+    assert "pa" not in repr(target) and "me" not in target.shown
+    assert target.headers()["Authorization"] == "Basic " + base64.b64encode(b"me:pa ss").decode()
+    bearer = _push.Target("http://h", token="tok")
+    assert bearer.headers()["Authorization"] == "Bearer tok"
+    with pytest.raises(ValueError, match="not both"):
+        _push.Target("http://u:p@h", token="tok")
+
+
+def test_push_request_encoding():
+    body = push_request_bytes = _push.push_request({"b": "2", "a": "1"}, b"\x01\x02" * 200, "id-1")
+    series = push_request(push_request_bytes)
+    assert series == [{"labels": {"a": "1", "b": "2"}, "samples": [(b"\x01\x02" * 200, "id-1")]}]
+    assert [n for n, _ in fields(body)] == [1]
+
+
+def test_push_command_uploads_snapshot_files(tmp_path):
+    snap = tmp_path / "app.snap"
+    made = run_python(
+        [
+            "-c",
+            "import alloctrace, sys; alloctrace.start(5); x = [bytes(1000) for _ in range(2000)]; "
+            "alloctrace.take_snapshot().dump(sys.argv[1])",
+            str(snap),
+        ]
+    )
+    assert made.returncode == 0, made.stderr
+    stamp = alloctrace.Snapshot.load(str(snap)).metadata["timestamp"]
+    with Receiver("connect") as receiver:
+        done = run_python(
+            [
+                "-m",
+                "alloctrace",
+                "push",
+                str(snap),
+                str(snap),
+                "--url",
+                receiver.url,
+                "--service",
+                "batch",
+                "--tag",
+                "run=7",
+            ]
+        )
+        pushes = receiver.pushes()
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("pushed") == 2
+    assert len(pushes) == 2
+    labels = pushes[0]["labels"]
+    assert labels["service_name"] == "batch" and labels["run"] == "7"
+    assert labels["__name__"] == "memory" and "pid" in labels
+    assert pushes[0]["profile"]["time_nanos"] == int(stamp * 1e9)
+    assert pushes[0]["profile"]["period"] == 1
+    # A server that does not answer: one line, a failure status, no traceback.
+    down = run_python(["-m", "alloctrace", "push", str(snap), "--url", _refused_url()])
+    assert down.returncode == 1
+    assert len(down.stderr.splitlines()) == 1 and "cannot push" in down.stderr
+
+
+def test_go_pprof_reads_a_pushed_profile(tmp_path):
+    if shutil.which("go") is None:
+        pytest.skip("go is not installed (apt-get install golang-go)")
+    with Receiver("connect") as receiver:
+        done, _ = run_program(tmp_path, receiver.url, seconds="0.5", **FAST)
+        pushes = receiver.pushes()
+    assert done.returncode == 0, done.stderr
+    path = tmp_path / "pushed.pb.gz"
+    path.write_bytes(gzip.compress(pushes[0]["raw"]))
+    raw = subprocess.run(
+        ["go", "tool", "pprof", "-raw", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )
+    assert raw.returncode == 0, raw.stderr
+    assert "inuse_objects/count inuse_space/bytes" in raw.stdout
+    assert "app.py" in raw.stdout
+
+
+def test_same_shape_as_pyroscope_io(tmp_path):
+    """What the real client (PyPI pyroscope-io) sends and what we send: the same path,
+    headers, content type and encoding, label names and in-use sample types."""
+    import importlib.util
+
+    if importlib.util.find_spec("pyroscope") is None:
+        pytest.skip("pyroscope-io is not installed (it has wheels for CPython 3.10+)")
+    code = textwrap.dedent(
+        """
+        import sys, time, pyroscope
+        pyroscope.configure(application_name="ref", server_address=sys.argv[1],
+                            upload_interval=1, mem_enabled=True, cpu_enabled=False)
+        keep = [bytearray(200000) for _ in range(20)]
+        time.sleep(1.5)
+        pyroscope.shutdown()
+        """
+    )
+    with Receiver("connect") as receiver:
+        done = run_python(["-c", code, receiver.url])
+        theirs = receiver.pushes()
+    assert done.returncode == 0, done.stderr
+    with Receiver("connect") as receiver:
+        run_program(tmp_path, receiver.url, seconds="0.3", **FAST)
+        ours = receiver.pushes()
+    assert theirs and ours
+    for header in ("content-type", "content-encoding"):
+        assert ours[0]["headers"][header] == theirs[0]["headers"][header]
+    shared = {"__name__", "service_name", "process.runtime.name", "process.runtime.version"}
+    assert shared <= set(theirs[0]["labels"]) and shared <= set(ours[0]["labels"])
+    assert ours[0]["labels"]["__name__"] == theirs[0]["labels"]["__name__"]
+    their_types = theirs[0]["profile"]["sample_type"]
+    assert set(ours[0]["profile"]["sample_type"]) <= set(their_types)
+    assert ours[0]["profile"]["period_type"] == theirs[0]["profile"]["period_type"]
+    assert ours[0]["raw"][:2] != b"\x1f\x8b" and theirs[0]["raw"][:2] != b"\x1f\x8b"
+
+
+def test_start_up_defaults_when_pushing():
+    from alloctrace._startup import read_config
+
+    config = read_config({"ALLOCTRACE_PUSH": "http://h", "ALLOCTRACE_SAMPLE_SEED": "3"}, {}, False)
+    assert (config.nframe, config.sample_interval, config.sample_seed) == (64, 512 * 1024, 3)
+    config = read_config(
+        {"ALLOCTRACE_PUSH": "http://h", "ALLOCTRACE": "5", "ALLOCTRACE_SAMPLE_INTERVAL": "0"},
+        {},
+        False,
+    )
+    assert (config.nframe, config.sample_interval) == (5, None)
+    assert read_config({"ALLOCTRACE_PUSH": "http://h", "ALLOCTRACE": "0"}, {}, False).nframe == 0
+    assert read_config({"ALLOCTRACE_PUSH": "http://h"}, {}, True).nframe == 0
