@@ -41,7 +41,7 @@ def build_parser() -> Parser:
         "itself is never traced): ALLOCTRACE=NFRAME, ALLOCTRACE_DUMP=PATH, "
         "ALLOCTRACE_INTERVAL=SECONDS, ALLOCTRACE_SAMPLE_INTERVAL=BYTES, "
         "ALLOCTRACE_SAMPLE_SEED=N, ALLOCTRACE_OBJECTS=1, ALLOCTRACE_RETENTION=N, "
-        "ALLOCTRACE_SIGNAL=SIGNAME (see docs/startup.md).",
+        "ALLOCTRACE_SIGNAL=SIGNAME, ALLOCTRACE_CAPTURE=DIR (see docs/startup.md).",
     )
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {_version()}", help="show the version"
