@@ -90,6 +90,40 @@ def test_pool_leak_is_the_first_merged_line(tmp_path, method):
     assert re.search(rf"^#1: pool\.py:{lineno}: .*, in 3 processes$", again.stdout, re.M)
 
 
+def test_process_pool_executor(tmp_path):
+    script = write(
+        tmp_path,
+        "executor.py",
+        """\
+        import multiprocessing, sys
+        from concurrent.futures import ProcessPoolExecutor
+
+        _seen = []
+
+        def init(barrier):
+            global _barrier
+            _barrier = barrier
+
+        def work(task):
+            _barrier.wait(60)
+            _seen.append([bytearray(100) for _ in range(30000)])  # LEAK
+            return task
+
+        if __name__ == "__main__":
+            ctx = multiprocessing.get_context(sys.argv[1])
+            with ProcessPoolExecutor(2, mp_context=ctx, initializer=init,
+                                     initargs=(ctx.Barrier(2),)) as pool:
+                print(sum(pool.map(work, range(2))))
+        """,
+    )
+    done = cli("run", "--capture", "cap", str(script), "spawn", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lineno = line_of(script, "# LEAK")
+    assert re.search(rf"^#1: executor\.py:{lineno}: .*, in 2 processes$", done.stderr, re.M), (
+        done.stderr
+    )
+
+
 def test_prefork_server_leaking_worker_found_by_process(tmp_path):
     script = write(
         tmp_path,
