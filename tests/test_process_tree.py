@@ -379,3 +379,31 @@ def test_run_that_cannot_start_leaves_no_capture(tmp_path):
     (tmp_path / "ok.py").write_text("pass\n")
     again = cli("run", "--capture", "cap", "ok.py", cwd=tmp_path)
     assert again.returncode == 1 and "cap already holds a capture" in again.stderr
+
+
+def test_why_over_a_capture(tmp_path):
+    script = write(tmp_path, "pool.py", POOL)
+    done = cli(
+        "run",
+        "-q",
+        "--objects",
+        "--retention",
+        "1",
+        "--capture",
+        "cap",
+        str(script),
+        "fork",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    lineno = line_of(script, "# LEAK")
+    why = cli("why", "cap", "--line", f"pool.py:{lineno}", "--limit", "1", cwd=tmp_path)
+    assert why.returncode == 0, why.stderr
+    sections = why.stdout.split("\n\n")
+    assert len(sections) == 3, why.stdout
+    for section in sections:
+        assert re.match(r"== pid \d+ \(ForkPoolWorker-\d\) ==\n", section), section
+        assert "__main__._seen" in section
+    missing = cli("why", "cap", "--line", "pool.py:1", cwd=tmp_path)
+    assert missing.returncode == 1
+    assert "no snapshot of cap holds a retention report for pool.py:1" in missing.stderr
