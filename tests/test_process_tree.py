@@ -304,13 +304,16 @@ def test_exec_chain_and_startup_capture(tmp_path):
         """\
         import os, sys
         kept = [bytearray(100) for _ in range(1000)]
+        os.chdir("elsewhere")  # the relative capture path still names the same directory
         code = "x = [bytearray(100) for _ in range(2000)]"
         os.execv(sys.executable, [sys.executable, "-c", code])
         """,
     )
+    (tmp_path / "elsewhere").mkdir()
     done = subprocess.run(
         [sys.executable, str(script)],
-        env=clean_env(ALLOCTRACE_CAPTURE=str(tmp_path / "cap")),
+        cwd=tmp_path,
+        env=clean_env(ALLOCTRACE_CAPTURE="cap"),
         capture_output=True,
         text=True,
         timeout=TIMEOUT,

@@ -944,6 +944,8 @@ def _start_capture(directory: str):
             f"{ENV_CAPTURE}={_shown(directory)}: cannot create the directory: {exc.strerror or exc}"
         ) from None
     recorder = _capture.Recorder(directory)
+    # Children inherit the variable: absolute, it names this directory wherever they start.
+    os.environ[ENV_CAPTURE] = recorder.directory
     recorder.begin("start")
     return recorder
 
