@@ -88,10 +88,10 @@ def _split_run_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 def _run_parser() -> common.Parser:
     parser = common.Parser(
         prog=f"{PROG} run",
-        description="Run a Python program traced from its first line and write a snapshot at "
-        "exit. The program's exit status, standard streams, sys.argv and __main__ are as "
-        "without alloctrace.",
-        usage=f"{PROG} run [-n NFRAME] [-o FILE] [--interval SECONDS] "
+        description="Run a Python program traced from its first line, its child processes too, "
+        "and write their snapshots at exit into a capture directory. The program's exit "
+        "status, standard streams, sys.argv and __main__ are as without alloctrace.",
+        usage=f"{PROG} run [-n NFRAME] [--interval SECONDS] "
         "[--sample-interval BYTES [--sample-seed N]] [--objects [--retention N]] [--native] "
         "[--no-reattribute] [--memory-limit LIMIT] [--capture DIR | --no-capture | -o FILE] [-q] "
         "(script.py | -m module | -c command) [args ...]",
@@ -108,7 +108,7 @@ def _run_parser() -> common.Parser:
         "-o",
         "--output",
         metavar="FILE",
-        help="snapshot file; may contain {pid}, {time}, {n} (default: alloctrace-NAME.{pid}.snap)",
+        help="instead of a capture directory, a snapshot file; may contain {pid}, {time}, {n}",
     )
     parser.add_argument(
         "--interval",
