@@ -157,6 +157,16 @@ def test_prefork_server_leaking_worker_found_by_process(tmp_path):
     lineno = line_of(script, "# WORK")
     leak = rf"^#1: prefork\.py:{lineno}: 3\.\d MiB in 40,0\d\d blocks"
     assert re.search(leak, sections[0], re.M), sections[0]
+    # export and flamegraph merge the processes' snapshots into one.
+    export = cli("export", "cap", "--format", "folded", "-o", "out.folded", cwd=tmp_path)
+    assert export.returncode == 0, export.stderr
+    folded = (tmp_path / "out.folded").read_text().splitlines()
+    # (Merged snapshots are built from raw traces, which carry no function names.)
+    work = [line for line in folded if line.rsplit(" ", 1)[0].endswith(f"/prefork.py:{lineno}")]
+    assert len(work) == 1 and int(work[0].rsplit(" ", 1)[1]) > 3_000_000, work
+    drawn = cli("flamegraph", "cap", "-o", "out.svg", cwd=tmp_path)
+    assert drawn.returncode == 0, drawn.stderr
+    assert (tmp_path / "out.svg").read_text().startswith("<?xml")
 
 
 def test_subprocess_chain_three_deep(tmp_path):

@@ -515,7 +515,9 @@ def merge_snapshots(snapshots):
     The snapshots must share their ``traceback_limit`` and their kind (all exact, or all
     sampled at one interval); anything else raises :exc:`ValueError` saying which differ.
     Peak snapshots (per-traceback totals) cannot be merged this way: use
-    :func:`combined_statistics`. The result has no metadata, peak or retention reports.
+    :func:`combined_statistics`. The result is built from the raw traces: it has no
+    metadata, peak, object kinds or retention reports, and its frames no function names (an
+    export of it names frames ``file:line``).
     """
     from alloctrace._snapshot import Snapshot
 

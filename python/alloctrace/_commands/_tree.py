@@ -101,7 +101,8 @@ def load(paths: Sequence[str], args: argparse.Namespace, peak: bool = False):
         snapshot = common.load(source.path, getattr(args, "allow_pickle", False))
         if peak:
             snapshot = common.peak_of(source.path, snapshot)
-        common.check_objects(source.path, snapshot, args)
+        if hasattr(args, "key"):
+            common.check_objects(source.path, snapshot, args)
         snapshots.append(snapshot)
     try:
         _capture.check_compatible(snapshots, [s.path for s in sources])
