@@ -174,6 +174,8 @@ class Recorder:
 
 #: Called before an ``os.exec*`` replaces the process: writes its exit snapshot.
 on_exec = None
+#: Called when that ``os.exec*`` failed and the process goes on: its exit snapshot is due again.
+on_exec_failed = None
 
 
 def _reaping(original, recorder: Recorder):
@@ -201,7 +203,13 @@ def _execing(original, recorder: Recorder):
                 on_exec()
         except Exception:
             pass
-        return original(path, args, *rest)
+        try:
+            return original(path, args, *rest)
+        except BaseException:
+            recorder.write("exec_failed")
+            if on_exec_failed is not None:
+                on_exec_failed()
+            raise
 
     wrapper.__name__ = original.__name__
     wrapper.__doc__ = original.__doc__
@@ -441,6 +449,12 @@ def load_capture(directory: str) -> Capture:
             argv = record.get("argv")
             process.exec_argv = [str(a) for a in argv] if isinstance(argv, list) else []
             execs.append((process, _float(record.get("time"))))
+        elif event == "exec_failed":
+            # The process went on: its end, if any, comes later.
+            process.exec_argv = None
+            process.ended = process.end_how = None
+            process.snapshot = None
+            execs = [(p, when) for p, when in execs if p is not process]
     # A status belongs to the latest process of that pid started before it was reaped.
     for record in reaped:
         pid, when = _int(record.get("pid")), _float(record.get("time"))

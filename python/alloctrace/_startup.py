@@ -744,6 +744,12 @@ class Dumper:
         finally:
             self._release_signals(held)
 
+    def exec_failed(self) -> None:
+        """The ``os.exec*`` that :meth:`dump_at_exit` wrote the exit snapshot for failed: the
+        process goes on, and will write it again when it really ends."""
+        with self._lock:
+            self._done = False
+
     def _write(self, path: str, numbered: bool = False) -> bool:
         """Write a snapshot to *path*; whether it was written.
 
@@ -992,6 +998,7 @@ def install() -> None:
 
         recorder.watch_children()
         _capture.on_exec = lambda: dumper.dump_at_exit("exec")
+        _capture.on_exec_failed = dumper.exec_failed
     try:
         alloctrace.start(
             config.nframe,
