@@ -294,6 +294,7 @@ def test_python_child_that_cannot_import_alloctrace_is_named(tmp_path):
         """\
         import subprocess, sys
         subprocess.run([sys.executable, "-S", "-c", "pass"], check=True)
+        subprocess.run(["true"], check=True)
         """,
     )
     done = cli("run", "--capture", "cap", str(script), cwd=tmp_path)
@@ -304,6 +305,7 @@ def test_python_child_that_cannot_import_alloctrace_is_named(tmp_path):
         done.stderr,
         re.M,
     ), done.stderr
+    assert "Not traced: 1 child program(s) that are not Python" in done.stderr
 
 
 def test_exec_chain_and_startup_capture(tmp_path):

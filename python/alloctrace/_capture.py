@@ -475,10 +475,15 @@ def load_capture(directory: str) -> Capture:
     return Capture(directory, processes, untraced, problems)
 
 
+def looks_like_python(argv: list[str]) -> bool:
+    """Whether a command line runs a Python interpreter, by its program's name."""
+    program = os.path.basename(argv[0]) if argv else ""
+    return program.startswith("python") or program == os.path.basename(sys.executable)
+
+
 def untraced_reason(argv: list[str]) -> str:
     """Why a child in :attr:`Capture.untraced` was not traced, as far as its command tells."""
-    program = os.path.basename(argv[0]) if argv else ""
-    if program.startswith("python") or program == os.path.basename(sys.executable):
+    if looks_like_python(argv):
         return (
             f"{argv[0]} did not start alloctrace: it cannot import alloctrace (install it "
             "there) or runs with -S, -E or -I"

@@ -69,11 +69,7 @@ def resolve(paths: Sequence[str]) -> tuple[list[Source], list[str]]:
                         f"numbered snapshot is used"
                     )
                 sources.append(Source(chosen, process))
-            for pid, argv, parent in capture.untraced:
-                notes.append(
-                    f"pid {pid} (started by {parent}: {' '.join(argv)[:80]}) was not traced: "
-                    f"{_capture.untraced_reason(argv)}"
-                )
+            notes.extend(untraced_lines(capture))
             if capture.problems:
                 notes.append(f"{path}: {len(capture.problems)} unreadable manifest line(s)")
         elif os.path.isdir(path):
@@ -91,6 +87,27 @@ def resolve(paths: Sequence[str]) -> tuple[list[Source], list[str]]:
     if not sources:
         raise CommandError(f"{', '.join(paths)}: no snapshot to read")
     return sources, notes
+
+
+#: Python children that were not traced named one by one, at most.
+UNTRACED_SHOWN = 10
+
+
+def untraced_lines(capture) -> list[str]:
+    """The children that never traced themselves: Pythons by name (they were meant to be
+    traced), the other programs counted."""
+    pythons = [u for u in capture.untraced if _capture.looks_like_python(u[1])]
+    lines = [
+        f"Not traced: pid {pid}, started by {parent}: {' '.join(argv)[:100]}: "
+        f"{_capture.untraced_reason(argv)}"
+        for pid, argv, parent in pythons[:UNTRACED_SHOWN]
+    ]
+    if len(pythons) > UNTRACED_SHOWN:
+        lines.append(f"Not traced: {len(pythons) - UNTRACED_SHOWN} more Python children")
+    others = len(capture.untraced) - len(pythons)
+    if others:
+        lines.append(f"Not traced: {others} child program(s) that are not Python")
+    return lines
 
 
 def load(paths: Sequence[str], args: argparse.Namespace, peak: bool = False):
@@ -349,11 +366,7 @@ def summarise_capture(directory: str, shown: str, stream, limit: int = common.DE
             "(SIGKILL, the OOM killer, os._exit or a crash): at exit figures are missing for "
             "them; their last numbered snapshot is used when they wrote one"
         )
-    for pid, argv, parent in capture.untraced:
-        lines.append(
-            f"Not traced: pid {pid}, started by {parent}: {' '.join(argv)[:100]}: "
-            f"{_capture.untraced_reason(argv)}"
-        )
+    lines.extend(untraced_lines(capture))
     lines.extend(f"Unreadable: {text}" for text in unreadable)
     if snapshots:
         args = argparse.Namespace(
