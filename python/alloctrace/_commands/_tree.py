@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .. import _capture, _report
+from .. import _capture, _report, _startup
 from . import _common as common
 from ._common import CommandError
 
@@ -393,3 +393,110 @@ def summarise_capture(directory: str, shown: str, stream, limit: int = common.DE
         f"(--by-process for each process apart)\n"
     )
     stream.flush()
+
+
+# ---------------------------------------------------------------------- 'run'
+
+
+def add_run_options(parser) -> None:
+    """--capture/--no-capture: the whole process tree into one directory (issue 57)."""
+    parser.add_argument(
+        "--capture",
+        metavar="DIR",
+        help="directory for the snapshots of every process of the program (forked, "
+        "multiprocessing and Python subprocess children too) and its manifest.jsonl "
+        "(default: alloctrace-NAME-TIME; see ALLOCTRACE_CAPTURE)",
+    )
+    parser.add_argument(
+        "--no-capture",
+        action="store_true",
+        help="no capture directory: each process writes its own snapshot file (as -o) and "
+        "the summary covers the program's own process only",
+    )
+
+
+def capture_directory(args: argparse.Namespace, name: str) -> str | None:
+    """The capture directory of this run, created empty; ``None`` without a capture."""
+    if args.no_capture or (args.output is not None and args.capture is None):
+        if args.capture is not None:
+            raise CommandError("--capture and --no-capture contradict each other", 2)
+        return None
+    if args.output is not None:
+        raise CommandError("-o/--output names one file per process: not with --capture", 2)
+    if args.capture is not None:
+        directory = args.capture
+        if os.path.exists(os.path.join(directory, _capture.MANIFEST)):
+            raise CommandError(f"{directory} already holds a capture; name another directory")
+    else:
+        import time
+
+        base = f"alloctrace-{name}-{_startup.format_time(time.time())}"
+        directory, number = base, 1
+        while os.path.exists(directory):
+            number += 1
+            directory = f"{base}-{number}"
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise CommandError(f"cannot create {directory}: {exc.strerror or exc}") from None
+    return directory
+
+
+def finish_capture(directory: str, pid: int, status: int, quiet: bool, single) -> None:
+    """Record how the program's own process (*pid*) ended (*status*, negative for a signal),
+    wait for its descendants, then summarise the tree; a program of one process gets the
+    summary of its own snapshot, from *single* (a function of the snapshot's path)."""
+    recorder = _capture.Recorder(directory)
+    fields = {"signal": _signal_name(-status)} if status < 0 else {"code": status}
+    recorder.write("reaped", pid=pid, by=os.getpid(), **fields)
+    capture = _settled_capture(directory)
+    if quiet:
+        return
+    if capture is not None and len(capture.processes) == 1 and not capture.untraced:
+        path = capture.processes[0].snapshot
+        if path is not None and os.path.isfile(path):
+            single(path if os.path.isabs(directory) else os.path.relpath(path))
+            return
+    summarise_capture(directory, directory, sys.stderr)
+
+
+#: How long ``run`` waits, after the program's own process ended, for descendants still
+#: running to write their exit snapshots (multiprocessing's resource tracker and forkserver
+#: end just after the program does).
+SETTLE_SECONDS = 3.0
+
+
+def _settled_capture(directory: str):
+    """The capture once every traced process that is still alive has ended, or after
+    :data:`SETTLE_SECONDS`; ``None`` if it has no manifest."""
+    import time
+
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        try:
+            capture = _capture.load_capture(directory)
+        except OSError:
+            return None
+        running = [p for p in capture.processes if p.killed and _alive(p.pid)]
+        if not running or time.monotonic() > deadline:
+            return capture
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process *pid* still runs (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            state = file.read().rpartition(b")")[2].split()[:1]
+    except OSError:
+        return False
+    return state != [b"Z"]
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

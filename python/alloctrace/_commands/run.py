@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from .. import _startup
 from . import _common as common
+from . import _tree
 from ._common import PROG, CommandError
 from .stats import render_stats
 
@@ -160,26 +161,9 @@ def _run_parser() -> common.Parser:
         "the block's first allocation, which makes creating objects free of tracing cost, "
         "chiefly in sampled mode (see ALLOCTRACE_REATTRIBUTE)",
     )
-    _tree_options(parser)
+    _tree.add_run_options(parser)
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary after the run")
     return parser
-
-
-def _tree_options(parser: common.Parser) -> None:
-    """--capture/--no-capture: the whole process tree into one directory (issue 57)."""
-    parser.add_argument(
-        "--capture",
-        metavar="DIR",
-        help="directory for the snapshots of every process of the program (forked, "
-        "multiprocessing and Python subprocess children too) and its manifest.jsonl "
-        "(default: alloctrace-NAME-TIME; see ALLOCTRACE_CAPTURE)",
-    )
-    parser.add_argument(
-        "--no-capture",
-        action="store_true",
-        help="no capture directory: each process writes its own snapshot file (as -o) and "
-        "the summary covers the program's own process only",
-    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -229,7 +213,7 @@ def main(argv: Sequence[str]) -> int:
         # Checked here: python would report it too, but only after writing an empty snapshot.
         raise CommandError(f"cannot run {program[0]}: No such file or directory")
     _check_starts(program)
-    capture = _capture_directory(args, name)
+    capture = _tree.capture_directory(args, name)
     # {time} is fixed here so that the runner knows the file name; {pid} and {n} are the child's.
     started = time.time()
     stamp = _startup.format_time(started)
@@ -259,7 +243,7 @@ def main(argv: Sequence[str]) -> int:
 
     status, pid = _spawn(command, env)
     if capture is not None:
-        _finish_capture(capture, pid, status, args.quiet)
+        _tree.finish_capture(capture, pid, status, args.quiet, single=_summarise)
         if status < 0:
             _die_like_child(-status)
         return status
@@ -273,93 +257,6 @@ def main(argv: Sequence[str]) -> int:
     if status < 0:
         _die_like_child(-status)
     return status
-
-
-def _capture_directory(args: argparse.Namespace, name: str) -> str | None:
-    """The capture directory of this run, created empty; ``None`` without a capture."""
-    if args.no_capture or (args.output is not None and args.capture is None):
-        if args.capture is not None:
-            raise CommandError("--capture and --no-capture contradict each other", 2)
-        return None
-    if args.output is not None:
-        raise CommandError("-o/--output names one file per process: not with --capture", 2)
-    from .. import _capture
-
-    if args.capture is not None:
-        directory = args.capture
-        if os.path.exists(os.path.join(directory, _capture.MANIFEST)):
-            raise CommandError(f"{directory} already holds a capture; name another directory")
-    else:
-        base = f"alloctrace-{name}-{_startup.format_time(time.time())}"
-        directory, number = base, 1
-        while os.path.exists(directory):
-            number += 1
-            directory = f"{base}-{number}"
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as exc:
-        raise CommandError(f"cannot create {directory}: {exc.strerror or exc}") from None
-    return directory
-
-
-def _finish_capture(directory: str, pid: int, status: int, quiet: bool) -> None:
-    """Record how the program's own process ended, then summarise the whole tree."""
-    from .. import _capture
-    from . import _tree
-
-    recorder = _capture.Recorder(directory)
-    fields = {"signal": _signal_name(-status)} if status < 0 else {"code": status}
-    recorder.write("reaped", pid=pid, by=os.getpid(), **fields)
-    capture = _settled_capture(directory)
-    if quiet:
-        return
-    if capture is not None and len(capture.processes) == 1 and not capture.untraced:
-        # A program of one process: its own summary, as without a capture.
-        path = capture.processes[0].snapshot
-        if path is not None and os.path.isfile(path):
-            _summarise(path if os.path.isabs(directory) else os.path.relpath(path))
-            return
-    _tree.summarise_capture(directory, directory, sys.stderr)
-
-
-#: How long ``run`` waits, after the program's own process ended, for descendants still
-#: running to write their exit snapshots (multiprocessing's resource tracker and forkserver
-#: end just after the program does).
-SETTLE_SECONDS = 3.0
-
-
-def _settled_capture(directory: str):
-    """The capture once every traced process that is still alive has ended, or after
-    :data:`SETTLE_SECONDS`; ``None`` if it has no manifest."""
-    from .. import _capture
-
-    deadline = time.monotonic() + SETTLE_SECONDS
-    while True:
-        try:
-            capture = _capture.load_capture(directory)
-        except OSError:
-            return None
-        running = [p for p in capture.processes if p.killed and _alive(p.pid)]
-        if not running or time.monotonic() > deadline:
-            return capture
-        time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process *pid* still runs (a zombie has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            state = file.read().rpartition(b")")[2].split()[:1]
-    except OSError:
-        return False
-    return state != [b"Z"]
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def _check_starts(program: list[str]) -> None:
