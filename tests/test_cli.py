@@ -361,9 +361,11 @@ def test_run_module_with_nframe_quiet_and_default_output(tmp_path):
     )
     assert result.stdout == plain.stdout
     assert result.stderr == "to stderr\n"
-    dumps = [f for f in os.listdir(tmp_path) if f.endswith(".snap")]
-    assert len(dumps) == 1 and dumps[0].startswith("alloctrace-pkg.tool.")
-    assert alloctrace.Snapshot.load(str(tmp_path / dumps[0])).traceback_limit == 4
+    # By default, a capture directory of the process tree (one process here).
+    (capture,) = [f for f in os.listdir(tmp_path) if f.startswith("alloctrace-pkg.tool-")]
+    dumps = [f for f in os.listdir(tmp_path / capture) if f.endswith(".snap")]
+    assert len(dumps) == 1
+    assert alloctrace.Snapshot.load(str(tmp_path / capture / dumps[0])).traceback_limit == 4
 
 
 def test_run_command_string(tmp_path):

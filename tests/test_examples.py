@@ -44,6 +44,21 @@ def test_leak_quick_start(tmp_path):
     assert err[-1].startswith("alloctrace: snapshot written to leak.snap")
 
 
+def test_pool_leak_whole_tree(tmp_path):
+    result = run(
+        ["-m", "alloctrace", "run", "--capture", "cap", str(EXAMPLES / "pool_leak.py"), "fork"],
+        tmp_path,
+    )
+    assert result.stdout.startswith("6000 tasks done by fork workers")
+    err = result.stderr.splitlines()
+    assert err[0] == "5 processes traced into cap:"
+    leak_line = line_of("pool_leak.py", "_seen[task] = bytearray(4096)")
+    first = next(line for line in err if line.startswith("#1: "))
+    assert first.startswith(f"#1: {EXAMPLES / 'pool_leak.py'}:{leak_line}: ")
+    # Each worker that ran a task leaked; four workers, 6000 tasks in chunks of 25.
+    assert first.endswith((", in 4 processes", ", in 3 processes")), first
+
+
 def test_find_leak(tmp_path):
     result = run([str(EXAMPLES / "find_leak.py")], tmp_path)
     lines = result.stdout.splitlines()

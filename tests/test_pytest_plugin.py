@@ -271,6 +271,8 @@ def test_xdist_workers_merge_into_one_table(pytester):
     result.stdout.fnmatch_lines(["*alloctrace: 4 highest peaks of 4 tests measured*"])
     for n in (1, 2, 3, 4):
         result.stdout.fnmatch_lines([f"*  test_session.py::test_sizes[[]{n}[]]"])
+    # Both workers ran tests (xdist sends the first tests to each worker).
+    result.stdout.fnmatch_lines(["combined peak of 2 xdist workers: at most *iB (the sum of *"])
 
 
 def test_xdist_limits_fail_in_workers(limits, pytester):

@@ -23,6 +23,7 @@ import linecache  # noqa: F401  (tracemalloc exposes it; tests patch linecache.g
 import os as _os
 
 from alloctrace import _memory_limit, _native, _retention
+from alloctrace._capture import Capture, combined_statistics, load_capture, merge_snapshots
 from alloctrace._native import (
     NATIVE_DOMAIN,
     SnapshotFormatError,
@@ -68,6 +69,7 @@ from alloctrace._snapshot import (
 __all__ = [
     "NATIVE_DOMAIN",
     "BaseFilter",
+    "Capture",
     "DomainFilter",
     "Edge",
     "Filter",
@@ -85,6 +87,7 @@ __all__ = [
     "add_filter",
     "clear_filters",
     "clear_traces",
+    "combined_statistics",
     "disable",
     "enable",
     "get_filters",
@@ -99,6 +102,8 @@ __all__ = [
     "is_reattributing",
     "is_tracing",
     "is_tracing_native",
+    "load_capture",
+    "merge_snapshots",
     "referrer_paths",
     "reset_peak",
     "retained_size",

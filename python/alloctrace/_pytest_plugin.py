@@ -293,6 +293,8 @@ class SessionPlugin:
         self.specs: dict[str, TestSpec] = {}
         self.peaks: dict[str, int] = {}
         self.unmeasured: dict[str, str] = {}
+        # Under xdist, in the controller: each worker's highest test peak, by worker id.
+        self.worker_peaks: dict[str, int] = {}
 
     # ---- collection
 
@@ -468,7 +470,11 @@ class SessionPlugin:
         workeroutput = getattr(self.config, "workeroutput", None)
         if workeroutput is not None:
             # An xdist worker: the controller merges every worker's peaks.
-            workeroutput["alloctrace"] = {"peaks": self.peaks, "unmeasured": self.unmeasured}
+            workeroutput["alloctrace"] = {
+                "peaks": self.peaks,
+                "unmeasured": self.unmeasured,
+                "worker_peak": max(self.peaks.values(), default=0),
+            }
             return
         if self.save_path:
             save_baseline(self.save_path, self.peaks)
@@ -479,6 +485,10 @@ class SessionPlugin:
         if data:
             self.peaks.update(data["peaks"])
             self.unmeasured.update(data["unmeasured"])
+            worker = str(
+                getattr(getattr(node, "gateway", None), "id", None) or len(self.worker_peaks)
+            )
+            self.worker_peaks[worker] = int(data.get("worker_peak", 0))
 
     def pytest_terminal_summary(self, terminalreporter):
         if getattr(self.config, "workeroutput", None) is not None:
@@ -497,6 +507,13 @@ class SessionPlugin:
         width = max((len(format_size(p)) for _, p in ranked), default=0)
         for nodeid, peak in ranked:
             terminalreporter.write_line(f"{format_size(peak):>{width}}  {nodeid}")
+        if len(self.worker_peaks) > 1:
+            combined = sum(self.worker_peaks.values())
+            terminalreporter.write_line(
+                f"combined peak of {len(self.worker_peaks)} xdist workers: at most "
+                f"{format_size(combined)} (the sum of each worker's highest test peak, an upper "
+                "bound: the workers ran at once, their highest tests not necessarily together)"
+            )
         if self.unmeasured:
             terminalreporter.write_line(f"not measured ({len(self.unmeasured)}):")
             for nodeid, reason in sorted(self.unmeasured.items()):

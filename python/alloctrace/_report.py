@@ -282,14 +282,18 @@ class Renderer:
         total_size: int,
         total_count: int,
         title: str,
+        notes: Sequence[str] | None = None,
     ) -> list[str]:
-        """The "top N" listing: one entry per statistic, the rest summed, then the total."""
+        """The "top N" listing: one entry per statistic, the rest summed, then the total.
+        *notes*, one per statistic, end their entries' figures (e.g. ", in 3 processes")."""
         lines = [fit_head(title, self.width)]
         shown = stats if limit is None else stats[:limit]
         for rank, stat in enumerate(shown, 1):
             figures = f"{format_size(stat.size)} in {_blocks(stat.count)}"
             if stat.count:
                 figures += f" (average {format_size(stat.size // stat.count)})"
+            if notes is not None:
+                figures += notes[rank - 1]
             self._entry(lines, rank, stat.traceback, key_type, figures, _kind(stat))
         rest = stats[len(shown) :]
         if rest:

@@ -16,6 +16,14 @@ set; otherwise this module is never imported and costs nothing.
     held until it is in place; then the process dies of that signal (see
     :meth:`Dumper.dump_at_exit`). Implies ``ALLOCTRACE=1`` when tracing is not otherwise configured.
     ``{pid}``, ``{time}`` and ``{n}`` in PATH are replaced (see :func:`expand_path`).
+``ALLOCTRACE_CAPTURE=DIR``
+    Instead of ``ALLOCTRACE_DUMP``: every process of the program (forked children,
+    :mod:`multiprocessing` workers with any start method, Python subprocesses, which inherit
+    the variable) writes its snapshots into the directory DIR, named after its process id and
+    start time, and records its start, its snapshots, its end and the exit status of the
+    children it reaps in ``DIR/manifest.jsonl`` (see :mod:`alloctrace._capture`). The
+    settings below that need ``ALLOCTRACE_DUMP`` work with it too. Implies ``ALLOCTRACE=1``
+    when tracing is not otherwise configured; setting both is a configuration error.
 ``ALLOCTRACE_INTERVAL=SECONDS``
     With ``ALLOCTRACE_DUMP``, also write numbered snapshots every SECONDS (at least
     :data:`MIN_INTERVAL`, 0.1) from a daemon thread. Each numbered snapshot (these, and those
@@ -105,6 +113,7 @@ ENV_RETENTION = "ALLOCTRACE_RETENTION"
 ENV_SIGNAL = "ALLOCTRACE_SIGNAL"
 ENV_MEMORY_LIMIT = "ALLOCTRACE_MEMORY_LIMIT"
 ENV_PUSH = "ALLOCTRACE_PUSH"
+ENV_CAPTURE = "ALLOCTRACE_CAPTURE"
 #: Sites that get a retention report in each dump written with ``ALLOCTRACE_OBJECTS=1``, unless
 #: ``ALLOCTRACE_RETENTION`` says otherwise.
 RETENTION_SITES = 5
@@ -160,6 +169,7 @@ class Config:
         "retention",
         "native",
         "reattribute",
+        "capture",
     )
 
     def __init__(
@@ -173,6 +183,7 @@ class Config:
         retention: int = RETENTION_SITES,
         native: bool = False,
         reattribute: bool = True,
+        capture: str | None = None,
     ):
         self.nframe = nframe
         self.dump = dump
@@ -183,13 +194,15 @@ class Config:
         self.retention = retention
         self.native = native
         self.reattribute = reattribute
+        #: The capture directory (``ALLOCTRACE_CAPTURE``); *dump* is then inside it.
+        self.capture = capture
 
     def __repr__(self) -> str:
         return (
             f"Config(nframe={self.nframe!r}, dump={self.dump!r}, interval={self.interval!r}, "
             f"sample_interval={self.sample_interval!r}, sample_seed={self.sample_seed!r}, "
             f"objects={self.objects!r}, retention={self.retention!r}, native={self.native!r}, "
-            f"reattribute={self.reattribute!r})"
+            f"reattribute={self.reattribute!r}, capture={self.capture!r})"
         )
 
 
@@ -450,6 +463,15 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
     dump = environ.get(ENV_DUMP) or None
     if dump is not None:
         check_path_template(dump)
+    capture = environ.get(ENV_CAPTURE) or None
+    if capture is not None:
+        if dump is not None:
+            raise ConfigError(
+                f"{ENV_CAPTURE} and {ENV_DUMP} are both set: a capture names its own snapshot "
+                "files; set one of them"
+            )
+        # Only for the checks below, which need to know that snapshots will be written.
+        dump = os.path.join(capture, "{pid}.snap")
     interval = None
     env_interval = environ.get(ENV_INTERVAL, "")
     if env_interval:
@@ -522,6 +544,7 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
         retention,
         native,
         reattribute,
+        capture,
     )
 
 
@@ -547,6 +570,7 @@ class Dumper:
         interval: float | None,
         objects: bool = False,
         retention: int = RETENTION_SITES,
+        recorder=None,
     ):
         import atexit
         import signal
@@ -557,6 +581,11 @@ class Dumper:
         self._threading = threading
         # Relative to where the program started, even if it changes directory later.
         self.template = os.path.abspath(template)
+        # With a capture (ALLOCTRACE_CAPTURE), the alloctrace._capture.Recorder that names
+        # this process's files and writes its manifest records.
+        self._recorder = recorder
+        if recorder is not None:
+            self.template = _literal(recorder.template())
         self.interval = interval
         self.objects = objects
         self.retention = retention
@@ -619,7 +648,7 @@ class Dumper:
             # The exit snapshot is being written (this handler interrupted it): finish it.
             self._held.append(signum)
             return
-        self.dump_at_exit()
+        self.dump_at_exit(self._signal.Signals(signum).name)
         self._die_of(signum)
 
     def _die_of(self, signum) -> None:
@@ -700,8 +729,11 @@ class Dumper:
             if self._done:
                 return
 
-    def dump_at_exit(self) -> None:
+    def dump_at_exit(self, how: str = "exit") -> None:
         """Write the final snapshot, once, whichever exit path gets here first.
+
+        *how* the process is ending (``"exit"``, a signal's name, ``"exec"``) goes into the
+        capture's manifest, when there is one.
 
         From the main thread, a SIGTERM or SIGINT arriving meanwhile is held until the
         snapshot is in place, then the process dies of it (exit status as if killed by that
@@ -720,9 +752,18 @@ class Dumper:
                     return
                 self._done = True
                 n = self._count + 1 if _has_n(self.template) else None
-                self._write(expand_path(self.template, pid=os.getpid(), n=n))
+                path = expand_path(self.template, pid=os.getpid(), n=n)
+                written = self._write(path)
+                if self._recorder is not None:
+                    self._recorder.ended(how, path if written else None)
         finally:
             self._release_signals(held)
+
+    def exec_failed(self) -> None:
+        """The ``os.exec*`` that :meth:`dump_at_exit` wrote the exit snapshot for failed: the
+        process goes on, and will write it again when it really ends."""
+        with self._lock:
+            self._done = False
 
     def _write(self, path: str, numbered: bool = False) -> bool:
         """Write a snapshot to *path*; whether it was written.
@@ -750,12 +791,14 @@ class Dumper:
                 peak = self._run_peak[1]
             if not self.objects:
                 alloctrace.take_snapshot()._with_peak(peak).dump(path)
-                return True
-            snapshot = alloctrace.take_snapshot(
-                objects=True, retention=self.retention, baseline=self._previous
-            )
-            snapshot._with_peak(peak).dump(path)
-            self._previous = snapshot
+            else:
+                snapshot = alloctrace.take_snapshot(
+                    objects=True, retention=self.retention, baseline=self._previous
+                )
+                snapshot._with_peak(peak).dump(path)
+                self._previous = snapshot
+            if self._recorder is not None:
+                self._recorder.snapshot_written(path, self._count if numbered else None)
             return True
         except BaseException as exc:
             # Never let a failed dump change how the program ends.
@@ -794,6 +837,10 @@ class Dumper:
             self._signal.pthread_sigmask(self._signal.SIG_UNBLOCK, unblock)
 
     def _after_fork_in_child(self) -> None:
+        if self._recorder is not None:
+            # A process of its own in the capture: its own record and snapshot file.
+            self._recorder.begin("fork")
+            self.template = _literal(self._recorder.template())
         self._previous = None
         self._lock = self._threading.RLock()
         self._stop = self._threading.Event()
@@ -816,6 +863,11 @@ class Dumper:
     def _register_multiprocessing_exit(self) -> None:
         mp_util = sys.modules["multiprocessing.util"]
         mp_util.Finalize(None, self.dump_at_exit, exitpriority=-1000)
+
+
+def _literal(path: str) -> str:
+    """*path* as a dump template without placeholders (its braces escaped)."""
+    return path.replace("{", "{{").replace("}", "}}")
 
 
 def is_command_line_tool(argv: list[str] | None = None) -> bool:
@@ -902,6 +954,23 @@ def forward_xoption() -> None:
         _forward_in(util)
 
 
+def _start_capture(directory: str):
+    """This process's :class:`alloctrace._capture.Recorder`, its ``start`` record written."""
+    from alloctrace import _capture
+
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"{ENV_CAPTURE}={_shown(directory)}: cannot create the directory: {exc.strerror or exc}"
+        ) from None
+    recorder = _capture.Recorder(directory)
+    # Children inherit the variable: absolute, it names this directory wherever they start.
+    os.environ[ENV_CAPTURE] = recorder.directory
+    recorder.begin("start")
+    return recorder
+
+
 def install() -> None:
     """Apply the start-up configuration; called from ``alloctrace_startup.pth``."""
     global _dumper, _installed
@@ -914,11 +983,9 @@ def install() -> None:
         return
     try:
         config = read_config(os.environ, sys._xoptions, bool(sys.flags.ignore_environment))
-        on_signal = read_signal(
-            os.environ, bool(sys.flags.ignore_environment), os.environ.get(ENV_DUMP) or None
-        )
+        on_signal = read_signal(os.environ, bool(sys.flags.ignore_environment), config.dump)
         memory_limit = read_memory_limit(
-            os.environ, bool(sys.flags.ignore_environment), os.environ.get(ENV_DUMP) or None
+            os.environ, bool(sys.flags.ignore_environment), config.dump
         )
         push = None if sys.flags.ignore_environment else os.environ.get(ENV_PUSH) or None
         if push is not None:
@@ -928,6 +995,7 @@ def install() -> None:
                 _push.settings(push)
             except ValueError as exc:
                 raise ConfigError(f"{ENV_PUSH}: {exc}") from None
+        recorder = _start_capture(config.capture) if config.capture is not None else None
     except ConfigError as exc:
         _warn(str(exc))
         # site.py swallows exceptions from .pth lines and would run the program untraced.
@@ -944,10 +1012,16 @@ def install() -> None:
     # Everything the dumps need is imported and set up before tracing starts, so that our own
     # imports (threading, signal...) do not show up in the program's snapshots.
     dumper = (
-        Dumper(config.dump, config.interval, config.objects, config.retention)
+        Dumper(config.dump, config.interval, config.objects, config.retention, recorder)
         if config.dump is not None
         else None
     )
+    if recorder is not None:
+        from alloctrace import _capture
+
+        recorder.watch_children()
+        _capture.on_exec = lambda: dumper.dump_at_exit("exec")
+        _capture.on_exec_failed = dumper.exec_failed
     try:
         alloctrace.start(
             config.nframe,

@@ -244,6 +244,12 @@ def _explain_empty_filter(snapshot, args: argparse.Namespace, path: str) -> str:
 
 
 def loaded_and_filtered(path: str, args: argparse.Namespace, strict: bool = False):
+    """*path*'s snapshot, filtered; a capture directory, a directory of snapshots or a glob
+    gives the snapshots of its processes merged into one."""
+    from . import _tree
+
+    if _tree.is_many([path]):
+        return _tree.merged([path], args)
     return filtered(load(path, args.allow_pickle), args, path, strict)
 
 

@@ -17,8 +17,10 @@ def register(commands) -> None:
         description="What grew and shrank from OLD to NEW, biggest change first (unchanged "
         "entries left out).",
     )
-    diff.add_argument("old", help="earlier snapshot file")
-    diff.add_argument("new", nargs="?", help="later snapshot file")
+    diff.add_argument(
+        "old", help="earlier snapshot file, capture directory or quoted glob (summed per site)"
+    )
+    diff.add_argument("new", nargs="?", help="later snapshot file, capture directory or glob")
     diff.add_argument(
         "--peak",
         action="store_true",
@@ -58,6 +60,15 @@ def execute(args: argparse.Namespace) -> int:
             "diff needs two snapshot files (or --peak and one)", common.USAGE_ERROR
         )
     else:
+        from . import _tree
+
+        if _tree.is_many([args.old]) or _tree.is_many([args.new]):
+            if args.json:
+                raise common.CommandError(
+                    "diff --json reads two snapshot files, not captures", common.USAGE_ERROR
+                )
+            common.write_lines(_tree.diff_lines(args, sys.stdout))
+            return 0
         old = common.load(args.old, args.allow_pickle)
         new = common.load(args.new, args.allow_pickle)
     common.check_objects(args.old, old, args)

@@ -17,7 +17,9 @@ def register(commands) -> None:
         description="Write the live memory of a snapshot file by stack, as a pprof heap profile "
         "or as folded stacks.",
     )
-    export.add_argument("file", help="snapshot file")
+    export.add_argument(
+        "file", help="snapshot file, or a capture directory or quoted glob (merged)"
+    )
     export.add_argument(
         "--format",
         required=True,

@@ -15,7 +15,9 @@ def register(commands) -> None:
         description="Draw the live memory of a snapshot file by stack as an interactive SVG "
         "flamegraph, or (--diff) what grew from OLD to NEW.",
     )
-    flamegraph.add_argument("file", nargs="?", help="snapshot file")
+    flamegraph.add_argument(
+        "file", nargs="?", help="snapshot file, or a capture directory or quoted glob (merged)"
+    )
     flamegraph.add_argument(
         "--diff",
         nargs=2,

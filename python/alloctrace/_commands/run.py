@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from .. import _startup
 from . import _common as common
+from . import _tree
 from ._common import PROG, CommandError
 from .stats import render_stats
 
@@ -45,8 +46,9 @@ _RUN_VALUE_OPTIONS = {
     "--memory-limit",
     "--signal",
     "--push",
+    "--capture",
 }
-_RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help", "--objects", "--native"}
+_RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help", "--objects", "--native", "--no-capture"}
 
 
 def _split_run_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -89,12 +91,13 @@ def _split_run_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 def _run_parser() -> common.Parser:
     parser = common.Parser(
         prog=f"{PROG} run",
-        description="Run a Python program traced from its first line and write a snapshot at "
-        "exit. The program's exit status, standard streams, sys.argv and __main__ are as "
-        "without alloctrace.",
-        usage=f"{PROG} run [-n NFRAME] [-o FILE] [--interval SECONDS] "
+        description="Run a Python program traced from its first line, its child processes too, "
+        "and write their snapshots at exit into a capture directory. The program's exit "
+        "status, standard streams, sys.argv and __main__ are as without alloctrace.",
+        usage=f"{PROG} run [-n NFRAME] [--interval SECONDS] "
         "[--sample-interval BYTES [--sample-seed N]] [--objects [--retention N]] [--native] "
-        "[--no-reattribute] [--memory-limit LIMIT] [--signal SIG] [--push URL] [-q] "
+        "[--no-reattribute] [--memory-limit LIMIT] [--signal SIG] [--push URL] "
+        "[--capture DIR | --no-capture | -o FILE] [-q] "
         "(script.py | -m module | -c command) [args ...]",
     )
     parser.add_argument(
@@ -109,7 +112,7 @@ def _run_parser() -> common.Parser:
         "-o",
         "--output",
         metavar="FILE",
-        help="snapshot file; may contain {pid}, {time}, {n} (default: alloctrace-NAME.{pid}.snap)",
+        help="instead of a capture directory, a snapshot file; may contain {pid}, {time}, {n}",
     )
     parser.add_argument(
         "--interval",
@@ -176,6 +179,7 @@ def _run_parser() -> common.Parser:
         "ALLOCTRACE_PUSH_*, ALLOCTRACE_SERVICE and ALLOCTRACE_TAGS variables are passed on "
         "(see docs/push.md)",
     )
+    _tree.add_run_options(parser)
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary after the run")
     return parser
 
@@ -241,6 +245,7 @@ def main(argv: Sequence[str]) -> int:
         # Checked here: python would report it too, but only after writing an empty snapshot.
         raise CommandError(f"cannot run {program[0]}: No such file or directory{_hint(program)}")
     _check_starts(program)
+    capture = _tree.capture_directory(args, name)
     # {time} is fixed here so that the runner knows the file name; {pid} and {n} are the child's.
     started = time.time()
     stamp = _startup.format_time(started)
@@ -250,7 +255,10 @@ def main(argv: Sequence[str]) -> int:
     # user's shell (say ALLOCTRACE_DUMP for other runs) are not passed on.
     env = {name: value for name, value in os.environ.items() if not name.startswith("ALLOCTRACE")}
     env[_startup.ENV_NFRAME] = str(args.nframe)
-    env[_startup.ENV_DUMP] = os.path.abspath(template)
+    if capture is None:
+        env[_startup.ENV_DUMP] = os.path.abspath(template)
+    else:
+        env[_startup.ENV_CAPTURE] = os.path.abspath(capture)
     for option, name in (
         (args.interval, _startup.ENV_INTERVAL),
         (args.sample_interval, _startup.ENV_SAMPLE_INTERVAL),
@@ -277,6 +285,11 @@ def main(argv: Sequence[str]) -> int:
 
     extra = (_startup.parse_signal(args.signal),) if args.signal is not None else ()
     status, pid = _spawn(command, env, extra)
+    if capture is not None:
+        _tree.finish_capture(capture, pid, status, args.quiet, single=_summarise)
+        if status < 0:
+            _die_like_child(-status)
+        return status
     path = _find_dump(template, pid, started)
     shown = path if path is None or os.path.isabs(output) else os.path.relpath(path)
     if path is None:

@@ -22,7 +22,14 @@ def register(commands) -> None:
         description="The top allocation sites of a snapshot file, biggest first, grouped by "
         "line, file, traceback or object kind.",
     )
-    stats.add_argument("file", help="snapshot file")
+    stats.add_argument(
+        "files",
+        nargs="+",
+        metavar="file",
+        help="snapshot file; several files, a capture directory ('alloctrace run') or a quoted "
+        "glob are summed per site across processes",
+    )
+    _add_by_process(stats)
     stats.add_argument(
         "--peak",
         action="store_true",
@@ -39,19 +46,33 @@ def register(commands) -> None:
         "--interval, the top lines of the newest dump matching a pattern, redrawn live.",
     )
     top.add_argument(
-        "file",
-        nargs="?",
-        help="snapshot file; with --interval, a pattern such as 'app-*.snap' (quoted)",
+        "files",
+        nargs="*",
+        metavar="file",
+        help="snapshot file, several, a capture directory or a glob (summed per site); with "
+        "--interval, a pattern such as 'app-*.snap' (quoted)",
     )
+    _add_by_process(top)
     live.add_options(top)
     common.add_report_options(top, full=False)
     top.set_defaults(handler=execute_top)
 
 
+def _add_by_process(parser) -> None:
+    parser.add_argument(
+        "--by-process",
+        action="store_true",
+        help="with several snapshots, one listing per process, the largest first",
+    )
+
+
 def execute_top(args: argparse.Namespace) -> int:
     if args.interval is not None or args.pid is not None:
+        if len(args.files) > 1:
+            raise common.CommandError("top --interval follows one pattern", common.USAGE_ERROR)
+        args.file = args.files[0] if args.files else None
         return live.execute(args)
-    if args.file is None:
+    if not args.files:
         raise common.CommandError("a snapshot FILE (or --pid PID) is required", common.USAGE_ERROR)
     return execute(args)
 
@@ -95,6 +116,11 @@ def render_stats(path: str, snapshot, args: argparse.Namespace, stream) -> list[
 
 
 def execute(args: argparse.Namespace) -> int:
+    from . import _tree
+
+    if _tree.is_many(args.files):
+        return _tree.execute_stats(args)
+    args.file = args.files[0]
     common.check_key(args)
     snapshot = common.load(args.file, args.allow_pickle)
     if getattr(args, "peak", False):

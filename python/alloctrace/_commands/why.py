@@ -19,7 +19,11 @@ def register(commands) -> None:
         description="Why the objects allocated at a line are alive: what holds them, sample "
         "reference chains and retained sizes, from the retention reports a snapshot file holds.",
     )
-    why.add_argument("file", help="snapshot file with retention reports")
+    why.add_argument(
+        "file",
+        help="snapshot file with retention reports, or a capture directory or quoted glob "
+        "(the reports of each process that has one)",
+    )
     why.add_argument(
         "--line",
         metavar="FILE:LINE",
@@ -42,11 +46,85 @@ def register(commands) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
+    from . import _tree
+
+    if _tree.is_many([args.file]):
+        return _execute_many(args)
     snapshot = common.load(args.file, args.allow_pickle)
+    sites = _sites(args.file, snapshot, args)
+    if args.json:
+        common.write_json(
+            {
+                "version": JSON_VERSION,
+                "command": "why",
+                "file": args.file,
+                "reports": [site._json() for site in sites],
+            }
+        )
+    else:
+        common.write_lines(_text(sites, args).split("\n"))
+    return 0
+
+
+def _execute_many(args: argparse.Namespace) -> int:
+    """``why`` over several snapshots: the reports of each process, one after the other."""
+    from . import _tree
+
+    sources, notes = _tree.resolve([args.file])
+    found = []
+    for source in sources:
+        snapshot = common.load(source.path, args.allow_pickle)
+        if snapshot._data.retention is None:
+            continue
+        try:
+            sites = _sites(source.path, snapshot, args)
+        except common.CommandError:
+            if args.line is None:
+                raise
+            continue
+        found.append((source, sites))
+    if not found:
+        what = "retention reports" if args.line is None else f"a retention report for {args.line}"
+        raise common.CommandError(
+            f"no snapshot of {args.file} holds {what}: capture them with 'alloctrace run "
+            "--objects PROGRAM' (or ALLOCTRACE_OBJECTS=1)"
+        )
+    if args.json:
+        common.write_json(
+            {
+                "version": JSON_VERSION,
+                "command": "why",
+                "file": args.file,
+                "processes": [
+                    {
+                        "file": source.path,
+                        "pid": None if source.process is None else source.process.pid,
+                        "reports": [site._json() for site in sites],
+                    }
+                    for source, sites in found
+                ],
+            }
+        )
+        return 0
+    blocks = [f"== {source.label} ==\n{_text(sites, args)}" for source, sites in found]
+    common.write_lines("\n\n".join(blocks).split("\n"))
+    return 0
+
+
+def _text(sites, args: argparse.Namespace) -> str:
+    text = "\n\n".join(str(site) for site in sites)
+    if not args.full_paths:
+        # As stats and diff do: files under the current directory, relative to it.
+        text = text.replace(os.getcwd().rstrip("/") + "/", "")
+    return text
+
+
+def _sites(path: str, snapshot, args: argparse.Namespace) -> list:
+    """The retention reports of *snapshot* that ``--line`` chooses (all without it)."""
     reports = snapshot._data.retention
     if reports is None:
         raise common.CommandError(
-            f"{args.file} holds no retention reports: capture them with "
+            f"{path} holds no retention reports: capture them with "
             "'alloctrace run --objects PROGRAM', ALLOCTRACE_OBJECTS=1 next to ALLOCTRACE_DUMP, "
             "or take_snapshot(retention=N) before dump() in code"
         )
@@ -63,30 +141,15 @@ def execute(args: argparse.Namespace) -> int:
         try:
             found = find_site_report(reports, filename, int(line))
         except ValueError as error:
-            raise common.CommandError(f"{args.file}: {error}", common.USAGE_ERROR) from None
+            raise common.CommandError(f"{path}: {error}", common.USAGE_ERROR) from None
         chosen = [] if found is None else [found]
         if not chosen:
             captured = ", ".join(f"{r['filename']}:{r['lineno']}" for r in reports) or "none"
             raise common.CommandError(
-                f"{args.file} has no retention report for {args.line} (captured for: {captured})"
+                f"{path} has no retention report for {args.line} (captured for: {captured})"
             )
     sites = [SiteRetention(r) for r in chosen]
     for site in sites:
         if args.limit is not None:
             site.paths = site.paths[: args.limit]
-    if args.json:
-        common.write_json(
-            {
-                "version": JSON_VERSION,
-                "command": "why",
-                "file": args.file,
-                "reports": [site._json() for site in sites],
-            }
-        )
-    else:
-        text = "\n\n".join(str(site) for site in sites)
-        if not args.full_paths:
-            # As stats and diff do: files under the current directory, relative to it.
-            text = text.replace(os.getcwd().rstrip("/") + "/", "")
-        common.write_lines(text.split("\n"))
-    return 0
+    return sites

@@ -1,0 +1,623 @@
+"""Captures: one directory for a whole process tree, each process's snapshots and a manifest.
+
+A program traced with ``ALLOCTRACE_CAPTURE=DIR`` (what ``alloctrace run`` sets by default) is
+many processes as often as one: ``multiprocessing`` pools with any start method, pre-fork
+servers, Python subprocesses. Every traced process writes its snapshots into DIR, named
+``PID-MILLIS.snap`` after its process id and start time (so that a reused process id never
+overwrites an earlier process's file), and appends what happens to it to ``DIR/manifest.jsonl``,
+one JSON object a line:
+
+``start``
+    A process began tracing: ``id``, ``pid``, ``ppid``, ``argv`` (the interpreter's command
+    line), ``time``, ``how`` (``"start"`` for an interpreter, ``"fork"`` for a forked child)
+    and ``file``, the name its exit snapshot will have.
+``snapshot``
+    A snapshot file was written (``file``; ``n`` for numbered ones, ``null`` for the exit one).
+``end``
+    The exit snapshot is in place: ``how`` the process was ending (``"exit"``, a signal name
+    such as ``"SIGTERM"``, or ``"exec"``) and its :mod:`multiprocessing` process ``name``.
+``reaped``
+    A traced process collected a child's exit status through ``os.wait``, ``os.waitpid``,
+    ``os.wait3`` or ``os.wait4`` (``pid``, ``by``, ``code`` or ``signal``); ``alloctrace run``
+    writes one for the program itself.
+``spawn`` / ``exec``
+    A traced process started a program with :mod:`subprocess`, or replaced itself with
+    ``os.exec*`` (``argv``): a Python program that could not import alloctrace then shows up
+    as one that never started tracing, and is named as such.
+
+Each record is one ``write`` on a file opened with ``O_APPEND``, short enough (argv is cut
+to fit) that concurrent writers never interleave within a line. A process with a ``start``
+record and no ``end`` record was killed (SIGKILL, the OOM killer), left through ``os._exit``
+or crashed before it could write its exit snapshot: :func:`load_capture` lists it as such,
+with the status its parent saw when that parent was traced, and with its last numbered
+snapshot if it wrote any.
+
+:func:`merge_snapshots` and :func:`combined_statistics` sum snapshots of several processes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+#: The manifest's name inside a capture directory.
+MANIFEST = "manifest.jsonl"
+ENV_CAPTURE = "ALLOCTRACE_CAPTURE"
+#: Records are cut to stay below this size, well under the 4 KiB a single append keeps whole.
+_RECORD_MAX = 3000
+_ARGV_ITEM_MAX = 200
+
+
+def _now() -> float:
+    return round(time.time(), 6)
+
+
+def _interpreter_argv() -> list[str]:
+    argv = getattr(sys, "orig_argv", None)
+    if argv is None:
+        try:
+            with open("/proc/self/cmdline", "rb") as file:
+                argv = os.fsdecode(file.read()).split("\0")[:-1]
+        except OSError:
+            argv = list(sys.argv)
+    return list(argv)
+
+
+def _cut_argv(argv) -> list[str]:
+    out = []
+    used = 0
+    for item in argv:
+        text = os.fsdecode(item) if isinstance(item, bytes) else str(item)
+        if len(text) > _ARGV_ITEM_MAX:
+            text = text[: _ARGV_ITEM_MAX - 3] + "..."
+        used += len(text) + 4
+        if used > _RECORD_MAX // 2:
+            out.append("...")
+            break
+        out.append(text)
+    return out
+
+
+def _status_fields(status: int) -> dict:
+    if os.WIFSIGNALED(status):
+        try:
+            import signal
+
+            name = signal.Signals(os.WTERMSIG(status)).name
+        except ValueError:
+            name = f"signal {os.WTERMSIG(status)}"
+        return {"signal": name}
+    if os.WIFEXITED(status):
+        return {"code": os.WEXITSTATUS(status)}
+    return {}
+
+
+class Recorder:
+    """Writes this process's records into a capture directory, and names its snapshot files."""
+
+    def __init__(self, directory: str):
+        self.directory = os.path.abspath(directory)
+        self.manifest = os.path.join(self.directory, MANIFEST)
+        self.id = ""
+        self._wrapped = False
+
+    def begin(self, how: str) -> None:
+        """A process starts tracing (``"start"``) or was just forked (``"fork"``)."""
+        started = time.time()
+        self.pid = os.getpid()
+        self.id = f"{self.pid}-{int(started * 1000)}"
+        self.write(
+            "start",
+            ppid=os.getppid(),
+            argv=_cut_argv(_interpreter_argv()),
+            how=how,
+            file=os.path.basename(self.template()),
+            python=".".join(map(str, sys.version_info[:3])),
+        )
+
+    def template(self) -> str:
+        """This process's snapshot path, for :class:`alloctrace._startup.Dumper`."""
+        return os.path.join(self.directory, f"{self.id}.snap")
+
+    def write(self, event: str, **fields) -> None:
+        import json
+
+        record = {"event": event, "id": self.id, "pid": os.getpid(), "time": _now(), **fields}
+        data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        try:
+            fd = os.open(
+                self.manifest, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
+            )
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            from alloctrace._startup import _warn
+
+            _warn(f"cannot write to {self.manifest}: {exc.strerror or exc}")
+
+    def snapshot_written(self, path: str, n: int | None) -> None:
+        self.write("snapshot", file=os.path.basename(path), n=n)
+
+    def ended(self, how: str, path: str | None) -> None:
+        name = None
+        process = sys.modules.get("multiprocessing.process")
+        if process is not None:
+            try:
+                name = process.current_process().name
+            except Exception:
+                name = None
+        self.write("end", how=how, file=None if path is None else os.path.basename(path), name=name)
+
+    # ------------------------------------------------------------------ children
+
+    def watch_children(self) -> None:
+        """Record the children this process reaps, starts with subprocess, or execs into."""
+        if self._wrapped:
+            return
+        self._wrapped = True
+        recorder = self
+        for name in ("wait", "waitpid", "wait3", "wait4"):
+            original = getattr(os, name, None)
+            if original is not None:
+                setattr(os, name, _reaping(original, recorder))
+        for name in ("execv", "execve"):
+            original = getattr(os, name, None)
+            if original is not None:
+                setattr(os, name, _execing(original, recorder))
+        from alloctrace._after_import import when_imported
+
+        when_imported("subprocess", lambda module: _watch_popen(module, recorder))
+
+
+#: Called before an ``os.exec*`` replaces the process: writes its exit snapshot.
+on_exec = None
+#: Called when that ``os.exec*`` failed and the process goes on: its exit snapshot is due again.
+on_exec_failed = None
+
+
+def _reaping(original, recorder: Recorder):
+    def wrapper(*args, **kwargs):
+        result = original(*args, **kwargs)
+        try:
+            pid, status = result[0], result[1]
+            if pid > 0:
+                recorder.write("reaped", pid=pid, by=os.getpid(), **_status_fields(status))
+        except Exception:
+            pass
+        return result
+
+    wrapper.__name__ = original.__name__
+    wrapper.__doc__ = original.__doc__
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _execing(original, recorder: Recorder):
+    def wrapper(path, args, *rest):
+        try:
+            recorder.write("exec", argv=_cut_argv(args))
+            if on_exec is not None:
+                on_exec()
+        except Exception:
+            pass
+        try:
+            return original(path, args, *rest)
+        except BaseException:
+            recorder.write("exec_failed")
+            if on_exec_failed is not None:
+                on_exec_failed()
+            raise
+
+    wrapper.__name__ = original.__name__
+    wrapper.__doc__ = original.__doc__
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _watch_popen(module, recorder: Recorder) -> None:
+    popen = getattr(module, "Popen", None)
+    original = getattr(popen, "_execute_child", None)
+    if original is None or getattr(original, "_alloctrace_watches", False):
+        return
+
+    def _execute_child(self, args, *rest, **kwargs):
+        original(self, args, *rest, **kwargs)
+        try:
+            argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+            recorder.write("spawn", child=self.pid, argv=_cut_argv(map(os.fspath, argv)))
+        except Exception:
+            pass
+
+    _execute_child._alloctrace_watches = True  # type: ignore[attr-defined]
+    popen._execute_child = _execute_child
+
+
+# ---------------------------------------------------------------------- reading a capture
+
+
+class CaptureProcess:
+    """One process of a capture, as its manifest records tell it."""
+
+    __slots__ = (
+        "id",
+        "pid",
+        "ppid",
+        "argv",
+        "how",
+        "started",
+        "ended",
+        "end_how",
+        "name",
+        "code",
+        "signal",
+        "snapshot",
+        "numbered",
+        "exec_argv",
+    )
+
+    def __init__(self, record: dict):
+        self.id = str(record.get("id", ""))
+        self.pid = _int(record.get("pid"))
+        self.ppid = _int(record.get("ppid"))
+        argv = record.get("argv")
+        self.argv = [str(a) for a in argv] if isinstance(argv, list) else []
+        self.how = str(record.get("how", "start"))
+        self.started = _float(record.get("time"))
+        self.ended: float | None = None
+        self.end_how: str | None = None
+        self.name: str | None = None
+        self.code: int | None = None
+        self.signal: str | None = None
+        #: Path of the exit snapshot, when it was written.
+        self.snapshot: str | None = None
+        #: Paths of the numbered snapshots, oldest first.
+        self.numbered: list[str] = []
+        self.exec_argv: list[str] | None = None
+
+    @property
+    def killed(self) -> bool:
+        """Whether the process ended without writing its exit snapshot."""
+        return self.ended is None
+
+    @property
+    def last_snapshot(self) -> str | None:
+        """The exit snapshot, or for a killed process its last numbered one."""
+        if self.snapshot is not None:
+            return self.snapshot
+        return self.numbered[-1] if self.numbered else None
+
+    @property
+    def role(self) -> str:
+        """What the process was, for people: its multiprocessing name, ``fork of PID``, the
+        multiprocessing helper it ran, or its command line."""
+        if self.name and self.name != "MainProcess":
+            return self.name
+        text = " ".join(self.argv)
+        if "multiprocessing.resource_tracker" in text:
+            return "resource tracker"
+        if "multiprocessing.forkserver" in text:
+            return "forkserver"
+        if self.how == "fork":
+            return f"fork of {self.ppid}"
+        args = self.argv[1:]
+        while args and args[0].startswith("-") and args[0] not in ("-c", "-m"):
+            args = args[2:] if args[0] in ("-X", "-W") else args[1:]
+        if args and args[0] not in ("-c", "-m") and args[0].endswith(".py"):
+            args = [os.path.basename(args[0]), *args[1:]]
+        return " ".join(args) or text or "?"
+
+    @property
+    def ending(self) -> str:
+        """How the process ended, in words."""
+        if self.signal is not None:
+            status = f"killed by {self.signal}"
+        elif self.code is not None:
+            status = f"exit {self.code}"
+        else:
+            status = None
+        if self.end_how == "exec":
+            return "exec'd " + " ".join(self.exec_argv or [])[:60]
+        if self.killed:
+            if status is None:
+                return "no exit snapshot (killed, os._exit, or still running)"
+            return f"{status}, before its exit snapshot"
+        if status is None:
+            return self.end_how if self.end_how not in (None, "exit") else "exit"
+        return status
+
+    def __repr__(self) -> str:
+        return f"<CaptureProcess pid={self.pid} role={self.role!r} {self.ending}>"
+
+
+class Capture:
+    """A capture directory read back: its processes, oldest first (see :func:`load_capture`)."""
+
+    def __init__(self, directory: str, processes: list, untraced: list, problems: list):
+        self.directory = directory
+        #: :class:`CaptureProcess` objects, in the order they started.
+        self.processes = processes
+        #: ``(pid, argv, parent pid)`` of children started with subprocess or ``os.exec*``
+        #: that never started tracing: not Python, or a Python that cannot import alloctrace.
+        self.untraced = untraced
+        #: Lines of the manifest that could not be read.
+        self.problems = problems
+
+    @property
+    def root(self):
+        return self.processes[0] if self.processes else None
+
+    def __repr__(self) -> str:
+        return f"<Capture {self.directory!r} processes={len(self.processes)}>"
+
+
+def _int(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _float(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def _safe_name(directory: str, name) -> str | None:
+    """*name* inside *directory*, refusing anything that is not a plain file name: a
+    manifest from someone else must not point the reader elsewhere."""
+    if not isinstance(name, str) or not name or name != os.path.basename(name):
+        return None
+    if name in (".", "..") or "\0" in name:
+        return None
+    return os.path.join(directory, name)
+
+
+def is_capture(path: str) -> bool:
+    """Whether *path* is a capture directory (it holds a manifest)."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, MANIFEST))
+
+
+def load_capture(directory: str) -> Capture:
+    """Read a capture directory's manifest into a :class:`Capture`.
+
+    Raises :exc:`OSError` when there is no manifest to read; a line that is not a record is
+    skipped and listed in :attr:`Capture.problems`.
+    """
+    import json
+
+    directory = os.fspath(directory)
+    with open(os.path.join(directory, MANIFEST), "rb") as file:
+        data = file.read()
+    processes: list[CaptureProcess] = []
+    by_id: dict[str, CaptureProcess] = {}
+    spawned: list[tuple[int, list[str], int, float]] = []
+    execs: list[tuple[CaptureProcess, float]] = []
+    reaped: list[dict] = []
+    problems: list[str] = []
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            problems.append(f"line {number}: not JSON")
+            continue
+        if not isinstance(record, dict):
+            problems.append(f"line {number}: not a record")
+            continue
+        event = record.get("event")
+        if event == "start":
+            process = CaptureProcess(record)
+            processes.append(process)
+            by_id[process.id] = process
+            continue
+        if event == "reaped":
+            reaped.append(record)
+            continue
+        if event == "spawn":
+            argv = record.get("argv")
+            spawned.append(
+                (
+                    _int(record.get("child")),
+                    [str(a) for a in argv] if isinstance(argv, list) else [],
+                    _int(record.get("pid")),
+                    _float(record.get("time")),
+                )
+            )
+            continue
+        process = by_id.get(str(record.get("id", "")))
+        if process is None:
+            problems.append(f"line {number}: {event!r} record of an unknown process")
+            continue
+        if event == "snapshot":
+            path = _safe_name(directory, record.get("file"))
+            if path is None:
+                problems.append(f"line {number}: bad file name")
+            elif record.get("n") is None:
+                process.snapshot = path
+            else:
+                process.numbered.append(path)
+        elif event == "end":
+            process.ended = _float(record.get("time"))
+            how = record.get("how")
+            process.end_how = how if isinstance(how, str) else "exit"
+            name = record.get("name")
+            process.name = name if isinstance(name, str) else None
+            path = _safe_name(directory, record.get("file"))
+            if path is not None:
+                process.snapshot = path
+        elif event == "exec":
+            argv = record.get("argv")
+            process.exec_argv = [str(a) for a in argv] if isinstance(argv, list) else []
+            execs.append((process, _float(record.get("time"))))
+        elif event == "exec_failed":
+            # The process went on: its end, if any, comes later.
+            process.exec_argv = None
+            process.ended = process.end_how = None
+            process.snapshot = None
+            execs = [(p, when) for p, when in execs if p is not process]
+    # A status belongs to the latest process of that pid started before it was reaped.
+    for record in reaped:
+        pid, when = _int(record.get("pid")), _float(record.get("time"))
+        candidates = [p for p in processes if p.pid == pid and p.started <= when]
+        if candidates:
+            process = candidates[-1]
+            code, sig = record.get("code"), record.get("signal")
+            process.code = code if isinstance(code, int) else None
+            process.signal = sig if isinstance(sig, str) else None
+    untraced = []
+    for child, argv, parent, when in spawned:
+        if not any(p.pid == child and p.started >= when - 1.0 for p in processes):
+            untraced.append((child, argv, parent))
+    for process, when in execs:
+        if not any(p.pid == process.pid and p.started >= when for p in processes):
+            untraced.append((process.pid, process.exec_argv or [], process.ppid))
+    processes.sort(key=lambda p: p.started)
+    return Capture(directory, processes, untraced, problems)
+
+
+def looks_like_python(argv: list[str]) -> bool:
+    """Whether a command line runs a Python interpreter, by its program's name."""
+    program = os.path.basename(argv[0]) if argv else ""
+    return program.startswith("python") or program == os.path.basename(sys.executable)
+
+
+def untraced_reason(argv: list[str]) -> str:
+    """Why a child in :attr:`Capture.untraced` was not traced, as far as its command tells."""
+    if looks_like_python(argv):
+        return (
+            f"{argv[0]} did not start alloctrace: it cannot import alloctrace (install it "
+            "there) or runs with -S, -E or -I"
+        )
+    return "not a Python program"
+
+
+# ---------------------------------------------------------------------- merging snapshots
+
+
+def check_compatible(snapshots, names=None) -> None:
+    """Refuse to sum snapshots that do not measure the same thing, with a message that says
+    which two differ and how."""
+    if not snapshots:
+        raise ValueError("no snapshots to merge")
+    names = list(names) if names is not None else [f"snapshot {i}" for i in range(len(snapshots))]
+    first, first_name = snapshots[0], names[0]
+    for snapshot, name in zip(snapshots[1:], names[1:]):
+        if snapshot.traceback_limit != first.traceback_limit:
+            raise ValueError(
+                f"cannot merge {first_name} (traceback_limit={first.traceback_limit}) with "
+                f"{name} (traceback_limit={snapshot.traceback_limit}): their tracebacks are "
+                "cut at different depths, so the same site would be counted under different "
+                "keys"
+            )
+        if snapshot.sample_interval != first.sample_interval:
+
+            def kind(s):
+                interval = s.sample_interval
+                return "exact" if interval is None else f"sampled at {interval} bytes"
+
+            raise ValueError(
+                f"cannot merge {first_name} ({kind(first)}) with {name} ({kind(snapshot)}): "
+                "sums of exact figures and estimates, or of estimates at different intervals, "
+                "have no single meaning"
+            )
+        if bool(getattr(snapshot, "is_peak", False)) != bool(getattr(first, "is_peak", False)):
+            raise ValueError(
+                f"cannot merge {first_name} with {name}: one is a peak snapshot and the other "
+                "is not"
+            )
+
+
+def merge_snapshots(snapshots):
+    """One :class:`alloctrace.Snapshot` holding the traces of all *snapshots*, e.g. those of
+    the processes of a capture: its statistics sum sizes and counts per site across them.
+
+    The snapshots must share their ``traceback_limit`` and their kind (all exact, or all
+    sampled at one interval); anything else raises :exc:`ValueError` saying which differ.
+    Peak snapshots (per-traceback totals) cannot be merged this way: use
+    :func:`combined_statistics`. The result is built from the raw traces: it has no
+    metadata, peak, object kinds or retention reports, and its frames no function names (an
+    export of it names frames ``file:line``).
+    """
+    from alloctrace._snapshot import Snapshot
+
+    snapshots = list(snapshots)
+    for index, snapshot in enumerate(snapshots):
+        if not isinstance(snapshot, Snapshot):
+            raise TypeError(
+                f"snapshots[{index}] must be an alloctrace.Snapshot, not {type(snapshot).__name__}"
+            )
+    check_compatible(snapshots)
+    if any(s.is_peak for s in snapshots):
+        raise ValueError(
+            "peak snapshots hold per-traceback totals and cannot be merged trace by trace; "
+            "use combined_statistics() on them"
+        )
+    traces = []
+    for snapshot in snapshots:
+        traces.extend(snapshot.traces._traces)
+    first = snapshots[0]
+    return Snapshot(traces, first.traceback_limit, sample_interval=first.sample_interval)
+
+
+def _stat_key(stat):
+    return (stat.traceback, stat.kind)
+
+
+def combined_statistics(snapshots, key_type, cumulative=False):
+    """Statistics of several snapshots summed per site: a list of ``(Statistic, N)``, biggest
+    first, N being the number of snapshots the site appears in.
+
+    Works for peak snapshots too (the sum of each process's peak at a site is an upper bound
+    of what the site ever held at once across processes). The snapshots must be compatible
+    as for :func:`merge_snapshots`.
+    """
+    from alloctrace._snapshot import Statistic
+
+    snapshots = list(snapshots)
+    check_compatible(snapshots)
+    sums: dict = {}
+    for snapshot in snapshots:
+        for stat in snapshot.statistics(key_type, cumulative=cumulative):
+            key = _stat_key(stat)
+            entry = sums.get(key)
+            if entry is None:
+                sums[key] = [stat.size, stat.count, 1, stat]
+            else:
+                entry[0] += stat.size
+                entry[1] += stat.count
+                entry[2] += 1
+    rows = [
+        (Statistic(first.traceback, size, count, first.kind), n)
+        for size, count, n, first in sums.values()
+    ]
+    rows.sort(key=lambda row: row[0]._sort_key(), reverse=True)
+    return rows
+
+
+def combined_diff(new_snapshots, old_snapshots, key_type, cumulative=False):
+    """Differences between two sets of snapshots, each summed per site as by
+    :func:`combined_statistics`: a list of :class:`StatisticDiff`, biggest change first."""
+    from alloctrace._snapshot import StatisticDiff
+
+    check_compatible([*old_snapshots, *new_snapshots])
+    new = {_stat_key(s): s for s, _ in combined_statistics(new_snapshots, key_type, cumulative)}
+    old = {_stat_key(s): s for s, _ in combined_statistics(old_snapshots, key_type, cumulative)}
+    diffs = []
+    for key, stat in new.items():
+        before = old.get(key)
+        size0, count0 = (before.size, before.count) if before is not None else (0, 0)
+        diffs.append(
+            StatisticDiff(
+                stat.traceback,
+                stat.size,
+                stat.size - size0,
+                stat.count,
+                stat.count - count0,
+                stat.kind,
+            )
+        )
+    for key, stat in old.items():
+        if key not in new:
+            diffs.append(StatisticDiff(stat.traceback, 0, -stat.size, 0, -stat.count, stat.kind))
+    diffs.sort(key=lambda d: d._sort_key(), reverse=True)
+    return diffs

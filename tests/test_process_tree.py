@@ -1,0 +1,424 @@
+"""Whole process trees (issue 57): ``alloctrace run`` and ``ALLOCTRACE_CAPTURE`` put every
+process's snapshot into one capture directory with a manifest; the summary and the offline
+commands sum them per site, or keep them apart with ``--by-process``."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import alloctrace
+from alloctrace import _capture
+from subproc import clean_env
+
+TIMEOUT = 120
+
+
+def cli(*args, cwd, **env):
+    done = subprocess.run(
+        [sys.executable, "-m", "alloctrace", *args],
+        cwd=cwd,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    return done
+
+
+def write(tmp_path, name, source):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def line_of(path, needle):
+    for number, text in enumerate(path.read_text().splitlines(), 1):
+        if needle in text:
+            return number
+    raise AssertionError(needle)
+
+
+def processes(directory):
+    return _capture.load_capture(str(directory)).processes
+
+
+POOL = """\
+import multiprocessing, sys
+
+_seen = []
+
+def init(barrier):
+    global _barrier
+    _barrier = barrier
+
+def work(task):
+    _barrier.wait(60)  # every task in a worker of its own
+    _seen.append([bytearray(100) for _ in range(30000)])  # LEAK
+    return task
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context(sys.argv[1])
+    pool = ctx.Pool(3, initializer=init, initargs=(ctx.Barrier(3),))
+    print(sum(pool.map(work, range(3), chunksize=1)))
+    pool.close()
+    pool.join()
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_pool_leak_is_the_first_merged_line(tmp_path, method):
+    script = write(tmp_path, "pool.py", POOL)
+    done = cli("run", "--capture", "cap", str(script), method, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "3\n"
+    lineno = line_of(script, "# LEAK")
+    first = re.search(r"^#1: (.*)$", done.stderr, re.M).group(1)
+    assert first.startswith(f"pool.py:{lineno}: ") and first.endswith(", in 3 processes"), (
+        done.stderr
+    )
+    workers = [p for p in processes(tmp_path / "cap") if p.name and "PoolWorker" in p.name]
+    assert len(workers) == 3, done.stderr
+    assert all(p.code == 0 and not p.killed for p in workers), workers
+    # The offline commands read the capture the same way.
+    again = cli("stats", "cap", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert re.search(rf"^#1: pool\.py:{lineno}: .*, in 3 processes$", again.stdout, re.M)
+
+
+def test_process_pool_executor(tmp_path):
+    script = write(
+        tmp_path,
+        "executor.py",
+        """\
+        import multiprocessing, sys
+        from concurrent.futures import ProcessPoolExecutor
+
+        _seen = []
+
+        def init(barrier):
+            global _barrier
+            _barrier = barrier
+
+        def work(task):
+            _barrier.wait(60)
+            _seen.append([bytearray(100) for _ in range(30000)])  # LEAK
+            return task
+
+        if __name__ == "__main__":
+            ctx = multiprocessing.get_context(sys.argv[1])
+            with ProcessPoolExecutor(2, mp_context=ctx, initializer=init,
+                                     initargs=(ctx.Barrier(2),)) as pool:
+                print(sum(pool.map(work, range(2))))
+        """,
+    )
+    done = cli("run", "--capture", "cap", str(script), "spawn", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lineno = line_of(script, "# LEAK")
+    assert re.search(rf"^#1: executor\.py:{lineno}: .*, in 2 processes$", done.stderr, re.M), (
+        done.stderr
+    )
+
+
+def test_prefork_server_leaking_worker_found_by_process(tmp_path):
+    script = write(
+        tmp_path,
+        "prefork.py",
+        """\
+        import os, sys
+        shared = [bytearray(64) for _ in range(1000)]
+        children = []
+        for index in range(4):
+            pid = os.fork()
+            if pid == 0:
+                kept = [bytearray(100) for _ in range(20000 if index == 2 else 10)]  # WORK
+                sys.exit(0)
+            children.append(pid)
+        for pid in children:
+            os.waitpid(pid, 0)
+        print(children[2])
+        """,
+    )
+    done = cli("run", "-q", "--capture", "cap", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    leaker = int(done.stdout)
+    found = processes(tmp_path / "cap")
+    assert [p.how for p in found] == ["start"] + ["fork"] * 4
+    assert all(p.code == 0 for p in found), found
+    by_process = cli("stats", "--by-process", "cap", cwd=tmp_path)
+    assert by_process.returncode == 0, by_process.stderr
+    sections = by_process.stdout.split("\n\n")
+    assert len(sections) == 5
+    assert sections[0].startswith(f"== pid {leaker} (fork of "), sections[0]
+    lineno = line_of(script, "# WORK")
+    leak = rf"^#1: prefork\.py:{lineno}: 3\.\d MiB in 40,0\d\d blocks"
+    assert re.search(leak, sections[0], re.M), sections[0]
+    # export and flamegraph merge the processes' snapshots into one.
+    export = cli("export", "cap", "--format", "folded", "-o", "out.folded", cwd=tmp_path)
+    assert export.returncode == 0, export.stderr
+    folded = (tmp_path / "out.folded").read_text().splitlines()
+    # (Merged snapshots are built from raw traces, which carry no function names.)
+    work = [line for line in folded if line.rsplit(" ", 1)[0].endswith(f"/prefork.py:{lineno}")]
+    assert len(work) == 1 and int(work[0].rsplit(" ", 1)[1]) > 3_000_000, work
+    drawn = cli("flamegraph", "cap", "-o", "out.svg", cwd=tmp_path)
+    assert drawn.returncode == 0, drawn.stderr
+    assert (tmp_path / "out.svg").read_text().startswith("<?xml")
+
+
+def test_subprocess_chain_three_deep(tmp_path):
+    for name, child in (("a.py", "b.py"), ("b.py", "c.py"), ("c.py", None)):
+        call = f"subprocess.run([sys.executable, {child!r}], check=True)" if child else "pass"
+        write(
+            tmp_path,
+            name,
+            f"""\
+            import subprocess, sys
+            kept_{name[0]} = [bytearray(100) for _ in range(3000)]
+            {call}
+            """,
+        )
+    done = cli("run", "--capture", "cap", "a.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    found = processes(tmp_path / "cap")
+    assert [p.role for p in found] == ["a.py", "b.py", "c.py"]
+    assert [p.ppid for p in found[1:]] == [found[0].pid, found[1].pid]
+    assert all(p.code == 0 and p.snapshot for p in found)
+    for name in ("a.py", "b.py", "c.py"):
+        assert re.search(rf"^#\d+: {name}:2: .*, in 1 process$", done.stderr, re.M), done.stderr
+
+
+def test_killed_and_exited_children_are_listed(tmp_path):
+    script = write(
+        tmp_path,
+        "kill.py",
+        """\
+        import os, signal, sys, time
+        r, w = os.pipe()
+        killed = os.fork()
+        if killed == 0:
+            os.write(w, b"x")
+            time.sleep(60)
+        os.read(r, 1)
+        os.kill(killed, signal.SIGKILL)
+        os.waitpid(killed, 0)
+        quitter = os.fork()
+        if quitter == 0:
+            os._exit(3)
+        os.waitpid(quitter, 0)
+        print(killed, quitter)
+        """,
+    )
+    done = cli("run", "--capture", "cap", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    killed, quitter = map(int, done.stdout.split())
+    by_pid = {p.pid: p for p in processes(tmp_path / "cap")}
+    assert by_pid[killed].killed and by_pid[killed].signal == "SIGKILL"
+    assert by_pid[quitter].killed and by_pid[quitter].code == 3
+    assert re.search(
+        rf"^ +{killed} .*killed by SIGKILL, before its exit snapshot", done.stderr, re.M
+    )
+    assert re.search(rf"^ +{quitter} .*exit 3, before its exit snapshot", done.stderr, re.M)
+    assert "2 processes ended without an exit snapshot" in done.stderr
+
+
+def test_many_short_lived_children_stay_readable(tmp_path):
+    # A pre-fork server recycling its workers, 4 at a time: 40 of them here (200 take about
+    # 30 s on a loaded 2-core machine; docs/process-trees.md gives that capture's size).
+    script = write(
+        tmp_path,
+        "recycle.py",
+        """\
+        import os, sys
+        running = set()
+        for index in range(40):
+            if len(running) == 4:
+                running.discard(os.wait()[0])
+            pid = os.fork()
+            if pid == 0:
+                kept = [bytearray(50) for _ in range(100)]
+                sys.exit(0)
+            running.add(pid)
+        while running:
+            running.discard(os.wait()[0])
+        """,
+    )
+    done = cli("run", "-q", "--capture", "cap", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    found = processes(tmp_path / "cap")
+    assert len(found) == 41
+    assert all(p.code == 0 and p.snapshot and not p.killed for p in found)
+    files = os.listdir(tmp_path / "cap")
+    assert len(files) == 42  # a snapshot per process and the manifest
+    stats = cli("stats", "--json", "cap", cwd=tmp_path)
+    assert stats.returncode == 0, stats.stderr
+    document = json.loads(stats.stdout)
+    assert len(document["processes"]) == 41
+    top = [s for s in document["stats"] if s["traceback"][-1]["lineno"] == 8]
+    assert top and top[0]["processes"] == 40 and top[0]["count"] >= 40 * 100
+
+
+def test_diff_between_two_captures(tmp_path):
+    script = write(
+        tmp_path,
+        "grow.py",
+        """\
+        import os, sys
+        n = int(sys.argv[1])
+        pid = os.fork()
+        kept = [bytearray(100) for _ in range(n)]  # GROW
+        if pid == 0:
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        """,
+    )
+    for name, n in (("small", "1000"), ("big", "5000")):
+        done = cli("run", "-q", "--capture", name, str(script), n, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    diff = cli("diff", "small", "big", cwd=tmp_path)
+    assert diff.returncode == 0, diff.stderr
+    lineno = line_of(script, "# GROW")
+    assert re.search(
+        rf"^#1: grow\.py:{lineno}: \+1\.\d MiB \(\+16,000 blocks\)", diff.stdout, re.M
+    ), diff.stdout
+    assert "(2 processes) compared to small (2 processes)" in diff.stdout
+
+
+def test_python_child_that_cannot_import_alloctrace_is_named(tmp_path):
+    script = write(
+        tmp_path,
+        "untraced.py",
+        """\
+        import subprocess, sys
+        subprocess.run([sys.executable, "-S", "-c", "pass"], check=True)
+        subprocess.run(["true"], check=True)
+        """,
+    )
+    done = cli("run", "--capture", "cap", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert re.search(
+        r"^Not traced: pid \d+, started by \d+: .* -S -c pass: .*cannot import "
+        r"alloctrace",
+        done.stderr,
+        re.M,
+    ), done.stderr
+    assert "Not traced: 1 child program(s) that are not Python" in done.stderr
+
+
+def test_exec_chain_and_startup_capture(tmp_path):
+    # ALLOCTRACE_CAPTURE without 'run': the same layout; an os.execv'd Python is traced too.
+    script = write(
+        tmp_path,
+        "execer.py",
+        """\
+        import os, sys
+        kept = [bytearray(100) for _ in range(1000)]
+        os.chdir("elsewhere")  # the relative capture path still names the same directory
+        code = "x = [bytearray(100) for _ in range(2000)]"
+        os.execv(sys.executable, [sys.executable, "-c", code])
+        """,
+    )
+    (tmp_path / "elsewhere").mkdir()
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=clean_env(ALLOCTRACE_CAPTURE="cap"),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = processes(tmp_path / "cap")
+    assert first.pid == second.pid and first.end_how == "exec" and first.snapshot
+    assert second.argv[-2] == "-c" and second.snapshot and not second.killed
+    stats = cli("stats", "cap", cwd=tmp_path)
+    assert stats.returncode == 0, stats.stderr
+    # Each image's own line: the exec'd program's in its snapshot only.
+    assert re.search(r"^#\d+: execer\.py:2: .*, in 1 process$", stats.stdout, re.M), stats.stdout
+    assert re.search(r"^#\d+: <string>:1: .* in [45],\d{3} blocks", stats.stdout, re.M)
+
+
+def test_capture_and_dump_together_is_a_config_error(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", "print('ran')"],
+        env=clean_env(ALLOCTRACE_CAPTURE=str(tmp_path / "c"), ALLOCTRACE_DUMP="x.snap"),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert "ALLOCTRACE_CAPTURE and ALLOCTRACE_DUMP are both set" in done.stderr
+
+
+def test_merge_refuses_different_limits_and_kinds():
+    exact1 = alloctrace.Snapshot([(0, 10, (("a.py", 1),))], 1)
+    exact1b = alloctrace.Snapshot([(0, 30, (("a.py", 1),)), (0, 5, (("b.py", 2),))], 1)
+    exact2 = alloctrace.Snapshot([(0, 10, (("a.py", 1),))], 2)
+    sampled = alloctrace.Snapshot([(0, 10, (("a.py", 1),))], 1, sample_interval=4096)
+    merged = alloctrace.merge_snapshots([exact1, exact1b])
+    assert [(str(s.traceback), s.size, s.count) for s in merged.statistics("lineno")] == [
+        ("a.py:1", 40, 2),
+        ("b.py:2", 5, 1),
+    ]
+    with pytest.raises(
+        ValueError, match=r"traceback_limit=1\) with snapshot 1 \(traceback_limit=2"
+    ):
+        alloctrace.merge_snapshots([exact1, exact2])
+    with pytest.raises(ValueError, match=r"\(exact\) with snapshot 1 \(sampled at 4096 bytes\)"):
+        alloctrace.merge_snapshots([exact1, sampled])
+    with pytest.raises(TypeError, match="snapshots\\[0\\] must be an alloctrace.Snapshot"):
+        alloctrace.merge_snapshots([object()])
+    rows = alloctrace.combined_statistics([exact1, exact1b], "lineno")
+    assert [(s.size, n) for s, n in rows] == [(40, 2), (5, 1)]
+
+
+def test_mixed_capture_is_refused_by_stats(tmp_path):
+    for name, nframe in (("one.snap", 1), ("two.snap", 2)):
+        alloctrace.Snapshot([(0, 10, (("a.py", 1),))], nframe).dump(str(tmp_path / name))
+    done = cli("stats", "one.snap", "two.snap", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "cannot merge one.snap (traceback_limit=1) with two.snap (traceback_limit=2)" in (
+        done.stderr
+    )
+
+
+def test_run_that_cannot_start_leaves_no_capture(tmp_path):
+    done = cli("run", "--capture", "cap", "missing.py", cwd=tmp_path)
+    assert done.returncode == 1 and "cannot run missing.py" in done.stderr
+    assert not (tmp_path / "cap").exists()
+    (tmp_path / "cap").mkdir()
+    (tmp_path / "cap" / "manifest.jsonl").write_text("")
+    (tmp_path / "ok.py").write_text("pass\n")
+    again = cli("run", "--capture", "cap", "ok.py", cwd=tmp_path)
+    assert again.returncode == 1 and "cap already holds a capture" in again.stderr
+
+
+def test_why_over_a_capture(tmp_path):
+    script = write(tmp_path, "pool.py", POOL)
+    done = cli(
+        "run",
+        "-q",
+        "--objects",
+        "--retention",
+        "1",
+        "--capture",
+        "cap",
+        str(script),
+        "fork",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    lineno = line_of(script, "# LEAK")
+    why = cli("why", "cap", "--line", f"pool.py:{lineno}", "--limit", "1", cwd=tmp_path)
+    assert why.returncode == 0, why.stderr
+    sections = why.stdout.split("\n\n")
+    assert len(sections) == 3, why.stdout
+    for section in sections:
+        assert re.match(r"== pid \d+ \(ForkPoolWorker-\d\) ==\n", section), section
+        assert "__main__._seen" in section
+    missing = cli("why", "cap", "--line", "pool.py:1", cwd=tmp_path)
+    assert missing.returncode == 1
+    assert "no snapshot of cap holds a retention report for pool.py:1" in missing.stderr
