@@ -24,7 +24,6 @@ and its tests can query, and the size of the page does not depend on a third par
 from __future__ import annotations
 
 import json
-import linecache
 import os
 import re
 import tempfile
@@ -33,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _report
+from ._source import line as _source_line
 
 #: Bumped when the embedded JSON document changes shape (the template reads it).
 DATA_VERSION = 1
@@ -197,7 +197,7 @@ def _flame(stacks, budget: int, label) -> list[int]:
 
 
 def _source(filename: str, lineno: int) -> str:
-    text = linecache.getline(filename, lineno).strip()
+    text = _source_line(filename, lineno)
     if len(text) > SOURCE_WIDTH:
         text = text[: SOURCE_WIDTH - 1] + "…"
     return text
