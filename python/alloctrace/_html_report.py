@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import _report
+from . import _output, _report
 from ._source import line as _source_line
 
 #: Bumped when the embedded JSON document changes shape (the template reads it).
@@ -56,6 +56,7 @@ FLAME_MAX = 6_000
 _TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_template.html")
 _DATA_MARK = "/*ALLOCTRACE_DATA*/null"
 _TITLE_MARK = "<!--ALLOCTRACE_TITLE-->"
+_MARKS_RE = re.compile(f"{re.escape(_TITLE_MARK)}|{re.escape(_DATA_MARK)}")
 # "function (file:line)" or "file:line": the frame labels of Snapshot.to_collapsed().
 _LABEL_RE = re.compile(
     r"^(?:(?P<function>.*) \((?P<file1>.*):(?P<line1>\d+)\)|(?P<file2>.*):(?P<line2>\d+))$"
@@ -230,7 +231,9 @@ def build_data(series: Sequence[tuple[str, Any]], title: str | None = None) -> d
             for frame in frames:
                 match = _LABEL_RE.match(frame)
                 if match:
-                    filenames.add(match["file1"] or match["file2"])
+                    # An empty file name is a name too (a frame of code compiled from "").
+                    file1 = match["file1"]
+                    filenames.add(file1 if file1 is not None else match["file2"])
     stats = [snapshot.statistics("lineno") for snapshot in snapshots]
     for rows in stats + peak_stats:
         filenames.update(frame.filename for stat in rows for frame in stat.traceback)
@@ -408,7 +411,9 @@ def render(data: dict[str, Any]) -> str:
     payload = payload.replace("<", "\\u003c").replace("\u2028", "\\u2028")
     payload = payload.replace("\u2029", "\\u2029")
     title = data["title"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return template.replace(_TITLE_MARK, title).replace(_DATA_MARK, payload)
+    # One pass over the template: a title holding the data marker stays a title.
+    pieces = {_TITLE_MARK: title, _DATA_MARK: payload}
+    return _MARKS_RE.sub(lambda match: pieces[match.group(0)], template)
 
 
 def write_report(
@@ -420,28 +425,14 @@ def write_report(
 ) -> dict[str, Any]:
     """Load *paths*, write the report to *output*, and return the embedded data.
 
-    The page is written to a temporary file beside *output* and renamed over it, so a failure
-    never leaves half a report in place of a good one.
+    The page is written as :mod:`alloctrace._output` writes: to a temporary file beside
+    *output* renamed over it (so a failure never leaves half a report in place of a good
+    one), readable by its owner only unless ``ALLOCTRACE_FILE_MODE`` says otherwise; ``-``
+    (or ``/dev/stdout``) is standard output, and any other special file an
+    :exc:`alloctrace._output.OutputError`.
     """
+    _output.check(output)
     series = load_series(paths, allow_pickle=allow_pickle)
     data = build_data(series, title)
-    page = render(data)
-    directory = os.path.dirname(os.path.abspath(output))
-    handle, temporary = tempfile.mkstemp(
-        prefix="." + os.path.basename(output) + ".", suffix=".tmp", dir=directory
-    )
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(page)
-        # mkstemp makes the file private; a report is read like any other file written here.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
-        os.replace(temporary, output)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+    _output.write(output, render(data).encode("utf-8"))
     return data

@@ -444,6 +444,13 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
     dump = environ.get(ENV_DUMP) or None
     if dump is not None:
         check_path_template(dump)
+        if "ALLOCTRACE_FILE_MODE" in environ:
+            from ._output import OutputError, file_mode
+
+            try:
+                file_mode(environ["ALLOCTRACE_FILE_MODE"])
+            except OutputError as error:
+                raise ConfigError(str(error)) from None
     interval = None
     env_interval = environ.get(ENV_INTERVAL, "")
     if env_interval:
