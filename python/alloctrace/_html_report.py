@@ -26,14 +26,14 @@ and its tests can query, and the size of the page does not depend on a third par
 from __future__ import annotations
 
 import json
-import linecache
 import os
-import tempfile
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import _report
+from . import _output, _report
+from ._source import line as _source_line
 
 #: Bumped when the embedded JSON document changes shape (the template reads it).
 DATA_VERSION = 1
@@ -60,6 +60,7 @@ EMBEDDED_MAX = 200
 _TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_template.html")
 _DATA_MARK = "/*ALLOCTRACE_DATA*/null"
 _TITLE_MARK = "<!--ALLOCTRACE_TITLE-->"
+_MARKS_RE = re.compile(f"{re.escape(_TITLE_MARK)}|{re.escape(_DATA_MARK)}")
 
 
 class ReportError(ValueError):
@@ -195,7 +196,7 @@ def _site_key(traceback) -> tuple[str, int]:
 
 
 def _source(filename: str, lineno: int) -> str:
-    text = linecache.getline(filename, lineno).strip()
+    text = _source_line(filename, lineno)
     if len(text) > SOURCE_WIDTH:
         text = text[: SOURCE_WIDTH - 1] + "…"
     return text
@@ -488,7 +489,9 @@ def render(data: dict[str, Any]) -> str:
     payload = payload.replace("<", "\\u003c").replace("\u2028", "\\u2028")
     payload = payload.replace("\u2029", "\\u2029")
     title = data["title"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return template.replace(_TITLE_MARK, title).replace(_DATA_MARK, payload)
+    # One pass over the template: a title holding the data marker stays a title.
+    pieces = {_TITLE_MARK: title, _DATA_MARK: payload}
+    return _MARKS_RE.sub(lambda match: pieces[match.group(0)], template)
 
 
 def write_report(
@@ -500,27 +503,13 @@ def write_report(
 ) -> dict[str, Any]:
     """Load *paths*, write the report to *output*, and return the embedded data.
 
-    The page is written to a temporary file beside *output* and renamed over it, so a failure
-    never leaves half a report in place of a good one.
+    The page is written as :mod:`alloctrace._output` writes: to a temporary file beside
+    *output* renamed over it (so a failure never leaves half a report in place of a good
+    one), readable by its owner only unless ``ALLOCTRACE_FILE_MODE`` says otherwise; ``-``
+    (or ``/dev/stdout``) is standard output, and any other special file an
+    :exc:`alloctrace._output.OutputError`.
     """
+    _output.check(output)
     data = _build_from_files(paths, title, allow_pickle)
-    page = render(data)
-    directory = os.path.dirname(os.path.abspath(output))
-    handle, temporary = tempfile.mkstemp(
-        prefix="." + os.path.basename(output) + ".", suffix=".tmp", dir=directory
-    )
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(page)
-        # mkstemp makes the file private; a report is read like any other file written here.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
-        os.replace(temporary, output)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+    _output.write(output, render(data).encode("utf-8"))
     return data

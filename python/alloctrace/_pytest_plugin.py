@@ -23,7 +23,7 @@ import gc
 import inspect
 import json
 import os
-import tempfile
+import stat as _stat
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -54,6 +54,10 @@ def parse_limit(value) -> Optional[int]:
     return None
 
 
+#: The largest relative tolerance, as a fraction (100,000,000,000%).
+MAX_RELATIVE = 1e9
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """How much a test's peak may grow over its baseline: *relative* (a fraction) of the
@@ -74,7 +78,9 @@ class Tolerance:
                     relative = float(part[:-1]) / 100
                 except ValueError:
                     relative = -1
-                if not 0 <= relative:
+                # inf% (or 1e400%) would pass anything, and then overflow in allowed(); past
+                # a billion times the baseline, no tolerance means anything more.
+                if not 0 <= relative <= MAX_RELATIVE:
                     break
             else:
                 size = _startup.parse_size(part) if part else None
@@ -193,20 +199,55 @@ def _is_filter_list(value) -> bool:
 # --------------------------------------------------------------------------- baselines
 
 
+#: A baseline holds one short line per test: past this size a file is not one.
+BASELINE_MAX_BYTES = 64 << 20
+
+
+def _read_baseline(path: str) -> bytes:
+    """The bytes of a baseline file, read only from a regular file (opened without blocking, so
+    a FIFO or a device is refused rather than waited on or read for ever) and only up to
+    :data:`BASELINE_MAX_BYTES`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not _stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > BASELINE_MAX_BYTES:
+            raise ValueError(f"larger than {BASELINE_MAX_BYTES >> 20} MiB")
+        chunks = []
+        left = BASELINE_MAX_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise ValueError(f"larger than {BASELINE_MAX_BYTES >> 20} MiB")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def load_baseline(path: str) -> dict[str, int]:
     """The peaks recorded in a baseline file, by test id; a ``pytest.UsageError`` naming the
     file if it is missing, unreadable, or not a baseline of this format version."""
     try:
-        with open(path, encoding="utf-8") as f:
-            document = json.load(f)
+        document = json.loads(_read_baseline(path).decode("utf-8"))
     except FileNotFoundError:
         raise pytest.UsageError(
             f"--alloctrace-baseline: {path} does not exist (record one with "
             "--alloctrace-save-baseline)"
         ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except RecursionError:
         raise pytest.UsageError(
-            f"--alloctrace-baseline: {path} is not a baseline file ({error})"
+            f"--alloctrace-baseline: {path} is not a baseline file (too deeply nested)"
+        ) from None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        # ValueError: malformed JSON, or a number of more digits than int() converts.
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise pytest.UsageError(
+            f"--alloctrace-baseline: {path} is not a baseline file ({reason})"
         ) from None
     if not isinstance(document, dict) or document.get("format") != BASELINE_FORMAT:
         raise pytest.UsageError(f"--alloctrace-baseline: {path} is not a baseline file")
@@ -218,31 +259,40 @@ def load_baseline(path: str) -> dict[str, int]:
         )
     peaks = document.get("peaks")
     if not isinstance(peaks, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**64
         for k, v in peaks.items()
     ):
         raise pytest.UsageError(f"--alloctrace-baseline: {path} has malformed peaks")
     return peaks
 
 
+def check_save_path(path: str) -> None:
+    """A ``pytest.UsageError`` now, before any test runs, for a baseline name that cannot be
+    written: a baseline is read back, so it goes to a regular file only (never standard
+    output, a device or a FIFO, which a rename would replace)."""
+    from . import _output
+
+    try:
+        if _output.is_stdout(path):
+            raise _output.OutputError(f"{path} is standard output, not a regular file")
+        _output.check(path)
+    except _output.OutputError as error:
+        raise pytest.UsageError(f"--alloctrace-save-baseline: {error}") from None
+
+
 def save_baseline(path: str, peaks: dict[str, int]) -> None:
-    """Write *peaks* to *path* through a temporary file, so a failed write leaves the
-    previous baseline in place."""
+    """Write *peaks* to *path* as :mod:`alloctrace._output` writes (a temporary file renamed
+    over it, so a failed write leaves the previous baseline in place; mode 0600 unless
+    ``ALLOCTRACE_FILE_MODE`` says otherwise; a link planted by another user replaced, not
+    followed)."""
+    from . import _output
+
     document = {
         "format": BASELINE_FORMAT,
         "version": BASELINE_VERSION,
         "peaks": dict(sorted(peaks.items())),
     }
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".alloctrace-baseline-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(document, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    _output.write(path, (json.dumps(document, indent=1) + "\n").encode("utf-8"))
 
 
 # --------------------------------------------------------------------------- the plugin
@@ -287,6 +337,8 @@ class SessionPlugin:
         self.baseline_path = baseline
         self.baseline = load_baseline(baseline) if baseline else None
         self.save_path = config.getoption("alloctrace_save_baseline")
+        if self.save_path:
+            check_save_path(self.save_path)
         self.verbosity = config.getoption("verbose")
         # Tracebacks for -vv; a single frame groups by line at the least cost otherwise.
         self.nframe = 16 if self.verbosity >= 2 else 1

@@ -8,11 +8,12 @@ apart lets the ``run`` summary reuse exactly what ``stats`` prints.
 
 from __future__ import annotations
 
-import linecache
 import os
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Callable
+
+from . import _source
 
 #: Bumped only when a field of the JSON output changes meaning or disappears.
 JSON_VERSION = 1
@@ -209,10 +210,8 @@ def _fit_location(prefix: str, location: str, rest: str, width: int | None) -> s
 
 
 def _source_line(filename: str, lineno: int) -> str:
-    if lineno <= 0 or "\0" in filename:
-        # A NUL makes linecache's os.stat() raise on 3.11 and 3.12: no file has that name.
-        return ""
-    return linecache.getline(filename, lineno).strip()
+    # Only from files that are safe to read for a snapshot from anyone (see _source).
+    return _source.line(filename, lineno)
 
 
 def _frames(traceback: Sequence) -> list:

@@ -640,7 +640,11 @@ class Snapshot:
         """Write the snapshot, with its plain-valued attributes, into a file.
 
         The file is replaced atomically: a failed dump leaves any previous file intact. It
-        is synced to disk before it takes the name, so a crash cannot leave it empty.
+        is synced to disk before it takes the name, so a crash cannot leave it empty. It is
+        readable by its owner only (mode 0600, less the umask) unless ``ALLOCTRACE_FILE_MODE``
+        (octal, e.g. ``0644``) says otherwise: a snapshot holds file paths, ``sys.argv`` and,
+        with retention reports, the reprs of dict keys. A symbolic link at *filename* is
+        followed only if it is the caller's own or root's; another user's link is replaced.
         An attribute named like one of the snapshot's own (``statistics``, ``__class__``,
         any dunder name...) is refused with ``ValueError``, as :meth:`load` would refuse it.
         """

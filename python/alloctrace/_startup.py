@@ -472,6 +472,13 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
             )
         # Only for the checks below, which need to know that snapshots will be written.
         dump = os.path.join(capture, "{pid}.snap")
+        if "ALLOCTRACE_FILE_MODE" in environ:
+            from ._output import OutputError, file_mode
+
+            try:
+                file_mode(environ["ALLOCTRACE_FILE_MODE"])
+            except OutputError as error:
+                raise ConfigError(str(error)) from None
     interval = None
     env_interval = environ.get(ENV_INTERVAL, "")
     if env_interval:

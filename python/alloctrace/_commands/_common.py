@@ -344,16 +344,35 @@ def write_json(document: dict[str, Any]) -> None:
 
 
 def write_export(output: str, write) -> None:
-    """Runs ``write(output)``, turning its failures into one-line errors."""
+    """Runs ``write(output)``, turning its failures into one-line errors. ``-`` (or
+    ``/dev/stdout``) is standard output: the file is written aside, then copied there, so
+    that a redirected standard output is written to, never replaced."""
+    from .. import _output
+
     try:
         with Progress(f"writing {output}"):
-            write(output)
+            if _output.is_stdout(output):
+                _write_to_stdout(write)
+            else:
+                write(output)
     except OSError as exc:
         # The native message names the temporary file; the user named only the output.
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise CommandError(f"cannot write {output}: {reason}") from None
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+
+
+def _write_to_stdout(write) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="alloctrace-") as directory:
+        path = os.path.join(directory, "output")
+        write(path)
+        with open(path, "rb") as stream:
+            sys.stdout.flush()
+            shutil.copyfileobj(stream, sys.stdout.buffer)
+            sys.stdout.flush()
 
 
 # --------------------------------------------------------------------------- options
@@ -393,7 +412,9 @@ def add_report_options(parser: argparse.ArgumentParser, full: bool = True) -> No
 
 
 def add_export_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write")
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="OUT", help="file to write ('-': stdout)"
+    )
     add_filter_options(parser)
     add_pickle_option(parser)
 

@@ -24,14 +24,16 @@ def register(commands) -> None:
         metavar="FILE",
         help="snapshot files of one process, e.g. an ALLOCTRACE_INTERVAL series (any order)",
     )
-    report.add_argument("-o", "--output", required=True, metavar="OUT", help="HTML file to write")
+    report.add_argument(
+        "-o", "--output", required=True, metavar="OUT", help="HTML file to write ('-': stdout)"
+    )
     report.add_argument("--title", help="title of the page (default: from the program's name)")
     common.add_pickle_option(report)
     report.set_defaults(handler=execute)
 
 
 def execute(args: argparse.Namespace) -> int:
-    from .. import _html_report
+    from .. import _html_report, _output
 
     if not args.files:
         raise common.CommandError(
@@ -42,7 +44,7 @@ def execute(args: argparse.Namespace) -> int:
             _html_report.write_report(
                 args.files, args.output, title=args.title, allow_pickle=args.allow_pickle
             )
-    except _html_report.ReportError as exc:
+    except (_html_report.ReportError, _output.OutputError) as exc:
         raise common.CommandError(str(exc)) from None
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)

@@ -1,5 +1,6 @@
 //! Snapshot files on disk: a guarded read (regular files only, checked as they arrive) and
-//! an atomic replace, which the exports share.
+//! an atomic replace, private by default and never through another user's link, which the
+//! exports share.
 
 use std::fs;
 use std::io::Write;
@@ -148,7 +149,9 @@ pub fn dump(path: &Path, snapshot: &Snapshot, attrs: &Attributes) -> Result<()> 
 /// to disk, then renamed over `path`, and the directory is synced, so neither a failed or
 /// interrupted write nor a crash soon after leaves a partial or empty file at `path`. On any
 /// error before the rename the temporary file is removed and an existing file at `path` is
-/// left untouched. Snapshot dumps and exports share it.
+/// left untouched. The new file has mode [`file_mode`] (0600 by default), and a symbolic link
+/// at `path` is followed only if it is the writer's own or root's. Snapshot dumps and exports
+/// share it.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     replace_file(path, &[data])
 }
@@ -156,6 +159,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
 /// [`write_atomic`] of the concatenation of `pieces`, which are written one after the
 /// other, never copied into one buffer.
 fn replace_file(path: &Path, pieces: &[&[u8]]) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let write = |mut f: &fs::File| pieces.iter().try_for_each(|p| f.write_all(p));
     let io_err = |action: &'static str, p: &Path| {
         let p = p.to_path_buf();
@@ -165,10 +169,18 @@ fn replace_file(path: &Path, pieces: &[&[u8]]) -> Result<()> {
             source,
         }
     };
+    let mode = file_mode()?;
     // Replacing by rename is only right for a regular file (or no file yet). A device or a
     // FIFO is written to, as `open()` would, instead of being replaced by a regular file; a
-    // symbolic link keeps pointing where it did, at the file that gets replaced.
+    // symbolic link of the writer's (or root's) keeps pointing where it did, at the file that
+    // gets replaced. A link owned by anyone else is never followed: in a shared sticky
+    // directory it may have been planted at the next dump name to make this write replace
+    // (or write into) a file of the link owner's choosing, so the link itself is replaced.
+    let planted = fs::symlink_metadata(path)
+        .map(|meta| meta.file_type().is_symlink() && !trusted_link(&meta))
+        .unwrap_or(false);
     let path = match fs::metadata(path) {
+        _ if planted => path.to_path_buf(),
         Ok(meta) if !meta.is_file() => {
             let f = fs::OpenOptions::new()
                 .write(true)
@@ -183,13 +195,18 @@ fn replace_file(path: &Path, pieces: &[&[u8]]) -> Result<()> {
     // The file being replaced, held open across the rename so that the rename only unlinks
     // it: freeing its blocks happens at the last close instead, which `close_in_background`
     // does off the caller's thread (measured: 2-8 ms inside `rename` for a 3 MB file on
-    // ext4). Not readable, or not there: nothing to hold.
-    let replaced = fs::File::open(path).ok();
+    // ext4). Not readable, or not there: nothing to hold. Nor a planted link: opening it
+    // would open what it leads to (a FIFO would block).
+    let replaced = match planted {
+        true => None,
+        false => fs::File::open(path).ok(),
+    };
     let tmp = temp_path(path);
     let result = (|| {
         let f = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(mode)
             .open(&tmp)
             .map_err(io_err("create", &tmp))?;
         write(&f).map_err(io_err("write", &tmp))?;
@@ -208,6 +225,39 @@ fn replace_file(path: &Path, pieces: &[&[u8]]) -> Result<()> {
         close_in_background(file);
     }
     synced
+}
+
+/// The variable that asks for other permissions than [`DEFAULT_MODE`] on written files.
+pub const MODE_VARIABLE: &str = "ALLOCTRACE_FILE_MODE";
+/// Snapshots and exports may hold secrets (file paths, dict keys in retention paths): like
+/// core dumps, they are readable by their owner only unless `ALLOCTRACE_FILE_MODE` says
+/// otherwise. The umask still applies.
+pub const DEFAULT_MODE: u32 = 0o600;
+
+/// The permissions new files are created with: `ALLOCTRACE_FILE_MODE` (octal, such as
+/// `0644` or `640`) or [`DEFAULT_MODE`].
+pub fn file_mode() -> Result<u32> {
+    let Some(value) = std::env::var_os(MODE_VARIABLE) else {
+        return Ok(DEFAULT_MODE);
+    };
+    let text = value.to_string_lossy();
+    let digits = text.trim();
+    let digits = digits.strip_prefix("0o").unwrap_or(digits);
+    match u32::from_str_radix(digits, 8) {
+        Ok(mode) if !digits.is_empty() && mode <= 0o777 => Ok(mode),
+        _ => Err(Error::InvalidArgument(format!(
+            "{MODE_VARIABLE}={text:?}: expected permission bits in octal, like 0600 or 0644"
+        ))),
+    }
+}
+
+/// Whether a symbolic link may be followed by this process's writes: it is the writer's own
+/// or root's (`/dev/stdout`), so no other user chose where it leads.
+fn trusted_link(meta: &fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let euid = unsafe { libc::geteuid() };
+    meta.uid() == euid || meta.uid() == 0
 }
 
 /// Closes a file on a short-lived thread of its own, or here if no thread can be started.
