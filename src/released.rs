@@ -312,3 +312,66 @@ pub fn memory_usage() -> usize {
         + pending.waiting.capacity() * std::mem::size_of::<(usize, (u32, bool))>()
         + pending.scratch.capacity() * std::mem::size_of::<RawFrame>()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(file: &str, line: u32) -> LocatedFrame {
+        LocatedFrame {
+            filename: file.as_bytes().into(),
+            line,
+            function: Some((b"f".as_slice().into(), 1)),
+        }
+    }
+
+    /// Two stacks, three waiting blocks (one native, one freed before the settle): what is
+    /// asked to be interned, what each block becomes, and what is left.
+    #[test]
+    fn waiting_blocks_settle_once_their_stack_is_interned() {
+        reset(5, true);
+        let a: LocatedStack = (vec![frame("a.py", 3)].into(), 1);
+        let b: LocatedStack = (vec![frame("b.py", 7), frame("a.py", 9)].into(), 4);
+        {
+            let mut guard = lock();
+            let pending = guard.get_or_insert_with(Pending::default);
+            for (i, stack) in [&a, &b].into_iter().enumerate() {
+                pending.index.insert(stack.clone(), i as u32);
+                pending.stacks.push(stack.clone());
+                pending.interned.push(None);
+            }
+            // (key, stack, native)
+            for (key, stack, native) in [(0x1000, 0, false), (0x2001, 1, true), (0x3000, 1, false)]
+            {
+                pending.waiting.insert(key, (stack, native));
+            }
+            WAITING.store(3, Relaxed);
+        }
+        forget(0x3000);
+        assert!(any_waiting());
+        let asked: Vec<u32> = to_intern().into_iter().map(|(i, _)| i).collect();
+        assert_eq!(asked, vec![0, 1]);
+        // Stack 1 is kept in domain 0 and rejected in the native domain; stack 0 is not
+        // interned (no memory): its block waits.
+        let done = [(
+            1,
+            Interned {
+                id: 42,
+                keep: true,
+                keep_native: false,
+            },
+        )];
+        let mut settled = Vec::new();
+        finish(&done, |key, id| settled.push((key, id)));
+        assert_eq!(settled, vec![(0x2001, None)]);
+        assert!(any_waiting());
+        assert_eq!(
+            to_intern().into_iter().map(|(i, _)| i).collect::<Vec<_>>(),
+            vec![0]
+        );
+        forget_verdicts();
+        reset(1, false);
+        assert!(!any_waiting());
+        assert!(to_intern().is_empty());
+    }
+}
