@@ -186,3 +186,35 @@ def test_thread_storm(stopped_tracer):
     left = [t for t in alloctrace._get_traces() if t[1] > 8192]
     assert not left, left[:3]
     assert alloctrace.get_traced_memory()[0] - start_total < 1 << 20
+
+
+SQLITE = textwrap.dedent(
+    """
+    import sqlite3, alloctrace
+    alloctrace.start(1, native=True)
+    con = sqlite3.connect(":memory:")
+    con.execute("create table t (a, b)")
+    con.executemany("insert into t values (?, ?)", ((i, "x" * 100) for i in range(20000)))
+    rows = con.execute("select * from t order by b, a").fetchall()
+    native = alloctrace.take_snapshot().filter_traces([alloctrace.DomainFilter(True, "native")])
+    for stat in native.statistics("lineno"):
+        print(stat.traceback[0].filename, stat.traceback[0].lineno, stat.size)
+    """
+)
+
+
+def test_sqlite3_native_blocks_on_their_calling_lines(tmp_path):
+    """Native mode: sqlite3 allocates with the GIL released; its blocks sit on the lines that
+    called it (where memray puts them), none on ``<unknown>``."""
+    script = tmp_path / "sqlite_child.py"
+    script.write_text(SQLITE)
+    proc = run_python([str(script)])
+    assert proc.returncode == 0, proc.stderr
+    sizes = {}
+    for row in proc.stdout.splitlines():
+        filename, line, size = row.rsplit(" ", 2)
+        sizes[(filename, int(line))] = int(size)
+    total = sum(sizes.values())
+    assert sizes.get(("<unknown>", 0), 0) <= MAX_MOVED * total, sizes
+    on_script = sum(v for (f, _), v in sizes.items() if f == str(script))
+    assert on_script >= 0.95 * total > 0, sizes
