@@ -873,7 +873,9 @@ impl Interner {
             let n = nodes.get(other);
             hash_node(n.parent, n.code, n.offset)
         });
-        let next = if frame.code == 0 {
+        // The unknown frame and a buried (or located, see [`Interner::intern_located`])
+        // one name no live code object: nothing to pin.
+        let next = if frame.code == 0 || frame.code & 1 != 0 {
             NO_NODE
         } else {
             match self.pins.entry(frame.code) {
@@ -913,6 +915,22 @@ impl Interner {
         self.path
             .try_reserve(nframe.saturating_sub(self.path.len()))
             .ok()
+    }
+
+    /// The id of a stack whose frames were resolved where they were walked, by a thread
+    /// without the GIL ([`crate::released`]): each frame is a tag from
+    /// [`Resolver::located_tag`] and its line, as the nodes of a buried code object are.
+    /// Nothing is pinned and no line table read. `None` if memory cannot be had.
+    ///
+    /// # Safety
+    /// The GIL is held; every `code` in `frames` is such a tag (odd).
+    pub unsafe fn intern_located(
+        &mut self,
+        frames: &[RawFrame],
+        total_nframe: u16,
+    ) -> Option<TracebackId> {
+        debug_assert!(frames.iter().all(|frame| frame.code & 1 != 0));
+        Some(self.find_or_store(frames, total_nframe, 0)?.0)
     }
 
     /// Writes the frames (most recent first) of an interned traceback into `out`, which is
@@ -1104,7 +1122,14 @@ pub struct Resolver {
     functions: Vec<ResolvedFunction>,
     /// Per buried (dead) code object, what `by_code` held for it; its nodes' tags index this.
     buried: Vec<(u32, Option<u32>)>,
+    /// The tags made for frames resolved without the GIL, by what they name, so that the same
+    /// function gets one tag however often its frames are met ([`Resolver::located_tag`]).
+    located: HashMap<LocatedCode, usize>,
 }
+
+/// A code object known only by what a snapshot shows of it: its filename, and its function's
+/// name and first line (see [`Resolver::located_tag`]).
+type LocatedCode = (Box<[u8]>, Option<(Box<[u8]>, u32)>);
 
 impl Resolver {
     pub fn new(py: Python<'_>) -> Self {
@@ -1114,6 +1139,7 @@ impl Resolver {
             lines: HashMap::new(),
             functions: Vec::new(),
             buried: Vec::new(),
+            located: HashMap::new(),
         };
         resolver.push_filename(
             PyString::new(py, "<unknown>").unbind(),
@@ -1240,6 +1266,43 @@ impl Resolver {
                 }
             })
             .collect()
+    }
+
+    /// The tag of a code object known only by its filename and function (name and first
+    /// line): a frame resolved by a thread without the GIL ([`crate::released`]), which a
+    /// node then names as a buried code object, with its line in place of the offset.
+    pub fn located_tag(
+        &mut self,
+        py: Python<'_>,
+        filename: &[u8],
+        function: Option<(&[u8], u32)>,
+    ) -> usize {
+        let key = (
+            Box::from(filename),
+            function.map(|(name, first)| (Box::from(name), first)),
+        );
+        if let Some(&tag) = self.located.get(&key) {
+            return tag;
+        }
+        let filename_index = if filename == b"<unknown>" {
+            0
+        } else {
+            match crate::py::strings::bytes_str(py, filename) {
+                Ok(object) => self.push_filename(object.unbind(), filename),
+                Err(_) => 0,
+            }
+        };
+        let function_index = function.map(|(name, first_lineno)| {
+            self.functions.push(ResolvedFunction {
+                name: Box::from(name),
+                first_lineno,
+            });
+            (self.functions.len() - 1) as u32
+        });
+        self.buried.push((filename_index, function_index));
+        let tag = (self.buried.len() - 1) << 1 | 1;
+        self.located.insert(key, tag);
+        tag
     }
 
     pub fn function(&self, index: u32) -> &ResolvedFunction {

@@ -37,6 +37,7 @@ pub mod nopark;
 pub mod peak;
 pub mod process_memory;
 pub mod py;
+pub mod released;
 pub mod sampler;
 pub mod sigterm_retry;
 pub mod table;

@@ -182,14 +182,117 @@ unsafe fn current_traceback(
     thread: &HookThread,
     gil_held: bool,
     domain: u32,
+    key: Option<usize>,
     size: usize,
 ) -> std::result::Result<Option<TracebackId>, OutOfMemory> {
     let tstate = Current::gil_thread_state(thread, gil_held);
     if !is_main(tstate) {
-        return Ok(unknown_traceback(domain));
+        return match key {
+            // No GIL: the thread's own stack, as it stood when the GIL was released.
+            Some(key) if tstate.is_null() => released_traceback(key, domain, size),
+            _ => Ok(unknown_traceback(domain)),
+        };
     }
     deferred::before_insert(size);
     traceback_of(tstate, domain)
+}
+
+/// [`current_traceback`] on a thread that holds no GIL (see [`crate::released`]): the block
+/// is recorded there under `key` (then `Ok(None)`, nothing left to do), or gets the
+/// `<unknown>` traceback if the thread has no Python frames of the main interpreter.
+///
+/// # Safety
+/// As [`current_traceback`], on a thread holding no GIL.
+#[cold]
+#[inline(never)]
+unsafe fn released_traceback(
+    key: usize,
+    domain: u32,
+    size: usize,
+) -> std::result::Result<Option<TracebackId>, OutOfMemory> {
+    let native = domain == crate::native::DOMAIN;
+    let record = |traceback| {
+        deferred::forget(key);
+        table().insert(key, Trace { size, traceback }, Writer::ANY)
+    };
+    match crate::released::charge(key, native, MAIN_INTERPRETER.load(Relaxed), record) {
+        crate::released::Charge::Recorded | crate::released::Charge::Rejected => Ok(None),
+        crate::released::Charge::Unknown => Ok(unknown_traceback(domain)),
+        crate::released::Charge::OutOfMemory => Err(OutOfMemory),
+    }
+}
+
+/// Moves the blocks that threads without the GIL recorded with a placeholder to their
+/// stacks' tracebacks, interning those stacks (see [`crate::released`]).
+///
+/// # Safety
+/// The main interpreter's GIL is held, outside any hook, and no borrow of the tracer's cells
+/// is live.
+unsafe fn settle_released() {
+    use crate::released::{self, Interned};
+    if !released::any_waiting() {
+        return;
+    }
+    let py = Python::assume_attached();
+    let mut done = Vec::new();
+    for (index, (frames, total)) in released::to_intern() {
+        // Tags first: making a filename's `str` allocates, and the hooks of this thread
+        // intern meanwhile (the resolver is no hook's business).
+        let Some(resolver) = RESOLVER.get().as_mut() else {
+            return;
+        };
+        let raw: Vec<RawFrame> = frames
+            .iter()
+            .map(|frame| {
+                let function = frame
+                    .function
+                    .as_ref()
+                    .map(|(name, first)| (&name[..], *first));
+                RawFrame::new(
+                    resolver.located_tag(py, &frame.filename, function),
+                    frame.line.min(i32::MAX as u32) as i32,
+                )
+            })
+            .collect();
+        let (keep, keep_native) = match &FILTERS.get().set {
+            None => (true, true),
+            Some(set) => {
+                let located: Vec<(&[u8], u32)> = frames
+                    .iter()
+                    .map(|frame| (&frame.filename[..], frame.line))
+                    .collect();
+                (
+                    set.keep(DEFAULT_DOMAIN, &located),
+                    set.keep(crate::native::DOMAIN, &located),
+                )
+            }
+        };
+        let Some(live) = LIVE.get().as_mut() else {
+            return;
+        };
+        // Without memory for it, its blocks wait for the next settle.
+        if let Some(id) = live.interner.intern_located(&raw, total) {
+            done.push((
+                index,
+                Interned {
+                    id,
+                    keep,
+                    keep_native,
+                },
+            ));
+        }
+    }
+    let table = table();
+    released::finish(&done, |key, traceback| {
+        // Unless the block was freed and its address given to a block with a real traceback.
+        table.retrace(key, Writer::ANY, |old| {
+            if old.traceback == UNKNOWN_TRACEBACK {
+                traceback
+            } else {
+                Some(old.traceback)
+            }
+        });
+    });
 }
 
 /// Whether `tstate` (this thread's, if it holds a GIL: see [`Current::gil_thread_state`]) is
@@ -291,6 +394,7 @@ pub fn set_trace_filters(specs: &[FilterSpec]) -> Result<()> {
     let filters = unsafe { FILTERS.get() };
     filters.set = (!set.is_empty()).then_some(set);
     filters.generation = filters.generation.wrapping_add(1).max(1);
+    crate::released::forget_verdicts();
     Ok(())
 }
 
@@ -300,6 +404,7 @@ pub fn set_trace_filters(specs: &[FilterSpec]) -> Result<()> {
 /// # Safety
 /// The main interpreter's GIL is held, outside any hook.
 unsafe fn settle() {
+    settle_released();
     deferred::settle();
     young::file_all(table());
 }
@@ -334,7 +439,7 @@ unsafe fn record_current(thread: &HookThread, address: usize, size: usize, gil_h
     if gil_held && table.is_large() {
         young::prefetch_evictee(table, address);
     }
-    match current_traceback(thread, gil_held, DEFAULT_DOMAIN, size) {
+    match current_traceback(thread, gil_held, DEFAULT_DOMAIN, Some(address), size) {
         Ok(Some(traceback)) if gil_held && traceback != UNKNOWN_TRACEBACK => {
             deferred::forget(address);
             if !young::record(table, address, Trace { size, traceback }) {
@@ -471,8 +576,19 @@ pub fn on_free(address: usize, gil_held: bool) {
             return;
         }
         if table.may_contain(address) {
-            table.remove(address, hook_writer(guard.thread(), gil_held));
+            let removed = table.remove(address, hook_writer(guard.thread(), gil_held));
+            forget_released(address, removed);
         }
+    }
+}
+
+/// A block whose trace `removed` was just taken out of the table stops waiting for its
+/// stack's traceback, if it was (see [`crate::released`]): before the block is freed, so
+/// that its address cannot go to another block meanwhile.
+#[inline(always)]
+fn forget_released(key: usize, removed: Option<Trace>) {
+    if removed.is_some_and(|trace| trace.traceback == UNKNOWN_TRACEBACK) {
+        crate::released::forget(key);
     }
 }
 
@@ -509,7 +625,11 @@ pub fn on_realloc_start(address: usize, gil_held: bool, scope: &sampler::Scope) 
         .flatten()
     {
         Some(trace) => trace,
-        None => table.remove(address, hook_writer(guard.thread(), gil_held))?,
+        None => {
+            let removed = table.remove(address, hook_writer(guard.thread(), gil_held));
+            forget_released(address, removed);
+            removed?
+        }
     };
     // `_PyTuple_Resize` reallocates an object's block: a re-attribution still waiting for it
     // goes with its trace (kept if the realloc fails, or while recording is disabled).
@@ -587,7 +707,7 @@ pub(crate) unsafe fn on_native_alloc(address: usize, size: usize, scope: &sample
 /// Inside a [`ReentrancyGuard`].
 #[inline(always)]
 unsafe fn record_native(thread: &HookThread, key: usize, size: usize) {
-    match current_traceback(thread, false, crate::native::DOMAIN, size) {
+    match current_traceback(thread, false, crate::native::DOMAIN, Some(key), size) {
         Ok(Some(traceback)) => record(key, Trace { size, traceback }),
         Ok(None) => {}
         Err(OutOfMemory) => {
@@ -609,11 +729,13 @@ pub(crate) fn on_native_free(address: usize) -> Option<Trace> {
     let key = native_key(address);
     if table.may_contain(key) {
         if let Some(trace) = table.remove(key, Writer::ANY) {
+            forget_released(key, Some(trace));
             return Some(trace);
         }
     }
     if table.may_contain(address) {
-        table.remove(address, Writer::ANY);
+        let removed = table.remove(address, Writer::ANY);
+        forget_released(address, removed);
     }
     None
 }
@@ -691,7 +813,7 @@ pub(crate) unsafe fn tracked_traceback(
     let Some(guard) = ReentrancyGuard::within(&scope) else {
         return Ok(None);
     };
-    current_traceback(guard.thread(), true, domain, size).map_err(|OutOfMemory| {
+    current_traceback(guard.thread(), true, domain, None, size).map_err(|OutOfMemory| {
         count_dropped();
     })
 }
@@ -897,6 +1019,7 @@ pub fn start(
         *RESOLVER.get() = Some(Resolver::new(py));
         *LIMIT.get() = nframe;
     }
+    crate::released::reset(nframe, true);
     // Before anything may read a thread state (a thread's first read keeps what it found).
     // SAFETY: the GIL is held.
     #[cfg(Py_3_12)]
@@ -943,6 +1066,8 @@ pub fn stop(py: Python<'_>) {
     }
     tracked::disable();
     crate::native::set_enabled(false);
+    // Before the table is emptied: no thread without the GIL records after it.
+    crate::released::reset(1, false);
     tracked::clear_with(table(), TraceTable::clear);
     // SAFETY: the GIL is held.
     unsafe {
@@ -972,6 +1097,9 @@ pub fn clear_traces(py: Python<'_>) {
     let (live, resolver) = unsafe {
         let live = LIVE.get().replace(fresh_live);
         let resolver = RESOLVER.get().replace(fresh_resolver);
+        // Before the table is emptied, so that no block recorded with a traceback of the old
+        // interner stays in it.
+        crate::released::reset(traceback_limit(), true);
         tracked::clear_with(table(), TraceTable::clear);
         deferred::discard();
         young::discard();
@@ -1115,7 +1243,8 @@ pub fn tracer_memory() -> usize {
     let mut total = table().memory_usage()
         + crate::tracked::memory_usage()
         + deferred::MEMORY_USAGE
-        + young::MEMORY_USAGE;
+        + young::MEMORY_USAGE
+        + crate::released::memory_usage();
     // SAFETY: the GIL is held and no borrow is live.
     unsafe {
         if let Some(live) = LIVE.get() {
@@ -1555,6 +1684,8 @@ extern "C" fn before_fork() {
         return;
     };
     hook_thread::set_in_tracer(true);
+    // This module's lock first, as a thread without the GIL takes them.
+    crate::released::lock_for_fork();
     table.lock_all();
     LOCKED_FOR_FORK.store(true, Relaxed);
 }
@@ -1570,7 +1701,10 @@ extern "C" fn after_fork() {
     if LOCKED_FOR_FORK.swap(false, Relaxed) {
         if let Some(table) = TABLE.get() {
             // SAFETY: `before_fork` locked every shard on this (the forking) thread.
-            unsafe { table.unlock_all() };
+            unsafe {
+                table.unlock_all();
+                crate::released::unlock_after_fork();
+            }
         }
         hook_thread::set_in_tracer(false);
     }

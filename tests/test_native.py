@@ -174,12 +174,18 @@ def test_mmap_munmap_mremap(stopped_tracer, ext, tmp_path):
     assert consistent()
 
 
-def test_threads_without_the_gil_or_python_get_unknown(stopped_tracer, ext):
+def test_without_the_gil_the_calling_line_without_python_unknown(stopped_tracer, ext):
+    """A thread that released the GIL is charged on its Python stack, as it stood when it
+    released it (issue 56); a thread started in C, with no Python thread state, gets
+    ``<unknown>`` as in tracemalloc."""
     alloctrace.start(3, native=True)
     a = ext.malloc_in_thread(12121)
+    line = here() + 1
     b = ext.malloc_nogil(13131)
     found = {t[1]: t[2] for t in native_traces() if t[1] in (12121, 13131)}
-    assert found == {12121: (("<unknown>", 0),), 13131: (("<unknown>", 0),)}
+    assert found[12121] == (("<unknown>", 0),)
+    assert found[13131][0] == (__file__, line)
+    assert len(found[13131]) == 3
     ext.free(a)
     ext.free(b)
     assert not [t for t in native_traces() if t[1] in (12121, 13131)]
@@ -259,9 +265,11 @@ def test_trace_time_domain_filter_drops_native_blocks(stopped_tracer, ext):
     alloctrace.start(1, native=True)
     a = ext.malloc(31313)
     b = ext.malloc_in_thread(32323)  # <unknown>: judged in the native domain too
+    c = ext.malloc_nogil(33333)  # without the GIL: judged when settled
     assert not native_traces()
     ext.free(a)
     ext.free(b)
+    ext.free(c)
 
 
 def test_extension_loaded_after_start_is_redirected(stopped_tracer, tmp_path):

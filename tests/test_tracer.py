@@ -322,14 +322,16 @@ def raw_allocator(holding_gil):
     return malloc, free
 
 
-def test_raw_domain_without_gil_records_unknown_stack():
+def test_raw_domain_without_gil_records_the_calling_line():
+    """As tracemalloc: the thread's stack as it stood when it released the GIL, read without
+    taking the GIL (issue 56; tests/test_released_gil.py compares with tracemalloc)."""
     malloc, free = raw_allocator(holding_gil=False)
     alloctrace.start()
-    # The hook must neither read frames nor take the GIL.
+    line = sys._getframe().f_lineno + 1
     ptr = malloc(98_765)
     try:
         matches = [t for t in alloctrace._get_traces() if t[1] == 98_765]
-        assert matches and matches[0][2] == (("<unknown>", 0),)
+        assert matches and matches[0][2] == ((__file__, line),)
         before = alloctrace.get_traced_memory()[0]
     finally:
         free(ptr)
@@ -611,16 +613,20 @@ def test_trace_time_filters_inclusive_lineno_and_all_frames(tmp_path):
         alloctrace.clear_filters()
 
 
-def test_trace_time_filter_on_unknown_stacks():
+def test_trace_time_filter_on_stacks_read_without_the_gil():
+    """A block allocated without the GIL is judged on the stack it is charged to (this file),
+    once a GIL holder settles it; kept by a filter that only excludes ``<unknown>``."""
     malloc, free = raw_allocator(holding_gil=False)
     alloctrace.start()
-    alloctrace.add_filter(alloctrace.Filter(False, "<unknown>"))
-    try:
-        ptr = malloc(55_555)
-        assert not [t for t in alloctrace._get_traces() if t[1] == 55_555]
-        free(ptr)
-    finally:
-        alloctrace.clear_filters()
+    for rejecting, kept in [(__file__, False), ("<unknown>", True)]:
+        alloctrace.add_filter(alloctrace.Filter(False, rejecting))
+        try:
+            ptr = malloc(55_555)
+            found = [t for t in alloctrace._get_traces() if t[1] == 55_555]
+            assert bool(found) == kept, (rejecting, found)
+            free(ptr)
+        finally:
+            alloctrace.clear_filters()
 
 
 @pytest.mark.parametrize("bad", ["*.py", None, 3, ("filename", True)])

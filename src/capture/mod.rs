@@ -142,6 +142,16 @@ pub trait Interpreter {
     /// still held.
     unsafe fn walk(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16);
 
+    /// [`Interpreter::walk`] for a thread that released the GIL: the same frames, and the
+    /// full depth counted by walking to the bottom, without the per-thread or per-frame depth
+    /// caches that only a GIL holder may touch (see [`crate::released`]).
+    ///
+    /// # Safety
+    /// `tstate` is this thread's own state ([`this_thread_state`]), which this thread is not
+    /// running Python code with right now: only this thread links or unlinks its frames, so
+    /// they and the code objects they hold stay put while it is in the hook.
+    unsafe fn walk_released(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16);
+
     /// The address of the memory block that holds `obj`: objects tracked by the GC (and, from
     /// 3.11, objects with a managed dict or weak-reference slot) start after a pre-header.
     ///
@@ -269,6 +279,105 @@ unsafe fn walk_frame_objects(
         frame_depths::depth(frame, frame_depths::FRAME_OBJECTS)
     };
     (n, total_nframe(n, below))
+}
+
+/// [`walk_frame_objects`] without the depths remembered per frame object (a GIL holder's
+/// cache): the frames below the captured ones are counted one by one.
+///
+/// # Safety
+/// As [`Interpreter::walk_released`].
+#[cfg(not(Py_3_11))]
+unsafe fn walk_frame_objects_released(
+    tstate: *mut ffi::PyThreadState,
+    out: &mut [RawFrame],
+    lasti_unit: i32,
+) -> (usize, u16) {
+    let mut frame = read_ptr(tstate.cast(), layout::TSTATE_FRAME);
+    let mut n = 0;
+    while !frame.is_null() && n < out.len() {
+        let lasti = *(frame.cast::<u8>().add(layout::FRAME_LASTI) as *const i32);
+        out[n].set(
+            read_ptr(frame, layout::FRAME_CODE) as usize,
+            lasti.wrapping_mul(lasti_unit),
+        );
+        n += 1;
+        frame = read_ptr(frame, layout::FRAME_BACK);
+    }
+    let mut below = 0;
+    while !frame.is_null() && below < MAX_NFRAME {
+        below += 1;
+        frame = read_ptr(frame, layout::FRAME_BACK);
+    }
+    (n, total_nframe(n, below))
+}
+
+/// This OS thread's own thread state, GIL or no GIL: the one `PyGILState_GetThisThreadState`
+/// answers (a thread-specific-data read, no lock, no allocation, on 3.9-3.13), whose frames
+/// `tracemalloc` walks for a RAW-domain block allocated without the GIL. Null for a thread
+/// that never had one (started in C and never called into Python).
+///
+/// # Safety
+/// Callable from any thread.
+#[inline]
+pub unsafe fn this_thread_state() -> *mut ffi::PyThreadState {
+    ffi::PyGILState_GetThisThreadState()
+}
+
+/// Whether the main interpreter is finalizing, when the threads of a finalizing interpreter
+/// may have their states freed by another thread (daemon threads).
+///
+/// # Safety
+/// Callable from any thread (reads one field of the runtime).
+pub unsafe fn finalizing() -> bool {
+    extern "C" {
+        #[cfg_attr(not(Py_3_13), link_name = "_Py_IsFinalizing")]
+        #[cfg_attr(Py_3_13, link_name = "Py_IsFinalizing")]
+        fn is_finalizing() -> std::os::raw::c_int;
+    }
+    is_finalizing() != 0
+}
+
+/// A frame resolved where it was walked, by a thread without the GIL: what a snapshot shows
+/// for it, so that it no longer depends on its code object (see [`crate::released`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LocatedFrame {
+    pub filename: Box<[u8]>,
+    pub line: u32,
+    /// The function's name and first line, if its name is a `str`.
+    pub function: Option<(Box<[u8]>, u32)>,
+}
+
+/// Resolves `frame` without the GIL: its code object's filename and name are read as the
+/// immutable `str`s they are, and its line from its line table ([`Interpreter::lines`],
+/// which only reads the table's bytes). `None` if memory cannot be had.
+///
+/// # Safety
+/// `frame.code` is a live code object that stays alive during the call (held by a frame of
+/// the calling thread, which does not hold the GIL).
+pub unsafe fn locate_released(frame: RawFrame) -> Option<LocatedFrame> {
+    let code = frame.code as *mut c_void;
+    let text = |offset: usize| -> Option<Option<Box<[u8]>>> {
+        let s = read_ptr(code, offset) as *mut ffi::PyObject;
+        if s.is_null() || ffi::PyUnicode_Check(s) == 0 {
+            return Some(None);
+        }
+        Some(Some(str_bytes(s)?.into_boxed_slice()))
+    };
+    let filename = match text(layout::CODE_FILENAME)? {
+        Some(name) => name,
+        None => Box::from(&b"<unknown>"[..]),
+    };
+    let mut lines = Vec::new();
+    lines.try_reserve_exact(1).ok()?;
+    Current::lines(code.cast(), &[frame.offset], &mut lines);
+    let line = lines.first().map_or(0, |&line| line.max(0) as u32);
+    let first_lineno = *(code.cast::<u8>().add(layout::CODE_FIRSTLINENO) as *const i32);
+    let function = text(layout::CODE_NAME)?.map(|name| (name, first_lineno.max(0) as u32));
+    Some(LocatedFrame {
+        filename,
+        line,
+        function,
+    })
 }
 
 /// `total_nframe` of `n` captured frames and `below` more: tracemalloc stops counting at

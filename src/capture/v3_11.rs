@@ -29,6 +29,15 @@ impl Interpreter for Python311 {
         super::walk_interpreter_frames(frame, out, false, super::depth::Counter::read(tstate))
     }
 
+    unsafe fn walk_released(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
+        let cframe = read_ptr(tstate.cast(), layout::TSTATE_CFRAME);
+        if cframe.is_null() {
+            return (0, 0);
+        }
+        let frame = read_ptr(cframe, layout::CFRAME_CURRENT_FRAME);
+        super::walk_and_count(frame, out, false, super::depth::Counter::NONE)
+    }
+
     unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {
         obj as usize - super::preheader_size(obj, MANAGED_DICT)
     }

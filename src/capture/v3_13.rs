@@ -26,6 +26,11 @@ impl Interpreter for Python313 {
         super::walk_interpreter_frames(frame, out, true, super::depth::Counter::read(tstate))
     }
 
+    unsafe fn walk_released(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
+        let frame = read_ptr(tstate.cast(), layout::TSTATE_CURRENT_FRAME);
+        super::walk_and_count(frame, out, true, super::depth::Counter::NONE)
+    }
+
     unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {
         obj as usize - super::preheader_size(obj, PREHEADER_FLAGS)
     }

@@ -20,6 +20,10 @@ impl Interpreter for Python39 {
         super::walk_frame_objects(tstate, out, 1)
     }
 
+    unsafe fn walk_released(tstate: *mut ffi::PyThreadState, out: &mut [RawFrame]) -> (usize, u16) {
+        super::walk_frame_objects_released(tstate, out, 1)
+    }
+
     unsafe fn object_block(obj: *mut ffi::PyObject) -> usize {
         obj as usize - super::preheader_size(obj, 0)
     }
