@@ -593,6 +593,21 @@ def test_failed_exit_snapshot_names_the_exception(tmp_path):
         ),
         ({"ALLOCTRACE_SAMPLE_INTERVAL": "\uff15k"}, "ALLOCTRACE_SAMPLE_INTERVAL="),
         ({"ALLOCTRACE": "9" * 100_000}, "...'"),
+        # Issue 61 item 8: values that overflowed a thread's timer, a C integer or a float.
+        (
+            {"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_INTERVAL": "9999999999"},
+            "ALLOCTRACE_INTERVAL='9999999999' is invalid",
+        ),
+        (
+            {"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_MEMORY_LIMIT": "18446744073709551616"},
+            "ALLOCTRACE_MEMORY_LIMIT='18446744073709551616' is invalid",
+        ),
+        (
+            {"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_MEMORY_LIMIT": "rss:16EiB"},
+            "ALLOCTRACE_MEMORY_LIMIT='rss:16EiB' is invalid",
+        ),
+        ({"ALLOCTRACE_SAMPLE_INTERVAL": "1025GiB"}, "from 0 (exact tracing) to 1TiB"),
+        ({"ALLOCTRACE_SAMPLE_INTERVAL": "9" * 400 + ".5"}, "ALLOCTRACE_SAMPLE_INTERVAL="),
     ],
 )
 def test_start_up_values_refused_at_start_in_one_short_line(tmp_path, env, needle):
@@ -614,6 +629,35 @@ def test_minimum_interval_is_accepted(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "x.snap" in os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("value", ["1TiB", "1024GiB", "1tb", "1099511627776", "0.5TiB"])
+def test_equal_spellings_of_a_size_are_treated_the_same(tmp_path, value):
+    # Issue 61 item 8: 1TiB was refused while 1024GiB, the same number, was accepted.
+    from alloctrace._startup import parse_size
+
+    assert parse_size(value) == (1 << 40 if value != "0.5TiB" else 1 << 39)
+    result = run(
+        ["-c", "import alloctrace; print(alloctrace.is_tracing())"],
+        cwd=tmp_path,
+        ALLOCTRACE_SAMPLE_INTERVAL=value,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "True\n", "")
+
+
+def test_longest_interval_is_accepted_and_its_thread_lives(tmp_path):
+    # The largest interval accepted waits without its thread dying of an OverflowError.
+    from alloctrace._startup import MAX_INTERVAL
+
+    result = run(
+        ["-c", "import time, threading; time.sleep(0.3); print(sorted(t.name for t in "
+         "threading.enumerate()))"],
+        cwd=tmp_path,
+        ALLOCTRACE_DUMP="x.snap",
+        ALLOCTRACE_INTERVAL=str(MAX_INTERVAL),
+    )  # fmt: skip
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert "alloctrace-interval-dump" in result.stdout
 
 
 # --- 8. the smaller ones --------------------------------------------------------------------

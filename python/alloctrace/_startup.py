@@ -113,6 +113,13 @@ CONFIG_ERROR_STATUS = 2
 #: second, each a file and a pass over the whole trace table.
 MIN_INTERVAL = 0.1
 
+#: The longest ``ALLOCTRACE_INTERVAL`` accepted, in seconds (365 days): longer waits overflow
+#: the interval thread's timer (``threading.TIMEOUT_MAX``), and would never come anyway.
+MAX_INTERVAL = 365 * 24 * 3600
+
+#: The largest byte count a size setting can name (a limit is kept in 64 bits).
+MAX_SIZE = (1 << 64) - 1
+
 #: Values shown in an error message are cut to this many characters.
 _SHOWN_MAX = 200
 
@@ -132,6 +139,15 @@ _SIZE_UNITS = {
     "g": 1 << 30,
     "gb": 1 << 30,
     "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+    "tib": 1 << 40,
+    "p": 1 << 50,
+    "pb": 1 << 50,
+    "pib": 1 << 50,
+    "e": 1 << 60,
+    "eb": 1 << 60,
+    "eib": 1 << 60,
 }
 
 _PLACEHOLDERS = ("pid", "time", "n")
@@ -314,16 +330,16 @@ def parse_nframe(value: str, source: str) -> int:
 
 
 def parse_interval(value: str) -> float:
-    """Parse ``ALLOCTRACE_INTERVAL``: a finite number of seconds, at least
-    :data:`MIN_INTERVAL`."""
+    """Parse ``ALLOCTRACE_INTERVAL``: a number of seconds from :data:`MIN_INTERVAL` to
+    :data:`MAX_INTERVAL`."""
     try:
         seconds = float(value.strip())
     except ValueError:
         seconds = float("nan")
-    if not MIN_INTERVAL <= seconds < float("inf"):
+    if not MIN_INTERVAL <= seconds <= MAX_INTERVAL:
         raise ConfigError(
             f"{ENV_INTERVAL}={_shown(value)} is invalid: expected a number of seconds, at "
-            f"least {MIN_INTERVAL}"
+            f"least {MIN_INTERVAL} and at most {MAX_INTERVAL} (365 days)"
         )
     return seconds
 
@@ -331,8 +347,10 @@ def parse_interval(value: str) -> float:
 def parse_size(value: str) -> int | None:
     """Parse a byte count such as ``524288``, ``512KiB``, ``512k``, ``2MiB`` or ``1.5 MB``.
 
-    Units are case-insensitive and binary (``k``, ``KB`` and ``KiB`` all mean 1024 bytes);
-    a fraction is rounded to whole bytes. Return ``None`` if *value* is not such a count.
+    Units are case-insensitive and binary (``k``, ``KB`` and ``KiB`` all mean 1024 bytes;
+    ``m``, ``g``, ``t``, ``p`` and ``e`` likewise); a fraction is rounded to whole bytes, so
+    that equal amounts give equal counts however written (``1TiB``, ``1024GiB``). Return
+    ``None`` if *value* is not such a count; callers check the range.
     """
     text = value.strip()
     number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").rstrip()
@@ -344,11 +362,17 @@ def parse_size(value: str) -> int | None:
         or not all(c.isdigit() or c == "." for c in number)
     ):
         return None
-    try:
-        amount = float(number) if "." in number else int(number, 10)
-    except ValueError:
+    if len(number) > 60 or number.count(".") > 1:
+        # 2**64 has 20 digits: longer is out of every range, and int() has a digit limit.
         return None
-    return int(round(amount * _SIZE_UNITS[unit]))
+    if "." not in number:
+        return int(number, 10) * _SIZE_UNITS[unit]
+    if number == ".":
+        return None
+    from fractions import Fraction
+
+    # Exact, as a float would not be: 18446744073709551615.0 is 2**64-1, not 2**64.
+    return round(Fraction(number) * _SIZE_UNITS[unit])
 
 
 def parse_sample_interval(value: str, source: str = ENV_SAMPLE_INTERVAL) -> int:
