@@ -565,6 +565,77 @@ def test_failed_exit_snapshot_names_the_exception(tmp_path):
     assert result.stderr.rstrip().endswith(": Stop"), result.stderr
 
 
+# Issue 61 item 6: with object kinds, a dump that a signal or SIGTERM starts while the program
+# holds a lock that a dict key's __repr__ takes. The key's repr is not run; a dump that cannot
+# finish anyway still lets SIGTERM end the process.
+LOCKED_KEY = """
+import os, signal, sys, threading, time
+lock = threading.Lock()
+
+class Key:
+    def __repr__(self):
+        with lock:
+            return "Key()"
+
+cache = {Key(): bytearray(4_000_000)}
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGUSR2", "SIGTERM"])
+def test_a_signalled_dump_runs_no_repr_of_the_program(tmp_path, signame):
+    script = LOCKED_KEY + textwrap.dedent(
+        f"""
+        with lock:
+            os.kill(os.getpid(), signal.{signame})
+            deadline = time.monotonic() + 20
+            written = lambda: [n for n in os.listdir("out") if not n.startswith(".")]
+            while not written() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            print(written(), flush=True)
+        """
+    )
+    (tmp_path / "out").mkdir()
+    result = run(
+        ["-c", script],
+        cwd=tmp_path,
+        ALLOCTRACE_DUMP="out/app-{n}.snap",
+        ALLOCTRACE_OBJECTS="1",
+        ALLOCTRACE_SIGNAL="SIGUSR2",
+    )
+    first = "app-1.snap"
+    if signame == "SIGTERM":
+        assert result.returncode == -signal.SIGTERM, result.stderr
+    else:
+        # Written while the program still held the lock.
+        assert result.returncode == 0 and result.stdout == f"['{first}']\n", result
+    assert result.stderr == ""
+    snapshot = alloctrace.Snapshot.load(tmp_path / "out" / first)
+    report = snapshot.referrer_paths(snapshot.statistics("lineno")[0])
+    assert any("<__main__.Key object>" in path for path in report.paths), report.paths
+
+
+def test_a_sigterm_dump_that_cannot_finish_still_ends_the_process(tmp_path):
+    script = textwrap.dedent(
+        """
+        import os, signal, threading, time
+        import alloctrace, alloctrace._startup as startup
+
+        # Stands for any wait a dump cannot come out of.
+        startup.SIGTERM_DUMP_SECONDS = 1.0
+        alloctrace.take_snapshot = lambda *a, **k: threading.Event().wait()
+        print("ready", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
+        """
+    )
+    began = time.monotonic()
+    result = run(["-c", script], cwd=tmp_path, ALLOCTRACE_DUMP="app.snap")
+    elapsed = time.monotonic() - began
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert result.stdout == "ready\n" and elapsed < 30
+    assert not os.path.exists(tmp_path / "app.snap")
+
+
 # --- 7. start-up values ---------------------------------------------------------------------
 
 
