@@ -1132,7 +1132,9 @@ pub struct Resolver {
 type LocatedCode = (Box<[u8]>, Option<(Box<[u8]>, u32)>);
 
 impl Resolver {
-    pub fn new(py: Python<'_>) -> Self {
+    /// `Err(OutOfMemory)` when the interpreter cannot make the `<unknown>` name: pyo3's
+    /// `PyString::new` would panic there, and `start()` must raise `MemoryError`.
+    pub fn new(py: Python<'_>) -> crate::error::Result<Self> {
         let mut resolver = Self {
             filenames: Vec::new(),
             by_code: HashMap::new(),
@@ -1141,11 +1143,24 @@ impl Resolver {
             buried: Vec::new(),
             located: HashMap::new(),
         };
-        resolver.push_filename(
-            PyString::new(py, "<unknown>").unbind(),
-            b"<unknown>".as_slice(),
-        );
-        resolver
+        const UNKNOWN: &str = "<unknown>";
+        // SAFETY: the GIL is held (`py`); the result is a new reference or NULL.
+        let name = unsafe {
+            let ptr = pyo3::ffi::PyUnicode_FromStringAndSize(
+                UNKNOWN.as_ptr().cast(),
+                UNKNOWN.len() as pyo3::ffi::Py_ssize_t,
+            );
+            Bound::from_owned_ptr_or_opt(py, ptr)
+        };
+        let Some(name) = name else {
+            // The MemoryError set is raised again from the error returned.
+            drop(PyErr::take(py));
+            return Err(crate::error::Error::OutOfMemory);
+        };
+        // SAFETY: PyUnicode_FromStringAndSize made a str.
+        let name = unsafe { name.cast_into_unchecked::<PyString>() };
+        resolver.push_filename(name.unbind(), UNKNOWN.as_bytes());
+        Ok(resolver)
     }
 
     fn push_filename(&mut self, object: Py<PyString>, bytes: &[u8]) -> u32 {

@@ -17,11 +17,17 @@
 //! default action is restored and the signal raised again: the process dies of SIGTERM as it
 //! would have without tracing, only without its snapshot.
 //!
+//! Once the Python handler has started, [`acknowledge`] gives it a deadline instead: the timer
+//! is set to it, and a SIGTERM that finds the deadline passed (the timer's, or any other)
+//! restores the default action and raises the signal again. A handler that cannot finish
+//! (a snapshot waiting on something the interrupted program holds) still lets the process die
+//! of SIGTERM, without its snapshot, as it would have without tracing.
+//!
 //! Everything the wrapper does is async-signal-safe: atomics, `getpid`, `timer_settime`,
 //! `signal`, `raise`. A program that installs its own SIGTERM handler replaces the wrapper
 //! along with CPython's handler: nothing of this runs then.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Delay before SIGTERM is sent again to a main thread that did not run the handler.
 pub const RETRY_MS: i64 = 200;
@@ -37,6 +43,27 @@ static TIMER_PID: AtomicI32 = AtomicI32::new(0);
 /// Set once the Python handler has started: no more retries.
 static ACKNOWLEDGED: AtomicBool = AtomicBool::new(false);
 static RETRIES: AtomicU32 = AtomicU32::new(0);
+/// `CLOCK_MONOTONIC` nanoseconds by which the started handler must have ended the process
+/// (0: no deadline).
+static DEADLINE_NS: AtomicU64 = AtomicU64::new(0);
+
+fn monotonic_ns() -> u64 {
+    // SAFETY: clock_gettime is async-signal-safe; the structure is ours.
+    let mut now: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    (now.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(now.tv_nsec as u64)
+}
+
+/// Restores SIGTERM's default action and raises it: the process dies of the signal.
+fn die(signum: libc::c_int) {
+    // SAFETY: signal and raise are async-signal-safe.
+    unsafe {
+        libc::signal(signum, libc::SIG_DFL);
+        libc::raise(signum);
+    }
+}
 
 extern "C" fn on_sigterm(signum: libc::c_int) {
     // SAFETY: errno is thread-local; saved and restored around calls that may set it.
@@ -49,13 +76,12 @@ extern "C" fn on_sigterm(signum: libc::c_int) {
     }
     // SAFETY: getpid is async-signal-safe.
     let here = unsafe { libc::getpid() } == TIMER_PID.load(Ordering::Acquire);
-    if here && !ACKNOWLEDGED.load(Ordering::Acquire) {
+    let deadline = DEADLINE_NS.load(Ordering::Acquire);
+    if here && deadline != 0 && monotonic_ns() >= deadline {
+        die(signum);
+    } else if here && !ACKNOWLEDGED.load(Ordering::Acquire) {
         if RETRIES.fetch_add(1, Ordering::AcqRel) >= MAX_RETRIES {
-            // SAFETY: signal and raise are async-signal-safe.
-            unsafe {
-                libc::signal(signum, libc::SIG_DFL);
-                libc::raise(signum);
-            }
+            die(signum);
         } else {
             set_timer(RETRY_MS);
         }
@@ -99,6 +125,8 @@ pub fn arm() -> bool {
             }
             TIMER.store(timer as usize, Ordering::Release);
             TIMER_PID.store(pid, Ordering::Release);
+            // A forked child's handler has not started: the parent's deadline is not its own.
+            DEADLINE_NS.store(0, Ordering::Release);
         }
         ACKNOWLEDGED.store(false, Ordering::Release);
         RETRIES.store(0, Ordering::Release);
@@ -123,11 +151,23 @@ pub fn arm() -> bool {
     }
 }
 
-/// The Python handler has started: stop retrying.
-pub fn acknowledge() {
+/// The Python handler has started: stop retrying. With `deadline_ms` above 0, and no
+/// deadline set yet, the process dies of SIGTERM if it still runs that long from now; the
+/// timer is aimed at the deadline set (a retry may have moved it).
+pub fn acknowledge(deadline_ms: i64) {
     ACKNOWLEDGED.store(true, Ordering::Release);
     // SAFETY: getpid has no preconditions.
-    if TIMER_PID.load(Ordering::Acquire) == unsafe { libc::getpid() } {
-        set_timer(0);
+    if TIMER_PID.load(Ordering::Acquire) != unsafe { libc::getpid() } {
+        return;
+    }
+    let now = monotonic_ns();
+    if deadline_ms > 0 {
+        let at = now.saturating_add((deadline_ms as u64).saturating_mul(1_000_000));
+        // The first handler's deadline holds: a second SIGTERM does not push it back.
+        let _ = DEADLINE_NS.compare_exchange(0, at, Ordering::AcqRel, Ordering::Acquire);
+    }
+    match DEADLINE_NS.load(Ordering::Acquire) {
+        0 => set_timer(0),
+        at => set_timer((at.saturating_sub(now) / 1_000_000).clamp(1, i64::MAX as u64) as i64),
     }
 }

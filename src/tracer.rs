@@ -999,6 +999,8 @@ pub fn start(
     }
     register_fork_handlers();
     tracked::clear_with(table(), TraceTable::clear);
+    // First, so that running out of memory for it leaves nothing half set up.
+    let resolver = Resolver::new(py)?;
     // SAFETY: the GIL is held.
     unsafe {
         deferred::discard();
@@ -1016,7 +1018,7 @@ pub fn start(
             interner: Interner::new(),
             scratch: vec![RawFrame::UNKNOWN; nframe],
         });
-        *RESOLVER.get() = Some(Resolver::new(py));
+        *RESOLVER.get() = Some(resolver);
         *LIMIT.get() = nframe;
     }
     crate::released::reset(nframe, true);
@@ -1080,14 +1082,15 @@ pub fn stop(py: Python<'_>) {
     release(py, live, resolver);
 }
 
-/// Forgets every trace but keeps tracing.
-pub fn clear_traces(py: Python<'_>) {
+/// Forgets every trace but keeps tracing; `Err(OutOfMemory)`, with nothing forgotten, when
+/// the new state cannot be made.
+pub fn clear_traces(py: Python<'_>) -> Result<()> {
     if !is_tracing() {
-        return;
+        return Ok(());
     }
     // The new state is built first: building it allocates (a Python string), and what is
     // allocated after the table is emptied would count as traced memory.
-    let fresh_resolver = Resolver::new(py);
+    let fresh_resolver = Resolver::new(py)?;
     let fresh_live = Live {
         interner: Interner::new(),
         scratch: vec![RawFrame::UNKNOWN; traceback_limit()],
@@ -1107,6 +1110,7 @@ pub fn clear_traces(py: Python<'_>) {
         (live, resolver)
     };
     release(py, live, resolver);
+    Ok(())
 }
 
 /// Drops the references the old state held. Last, because dropping a code object can run

@@ -36,7 +36,9 @@ def test_accepted_forms(value, traced, rss, fraction):
 @pytest.mark.parametrize(
     "value",
     ["", "0", "rss:0", "12x", "heap:1GiB", "rss:", "cgroup:0", "cgroup:1.5", "cgroup:-0.2",
-     "cgroup:nan", "cgroup:1GiB", "1GiB,2GiB", "rss:1GiB,cgroup:0.5", "1GiB,", "-5"],
+     "cgroup:nan", "cgroup:1GiB", "1GiB,2GiB", "rss:1GiB,cgroup:0.5", "1GiB,", "-5",
+     # Issue 61 item 8: sizes beyond 64 bits.
+     "18446744073709551616", "rss:18446744073709551616", "traced:16EiB", "99999999.5EiB"],
 )  # fmt: skip
 def test_refused_forms_name_the_setting_and_the_forms(value):
     with pytest.raises(ConfigError) as info:
@@ -296,10 +298,11 @@ def test_run_memory_limit_option(tmp_path):
     assert (tmp_path / "r.snap").exists()
 
 
-def test_run_memory_limit_option_refuses_bad_values(tmp_path):
-    result = run(["-m", "alloctrace", "run", "--memory-limit", "rss:", "-c", "pass"], cwd=tmp_path)
+@pytest.mark.parametrize("value", ["rss:", "18446744073709551616", "rss:18446744073709551616"])
+def test_run_memory_limit_option_refuses_bad_values(tmp_path, value):
+    result = run(["-m", "alloctrace", "run", "--memory-limit", value, "-c", "pass"], cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.startswith("alloctrace: error: --memory-limit 'rss:' is invalid")
+    assert result.stderr.startswith(f"alloctrace: error: --memory-limit {value!r} is invalid")
     assert len(result.stderr.splitlines()) == 1 and os.listdir(tmp_path) == []
 
 
@@ -346,6 +349,9 @@ def test_start_with_a_memory_limit_in_code(tmp_path, capfd):
         ({"memory_limit": "1GiB"}, TypeError, "memory_limit needs memory_limit_dump"),
         ({"memory_limit_dump": "x"}, TypeError, "must be an int"),
         ({"memory_limit": 1, "memory_limit_dump": "{x}"}, ValueError, "unknown placeholder"),
+        # Issue 61 item 8: more than 64 bits of bytes were an OverflowError from a thread.
+        ({"memory_limit": 2**64, "memory_limit_dump": "x"}, ValueError, "memory_limit must be"),
+        ({"memory_limit": "rss:16EiB", "memory_limit_dump": "x"}, ValueError, "memory_limit "),
     ],
 )
 def test_start_refuses_bad_memory_limits(kwargs, error, message):
@@ -353,6 +359,24 @@ def test_start_refuses_bad_memory_limits(kwargs, error, message):
     with pytest.raises(error, match=message):
         alloctrace.start(**kwargs)
     assert not alloctrace.is_tracing()
+
+
+def test_largest_limits_are_accepted():
+    limit = parse_memory_limit("18446744073709551615,rss:15EiB")
+    assert (limit.traced, limit.rss) == ((1 << 64) - 1, 15 << 60)
+
+
+def test_a_cgroup_note_names_the_argument_the_limit_came_from(tmp_path, capfd, monkeypatch):
+    # Issue 61 item 8: the note named ALLOCTRACE_MEMORY_LIMIT for a limit given to start().
+    from alloctrace import _memory_limit
+
+    monkeypatch.setattr(_memory_limit, "cgroup_memory_limit", lambda root="/": (None, "no limit"))
+    alloctrace.stop()
+    alloctrace.start(memory_limit="cgroup:0.5", memory_limit_dump=tmp_path / "x.snap")
+    alloctrace.stop()
+    err = capfd.readouterr().err
+    note = "memory_limit='cgroup:0.5': no limit; resident memory is not watched"
+    assert err == f"alloctrace: {note}\n"
 
 
 def test_memory_limit_cannot_be_set_while_tracing(tmp_path):

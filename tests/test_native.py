@@ -154,7 +154,7 @@ def test_mmap_munmap_mremap(stopped_tracer, ext, tmp_path):
     page = 4096
     ptr = ext.mmap(10 * page)
     assert (10 * page) in sizes()
-    # Unmapping the head leaves the tail traced; the middle is out of reach (kept whole).
+    # Unmapping the head leaves the tail traced.
     assert ext.munmap(ptr, 3 * page) == 0
     assert (10 * page) not in sizes() and (7 * page) in sizes()
     tail = ptr + 3 * page
@@ -171,6 +171,30 @@ def test_mmap_munmap_mremap(stopped_tracer, ext, tmp_path):
     assert mapped and (5 * page) not in sizes()
     assert ext.mremap(mapped, 5 * page, 6 * page) != 0
     assert (6 * page) not in sizes()
+    assert consistent()
+
+
+def test_partial_munmap_leaves_only_the_mapped_pieces_traced(stopped_tracer, ext):
+    """Issue 61 item 10: unmapping the tail or the middle of a traced mapping (or a range
+    across two mappings) keeps exactly the pieces still mapped traced, with their traceback."""
+    alloctrace.start(1, native=True)
+    page = 4096
+    ptr = ext.mmap(1024 * page)  # 4 MiB
+    line = here() - 1
+    assert sizes() == [1024 * page]
+    assert ext.munmap(ptr + 1000 * page, 24 * page) == 0  # the tail
+    assert sizes() == [1000 * page]
+    assert ext.munmap(ptr + 100 * page, 200 * page) == 0  # the middle
+    assert sizes() == [100 * page, 700 * page]
+    assert ext.munmap(ptr + 50 * page, 300 * page) == 0  # the end of one, the start of another
+    assert sizes() == [50 * page, 650 * page]
+    assert {t[2][0][1] for t in native_traces()} == {line}
+    # A length that is not a multiple of the page size unmaps whole pages.
+    assert ext.munmap(ptr + 400 * page, 10 * page - 100) == 0
+    assert sizes() == [50 * page, 50 * page, 590 * page]
+    # One call over every piece and the holes between them.
+    assert ext.munmap(ptr, 1024 * page) == 0
+    assert sizes() == []
     assert consistent()
 
 

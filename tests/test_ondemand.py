@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -145,8 +146,8 @@ def test_signal_ignored_at_start_is_left_alone(tmp_path):
     try:
         with pytest.raises(_ondemand.RequestError) as info:
             _ondemand.request_snapshot(proc.pid, timeout=0.5)
-        assert "may handle the signal itself" in str(info.value)
-        tell(proc, "more")  # still alive: the signal stayed ignored
+        assert str(info.value) == f"process {proc.pid} ignores SIGUSR2: not signalled"
+        tell(proc, "more")  # still alive
     finally:
         err = finish(proc)
     assert err.splitlines()[0] == (
@@ -237,3 +238,89 @@ def test_snapshot_command(tmp_path):
         assert len(result.stderr.splitlines()) == 1
     finally:
         finish(proc)
+
+
+# Issue 61 item 5: processes that carry the variables without tracing are not signalled (the
+# default action would kill them), a flood of requests is coalesced and bounded, and a
+# request during finalization changes nothing.
+@pytest.mark.parametrize(
+    "args, extra",
+    [
+        (["sleep", "30"], {}),
+        ([sys.executable, "-E", "-c", "import time; time.sleep(30)"], {}),
+        ([sys.executable, "-c", "import time; time.sleep(30)"], {"ALLOCTRACE": "0"}),
+    ],
+    ids=["sleep", "python -E", "ALLOCTRACE=0"],
+)
+def test_processes_that_do_not_trace_are_not_signalled(tmp_path, args, extra):
+    env = clean_env(ALLOCTRACE_SIGNAL="SIGUSR2", ALLOCTRACE_DUMP="app.snap", **extra)
+    proc = subprocess.Popen(args, env=env, cwd=str(tmp_path))
+    try:
+        # Wait until it runs (python -E reads no site-packages .pth, but still starts up).
+        time.sleep(0.5)
+        with pytest.raises(_ondemand.RequestError) as info:
+            _ondemand.request_snapshot(proc.pid, timeout=5)
+        assert str(info.value).startswith(
+            f"process {proc.pid} has no handler for SIGUSR2, so it would die of it: not signalled"
+        )
+        time.sleep(0.2)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_flood_of_requests_is_coalesced_and_bounded(tmp_path):
+    proc, _ = start(tmp_path, ALLOCTRACE_SIGNAL="SIGUSR2", ALLOCTRACE_DUMP="app-{n}.snap")
+    try:
+        began = time.monotonic()
+        # A paced flood for a second and a half: the kernel merges only signals that arrive
+        # while one is pending, so most of these reach the handler.
+        while time.monotonic() - began < 1.5:
+            os.kill(proc.pid, signal.SIGUSR2)
+            time.sleep(0.0005)
+        # Every request made before this one is served by a snapshot started after it.
+        last = _ondemand.request_snapshot(proc.pid, timeout=TIMEOUT)
+        tell(proc, "more")  # alive and responsive
+        # Paced requests, each answered by a snapshot of its own.
+        paths = [_ondemand.request_snapshot(proc.pid, timeout=TIMEOUT) for _ in range(5)]
+        assert len(set(paths)) == 5 and last not in paths
+    finally:
+        err = finish(proc)
+    elapsed = time.monotonic() - began
+    assert proc.returncode == 0 and err == "", err
+    written = [name for name in os.listdir(tmp_path) if name.endswith(".snap")]
+    # At most ten on-demand snapshots a second, and the exit snapshot.
+    assert 7 <= len(written) <= elapsed * 10 + 2, (len(written), elapsed)
+
+
+def test_a_request_during_finalization_changes_nothing(tmp_path):
+    # The program ends while another process signals it without pause: neither the exit
+    # snapshot nor the exit status may change.
+    script = tmp_path / "ends.py"
+    script.write_text(
+        "import os, subprocess, time\n"
+        "sender = subprocess.Popen(['sh', '-c', "
+        "f'while kill -USR2 {os.getpid()} 2>/dev/null; do :; done'],\n"
+        # Not our output pipes: the sender outlives us until our parent reaps us.
+        "    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "time.sleep(0.3)\n"
+        "print('done', flush=True)\n"
+    )
+    for attempt in range(3):
+        result = run_python(
+            [str(script)],
+            cwd=str(tmp_path),
+            ALLOCTRACE_SIGNAL="SIGUSR2",
+            ALLOCTRACE_DUMP=f"run{attempt}-{{n}}.snap",
+        )
+        assert (result.returncode, result.stdout, result.stderr) == (0, "done\n", "")
+        numbers = sorted(
+            int(name[len(f"run{attempt}-") : -5])
+            for name in os.listdir(tmp_path)
+            if name.startswith(f"run{attempt}-")
+        )
+        # The exit snapshot is the last of the numbered series.
+        assert numbers == list(range(1, len(numbers) + 1)) and numbers
+        alloctrace.Snapshot.load(tmp_path / f"run{attempt}-{numbers[-1]}.snap")

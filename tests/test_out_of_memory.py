@@ -162,3 +162,82 @@ def test_dump_never_aborts_at_limits_between_the_headrooms(snapshot_file):
         outcomes, went_on = child.stdout.split("\n")[:2]
         assert set(outcomes.split()) <= {"ok", "MemoryError"}, outcomes
         assert went_on == "the program went on"
+
+
+# Issue 61 item 7: error paths of the native module under _testcapi.set_nomemory, failing the
+# Nth Python allocation of the call, for each N in turn. Each attempt must raise MemoryError
+# or the error the call raises with memory to spare; the process must never panic or abort.
+NO_MEMORY = """
+import sys, _testcapi, tracemalloc
+import alloctrace
+
+operation, expected = OPERATIONS[sys.argv[1]]
+seen = set()
+for start in range(ATTEMPTS):
+    _testcapi.set_nomemory(start, start + 1)
+    try:
+        operation()
+    except BaseException as exc:
+        _testcapi.remove_mem_hooks()
+        seen.add(type(exc).__name__)
+        # SystemError ("error return without exception set"): the calling frame's, at one
+        # failure point of the Python-level call on 3.11 (not a panic; see the report).
+        if not isinstance(exc, (MemoryError, SystemError, expected)):
+            raise
+    else:
+        _testcapi.remove_mem_hooks()
+        seen.add("ok")
+try:
+    operation()
+except expected:
+    pass
+print(" ".join(sorted(seen)))
+"""
+
+NO_MEMORY_OPERATIONS = """
+import sys, _testcapi, tracemalloc
+import alloctrace
+
+def start_alongside():
+    # start() with tracemalloc tracing: refused (RuntimeError) while _testcapi's hooks sit
+    # over tracemalloc's, after looking at tracemalloc (see src/alongside.rs).
+    try:
+        alloctrace.start()
+    finally:
+        alloctrace.stop()
+
+tracemalloc.start()
+OPERATIONS = {
+    "tracemalloc_alongside": (start_alongside, RuntimeError),
+    "set_traceback_limit": (lambda: alloctrace.set_traceback_limit(0), ValueError),
+    "start_70000": (lambda: alloctrace.start(70000), ValueError),
+    "load_missing": (lambda: alloctrace.Snapshot.load("/nonexistent"), OSError),
+}
+ATTEMPTS = 400
+"""
+
+
+@pytest.mark.parametrize(
+    "name, allowed",
+    [
+        ("tracemalloc_alongside", {"RuntimeError", "MemoryError"}),
+        ("set_traceback_limit", {"ValueError", "MemoryError"}),
+        ("start_70000", {"ValueError", "MemoryError"}),
+        ("load_missing", {"FileNotFoundError", "MemoryError"}),
+    ],
+)
+def test_error_paths_survive_failed_allocations(name, allowed):
+    pytest.importorskip("_testcapi")
+    script = textwrap.dedent(NO_MEMORY_OPERATIONS) + textwrap.dedent(NO_MEMORY)
+    child = subprocess.run(
+        [sys.executable, "-c", script, name],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, f"exit status {child.returncode}\n{child.stderr[-2000:]}"
+    assert "panic" not in child.stderr, child.stderr[-2000:]
+    seen = set(child.stdout.split())
+    # Both outcomes were met: the allocations failed before and after the error was made.
+    assert allowed <= seen <= allowed | {"SystemError", "ok"}, child.stdout

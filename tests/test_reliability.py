@@ -565,6 +565,77 @@ def test_failed_exit_snapshot_names_the_exception(tmp_path):
     assert result.stderr.rstrip().endswith(": Stop"), result.stderr
 
 
+# Issue 61 item 6: with object kinds, a dump that a signal or SIGTERM starts while the program
+# holds a lock that a dict key's __repr__ takes. The key's repr is not run; a dump that cannot
+# finish anyway still lets SIGTERM end the process.
+LOCKED_KEY = """
+import os, signal, sys, threading, time
+lock = threading.Lock()
+
+class Key:
+    def __repr__(self):
+        with lock:
+            return "Key()"
+
+cache = {Key(): bytearray(4_000_000)}
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGUSR2", "SIGTERM"])
+def test_a_signalled_dump_runs_no_repr_of_the_program(tmp_path, signame):
+    script = LOCKED_KEY + textwrap.dedent(
+        f"""
+        with lock:
+            os.kill(os.getpid(), signal.{signame})
+            deadline = time.monotonic() + 20
+            written = lambda: [n for n in os.listdir("out") if not n.startswith(".")]
+            while not written() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            print(written(), flush=True)
+        """
+    )
+    (tmp_path / "out").mkdir()
+    result = run(
+        ["-c", script],
+        cwd=tmp_path,
+        ALLOCTRACE_DUMP="out/app-{n}.snap",
+        ALLOCTRACE_OBJECTS="1",
+        ALLOCTRACE_SIGNAL="SIGUSR2",
+    )
+    first = "app-1.snap"
+    if signame == "SIGTERM":
+        assert result.returncode == -signal.SIGTERM, result.stderr
+    else:
+        # Written while the program still held the lock.
+        assert result.returncode == 0 and result.stdout == f"['{first}']\n", result
+    assert result.stderr == ""
+    snapshot = alloctrace.Snapshot.load(tmp_path / "out" / first)
+    report = snapshot.referrer_paths(snapshot.statistics("lineno")[0])
+    assert any("<__main__.Key object>" in path for path in report.paths), report.paths
+
+
+def test_a_sigterm_dump_that_cannot_finish_still_ends_the_process(tmp_path):
+    script = textwrap.dedent(
+        """
+        import os, signal, threading, time
+        import alloctrace, alloctrace._startup as startup
+
+        # Stands for any wait a dump cannot come out of.
+        startup.SIGTERM_DUMP_SECONDS = 1.0
+        alloctrace.take_snapshot = lambda *a, **k: threading.Event().wait()
+        print("ready", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
+        """
+    )
+    began = time.monotonic()
+    result = run(["-c", script], cwd=tmp_path, ALLOCTRACE_DUMP="app.snap")
+    elapsed = time.monotonic() - began
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert result.stdout == "ready\n" and elapsed < 30
+    assert not os.path.exists(tmp_path / "app.snap")
+
+
 # --- 7. start-up values ---------------------------------------------------------------------
 
 
@@ -593,6 +664,21 @@ def test_failed_exit_snapshot_names_the_exception(tmp_path):
         ),
         ({"ALLOCTRACE_SAMPLE_INTERVAL": "\uff15k"}, "ALLOCTRACE_SAMPLE_INTERVAL="),
         ({"ALLOCTRACE": "9" * 100_000}, "...'"),
+        # Issue 61 item 8: values that overflowed a thread's timer, a C integer or a float.
+        (
+            {"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_INTERVAL": "9999999999"},
+            "ALLOCTRACE_INTERVAL='9999999999' is invalid",
+        ),
+        (
+            {"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_MEMORY_LIMIT": "18446744073709551616"},
+            "ALLOCTRACE_MEMORY_LIMIT='18446744073709551616' is invalid",
+        ),
+        (
+            {"ALLOCTRACE_DUMP": "x.snap", "ALLOCTRACE_MEMORY_LIMIT": "rss:16EiB"},
+            "ALLOCTRACE_MEMORY_LIMIT='rss:16EiB' is invalid",
+        ),
+        ({"ALLOCTRACE_SAMPLE_INTERVAL": "1025GiB"}, "from 0 (exact tracing) to 1TiB"),
+        ({"ALLOCTRACE_SAMPLE_INTERVAL": "9" * 400 + ".5"}, "ALLOCTRACE_SAMPLE_INTERVAL="),
     ],
 )
 def test_start_up_values_refused_at_start_in_one_short_line(tmp_path, env, needle):
@@ -614,6 +700,35 @@ def test_minimum_interval_is_accepted(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "x.snap" in os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("value", ["1TiB", "1024GiB", "1tb", "1099511627776", "0.5TiB"])
+def test_equal_spellings_of_a_size_are_treated_the_same(tmp_path, value):
+    # Issue 61 item 8: 1TiB was refused while 1024GiB, the same number, was accepted.
+    from alloctrace._startup import parse_size
+
+    assert parse_size(value) == (1 << 40 if value != "0.5TiB" else 1 << 39)
+    result = run(
+        ["-c", "import alloctrace; print(alloctrace.is_tracing())"],
+        cwd=tmp_path,
+        ALLOCTRACE_SAMPLE_INTERVAL=value,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "True\n", "")
+
+
+def test_longest_interval_is_accepted_and_its_thread_lives(tmp_path):
+    # The largest interval accepted waits without its thread dying of an OverflowError.
+    from alloctrace._startup import MAX_INTERVAL
+
+    result = run(
+        ["-c", "import time, threading; time.sleep(0.3); print(sorted(t.name for t in "
+         "threading.enumerate()))"],
+        cwd=tmp_path,
+        ALLOCTRACE_DUMP="x.snap",
+        ALLOCTRACE_INTERVAL=str(MAX_INTERVAL),
+    )  # fmt: skip
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert "alloctrace-interval-dump" in result.stdout
 
 
 # --- 8. the smaller ones --------------------------------------------------------------------

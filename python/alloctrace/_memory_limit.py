@@ -73,7 +73,7 @@ class MemoryLimit:
 def parse_memory_limit(value: str, source: str = ENV_MEMORY_LIMIT) -> MemoryLimit:
     """Parse a memory-limit setting; raise :class:`alloctrace._startup.ConfigError` naming
     *source* and the accepted forms for anything else."""
-    from alloctrace._startup import ConfigError, _shown, parse_size
+    from alloctrace._startup import MAX_SIZE, ConfigError, _shown, parse_size
 
     shown = f"{source}={_shown(value)}" if source.isupper() else f"{source} {_shown(value)}"
     limit = MemoryLimit(text=value.strip())
@@ -94,6 +94,10 @@ def parse_memory_limit(value: str, source: str = ENV_MEMORY_LIMIT) -> MemoryLimi
         size = parse_size(amount)
         if kind not in ("traced", "rss") or not size:
             raise ConfigError(f"{shown} is invalid: {_FORMS}")
+        if size > MAX_SIZE:
+            raise ConfigError(
+                f"{shown} is invalid: {_shown(amount.strip())} is more than 2**64-1 bytes; {_FORMS}"
+            )
         if kind == "traced":
             if limit.traced is not None:
                 raise ConfigError(f"{shown} is invalid: two traced-memory limits; {_FORMS}")
@@ -197,9 +201,12 @@ def cgroup_memory_limit(root: str = "/") -> tuple[int | None, str]:
     return limit, where
 
 
-def resolve(limit: MemoryLimit, root: str = "/") -> tuple[int | None, int | None, str | None]:
+def resolve(
+    limit: MemoryLimit, root: str = "/", setting: str | None = None
+) -> tuple[int | None, int | None, str | None]:
     """``(traced, rss, note)``: the byte limits to watch, and, when ``cgroup:FRACTION`` could
-    not be applied, the line to show on stderr."""
+    not be applied, the line to show on stderr, naming *setting* (where the limit came from;
+    by default ``ALLOCTRACE_MEMORY_LIMIT=...``)."""
     if limit.cgroup_fraction is None:
         return limit.traced, limit.rss, None
     cgroup, where = cgroup_memory_limit(root)
@@ -207,8 +214,8 @@ def resolve(limit: MemoryLimit, root: str = "/") -> tuple[int | None, int | None
         return (
             limit.traced,
             None,
-            f"{ENV_MEMORY_LIMIT}=cgroup:{limit.cgroup_fraction:g}: {where}; resident memory "
-            "is not watched",
+            f"{setting or f'{ENV_MEMORY_LIMIT}=cgroup:{limit.cgroup_fraction:g}'}: {where}; "
+            "resident memory is not watched",
         )
     return limit.traced, max(1, int(cgroup * limit.cgroup_fraction)), None
 
@@ -286,7 +293,7 @@ class LimitDump:
         global _active
         from alloctrace._startup import _warn
 
-        traced, rss, note = resolve(self.limit)
+        traced, rss, note = resolve(self.limit, setting=self.setting)
         if note is not None:
             _warn(note)
         if _active is not None and _active.watcher is not None:
@@ -402,7 +409,13 @@ def start_in_code(memory_limit, dump) -> LimitDump:
     """Check ``start(memory_limit=..., memory_limit_dump=...)``: a :class:`LimitDump` to
     :meth:`~LimitDump.install` once tracing runs, writing to *dump* (``{pid}`` and ``{time}``
     replaced). Raise :exc:`TypeError` or :exc:`ValueError` naming the bad argument."""
-    from alloctrace._startup import ConfigError, Dumper, check_path_template, expand_path
+    from alloctrace._startup import (
+        MAX_SIZE,
+        ConfigError,
+        Dumper,
+        check_path_template,
+        expand_path,
+    )
 
     if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, str)):
         raise TypeError(
@@ -418,6 +431,10 @@ def start_in_code(memory_limit, dump) -> LimitDump:
     if isinstance(memory_limit, int):
         if memory_limit <= 0:
             raise ValueError(f"memory_limit must be a number of bytes > 0, not {memory_limit}")
+        if memory_limit > MAX_SIZE:
+            # str() of a huge int is itself refused (the digit limit): say how big it is.
+            shown = memory_limit if memory_limit.bit_length() <= 256 else "a larger number"
+            raise ValueError(f"memory_limit must be a number of bytes up to 2**64-1, not {shown}")
         limit = MemoryLimit(traced=memory_limit, text=str(memory_limit))
     else:
         try:

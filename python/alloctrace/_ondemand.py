@@ -8,6 +8,11 @@ start-up environment (``/proc/PID/environ``), the signal is sent, and the number
 file that the process then writes is waited for. The dump path is resolved as the process
 resolved it at start-up when it is absolute; a relative one is taken from the process's current
 directory (``/proc/PID/cwd``), which is the directory it started in unless it changed directory.
+
+The variables alone do not show that the process traces: ``sleep``, ``python -E`` or a
+program run with ``ALLOCTRACE=0`` carry them too, and the signal's default action would kill
+them. So the signal is only sent when the process catches it (``SigCgt`` in
+``/proc/PID/status``) and has alloctrace's native module loaded (``/proc/PID/maps``).
 """
 
 from __future__ import annotations
@@ -46,6 +51,54 @@ def _environment(pid: int) -> dict[str, str]:
         if sep:
             environ[os.fsdecode(name)] = os.fsdecode(value)
     return environ
+
+
+def _disposition(pid: int, signum: int) -> str:
+    """``"caught"``, ``"ignored"`` or ``"default"``: what process *pid* does with *signum*."""
+    masks = {}
+    try:
+        with open(f"/proc/{pid}/status", "rb") as stream:
+            for line in stream:
+                name, _, value = line.partition(b":")
+                if name in (b"SigCgt", b"SigIgn"):
+                    masks[name] = int(value.strip(), 16)
+    except FileNotFoundError:
+        raise RequestError(f"no process {pid}") from None
+    except (OSError, ValueError):
+        pass
+    if len(masks) != 2:
+        raise RequestError(f"cannot read the signal handlers of process {pid}")
+    bit = 1 << (signum - 1)
+    if masks[b"SigCgt"] & bit:
+        return "caught"
+    return "ignored" if masks[b"SigIgn"] & bit else "default"
+
+
+def _loads_alloctrace(pid: int) -> bool | None:
+    """Whether process *pid* has alloctrace's native module mapped; ``None`` if unknown."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as stream:
+            return any(b"/alloctrace/_native" in line for line in stream)
+    except OSError:
+        return None
+
+
+def _check_handler(pid: int, signum: int) -> None:
+    """Refuse to signal a process whose handler for *signum* is not alloctrace's."""
+    name = _signal_name(signum)
+    disposition = _disposition(pid, signum)
+    if disposition == "ignored":
+        raise RequestError(f"process {pid} ignores {name}: not signalled")
+    if disposition == "default":
+        raise RequestError(
+            f"process {pid} has no handler for {name}, so it would die of it: not signalled. "
+            "It carries the variables but does not trace (ALLOCTRACE=0, python -E or -I, not "
+            "a Python program, or still starting)"
+        )
+    if _loads_alloctrace(pid) is False:
+        raise RequestError(
+            f"process {pid} handles {name} itself and has not loaded alloctrace: not signalled"
+        )
 
 
 def _pattern(template: str, pid: int) -> str:
@@ -180,6 +233,7 @@ def request_snapshot(pid: int, timeout: float = DEFAULT_TIMEOUT) -> str:
     pid, signum, template = _settings(pid)
     pattern = _pattern(template, pid)
     before = _mtimes(pattern)
+    _check_handler(pid, signum)
     try:
         os.kill(pid, signum)
     except ProcessLookupError:

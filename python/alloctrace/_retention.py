@@ -20,6 +20,7 @@ reaches is reported as unreachable: garbage kept in a reference cycle, or held o
 something that is not a root (a C extension's static variable).
 """
 
+import _thread
 import gc
 import sys
 import types
@@ -45,8 +46,56 @@ def _type_name(obj):
         return "?"
 
 
+# Per thread ident, how deep it is in dumps the program did not call for (see
+# without_user_code); a dict of builtin ints, so no lock and no threading import.
+_no_user_code = {}
+
+# Types whose repr is the interpreter's own C code: it runs nothing of the program's.
+_PLAIN_TYPES = (str, bytes, int, float, complex, bool, type(None))
+
+
+class without_user_code:
+    """Inside, in this thread, names leave out what only the program's code could write:
+    ``repr()`` of a key that is not a plain builtin value (``str``, ``int``, a tuple of
+    those...) is shown as ``<type object>``.
+
+    Dumps nobody called for from the program's code (at exit, on SIGTERM, on a signal,
+    periodic, at the memory limit) run at moments the program does not choose: a
+    ``__repr__`` that takes a lock the interrupted code holds would wait for ever, so
+    they name keys without running one."""
+
+    def __enter__(self):
+        ident = _thread.get_ident()
+        _no_user_code[ident] = _no_user_code.get(ident, 0) + 1
+
+    def __exit__(self, *exc_info):
+        ident = _thread.get_ident()
+        depth = _no_user_code.pop(ident, 1) - 1
+        if depth:
+            _no_user_code[ident] = depth
+
+
+def _plain(value, depth=2):
+    """Whether *value*'s repr runs no code of the program's."""
+    kind = type(value)
+    if kind in _PLAIN_TYPES:
+        return True
+    return (
+        kind in (tuple, frozenset)
+        and depth > 0
+        and len(value) <= 8
+        and all(_plain(item, depth - 1) for item in value)
+    )
+
+
 def _short_repr(value):
-    """``repr(value)``, cut to a readable length; a placeholder if repr raises or cheats."""
+    """``repr(value)``, cut to a readable length; a placeholder if repr raises or cheats, or
+    would run the program's code inside :class:`without_user_code`."""
+    if type(value) in (str, bytes) and len(value) > _REPR_LIMIT:
+        # Only what is shown: the repr of a huge key would copy it whole.
+        value = value[:_REPR_LIMIT]
+    if _no_user_code and _thread.get_ident() in _no_user_code and not _plain(value):
+        return f"<{_type_name(value)} object>"
     try:
         text = repr(value)
         if not isinstance(text, str):
@@ -272,7 +321,9 @@ def _name_edges(path, i):
             found, key = _key_of(b, c)
             if found:
                 return (
-                    f"{name}.{key}" if isinstance(key, str) else f"{name}[{_short_repr(key)}]"
+                    f"{name}.{str.__str__(key)}"
+                    if isinstance(key, str)
+                    else f"{name}[{_short_repr(key)}]"
                 ), 2
         return None, 1
     if isinstance(a, types.FrameType):
@@ -314,7 +365,7 @@ def _name_edges(path, i):
         if isinstance(b, dict) and c is not None:
             found, key = _key_of(b, c)
             if found and isinstance(key, str) and a.__dict__.get(key) is c:
-                return f"{a.__qualname__}.{key}", 2
+                return f"{a.__qualname__}.{str.__str__(key)}", 2
     if isinstance(a, dict):
         found, key = _key_of(a, b)
         if found:

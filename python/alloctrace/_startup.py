@@ -128,6 +128,18 @@ CONFIG_ERROR_STATUS = 2
 #: second, each a file and a pass over the whole trace table.
 MIN_INTERVAL = 0.1
 
+#: The longest ``ALLOCTRACE_INTERVAL`` accepted, in seconds (365 days): longer waits overflow
+#: the interval thread's timer (``threading.TIMEOUT_MAX``), and would never come anyway.
+MAX_INTERVAL = 365 * 24 * 3600
+
+#: The largest byte count a size setting can name (a limit is kept in 64 bits).
+MAX_SIZE = (1 << 64) - 1
+
+#: Once a SIGTERM's handler has started writing the exit snapshot, the process dies of
+#: SIGTERM this many seconds later at the latest (the snapshot may be waiting on something
+#: that never comes); a handler that never starts is given about 5 s.
+SIGTERM_DUMP_SECONDS = 30.0
+
 #: Values shown in an error message are cut to this many characters.
 _SHOWN_MAX = 200
 
@@ -147,6 +159,15 @@ _SIZE_UNITS = {
     "g": 1 << 30,
     "gb": 1 << 30,
     "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+    "tib": 1 << 40,
+    "p": 1 << 50,
+    "pb": 1 << 50,
+    "pib": 1 << 50,
+    "e": 1 << 60,
+    "eb": 1 << 60,
+    "eib": 1 << 60,
 }
 
 _PLACEHOLDERS = ("pid", "time", "n")
@@ -333,16 +354,16 @@ def parse_nframe(value: str, source: str) -> int:
 
 
 def parse_interval(value: str) -> float:
-    """Parse ``ALLOCTRACE_INTERVAL``: a finite number of seconds, at least
-    :data:`MIN_INTERVAL`."""
+    """Parse ``ALLOCTRACE_INTERVAL``: a number of seconds from :data:`MIN_INTERVAL` to
+    :data:`MAX_INTERVAL`."""
     try:
         seconds = float(value.strip())
     except ValueError:
         seconds = float("nan")
-    if not MIN_INTERVAL <= seconds < float("inf"):
+    if not MIN_INTERVAL <= seconds <= MAX_INTERVAL:
         raise ConfigError(
             f"{ENV_INTERVAL}={_shown(value)} is invalid: expected a number of seconds, at "
-            f"least {MIN_INTERVAL}"
+            f"least {MIN_INTERVAL} and at most {MAX_INTERVAL} (365 days)"
         )
     return seconds
 
@@ -350,8 +371,10 @@ def parse_interval(value: str) -> float:
 def parse_size(value: str) -> int | None:
     """Parse a byte count such as ``524288``, ``512KiB``, ``512k``, ``2MiB`` or ``1.5 MB``.
 
-    Units are case-insensitive and binary (``k``, ``KB`` and ``KiB`` all mean 1024 bytes);
-    a fraction is rounded to whole bytes. Return ``None`` if *value* is not such a count.
+    Units are case-insensitive and binary (``k``, ``KB`` and ``KiB`` all mean 1024 bytes;
+    ``m``, ``g``, ``t``, ``p`` and ``e`` likewise); a fraction is rounded to whole bytes, so
+    that equal amounts give equal counts however written (``1TiB``, ``1024GiB``). Return
+    ``None`` if *value* is not such a count; callers check the range.
     """
     text = value.strip()
     number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").rstrip()
@@ -363,11 +386,17 @@ def parse_size(value: str) -> int | None:
         or not all(c.isdigit() or c == "." for c in number)
     ):
         return None
-    try:
-        amount = float(number) if "." in number else int(number, 10)
-    except ValueError:
+    if len(number) > 60 or number.count(".") > 1:
+        # 2**64 has 20 digits: longer is out of every range, and int() has a digit limit.
         return None
-    return int(round(amount * _SIZE_UNITS[unit]))
+    if "." not in number:
+        return int(number, 10) * _SIZE_UNITS[unit]
+    if number == ".":
+        return None
+    from fractions import Fraction
+
+    # Exact, as a float would not be: 18446744073709551615.0 is 2**64-1, not 2**64.
+    return round(Fraction(number) * _SIZE_UNITS[unit])
 
 
 def parse_sample_interval(value: str, source: str = ENV_SAMPLE_INTERVAL) -> int:
@@ -608,8 +637,10 @@ class Dumper:
         self._held = None
         self._stop = threading.Event()
         self._thread = None
-        # The ALLOCTRACE_SIGNAL signal, once its handler is installed.
+        # The ALLOCTRACE_SIGNAL signal, once its handler is installed, and the pipe from the
+        # handler to the thread that writes the snapshots asked for (read end, write end).
         self._request_signum = None
+        self._request_pipe = None
         # What _block_own_signals blocked in this thread for the fork under way.
         self._fork_mask = threading.local()
 
@@ -650,7 +681,7 @@ class Dumper:
     def _on_sigterm(self, signum, frame) -> None:
         from alloctrace import _native
 
-        _native._sigterm_retry_acknowledge()
+        _native._sigterm_retry_acknowledge(SIGTERM_DUMP_SECONDS)
         if self._held is not None:
             # The exit snapshot is being written (this handler interrupted it): finish it.
             self._held.append(signum)
@@ -679,9 +710,16 @@ class Dumper:
             if handler in (signal.SIG_DFL, signal.default_int_handler, self._on_sigterm):
                 signal.signal(signum, self._on_held_signal)
                 held[signum] = handler
+                if signum == signal.SIGTERM and handler == self._on_sigterm:
+                    # Keep the deadline of a handler that started (see _on_sigterm).
+                    self._arm_sigterm_retry()
         return held
 
     def _on_held_signal(self, signum, frame) -> None:
+        if signum == self._signal.SIGTERM:
+            from alloctrace import _native
+
+            _native._sigterm_retry_acknowledge(SIGTERM_DUMP_SECONDS)
         self._held.append(signum)
 
     def _release_signals(self, held: dict) -> None:
@@ -704,13 +742,70 @@ class Dumper:
             what = "ignored" if current == signal.SIG_IGN else "handled"
             _warn(f"{ENV_SIGNAL}={name}: the signal is already {what} here; no snapshots on it")
             return
+        self._start_request_thread()
         signal.signal(signum, self._on_request)
         self._request_signum = signum
 
+    def _start_request_thread(self) -> None:
+        """Start the thread that writes the snapshots asked for by signal, and the pipe that
+        wakes it.
+
+        The handler itself only writes a byte to the pipe: a snapshot written in the handler
+        ran on the main thread wherever the signal interrupted it, so a signal arriving during
+        that dump started another inside it (a storm ended in RecursionError, and requests were
+        lost), and a dump with object kinds could wait for ever on a lock the interrupted code
+        held. The thread reads every request pending and writes one snapshot for all of them
+        (each request is answered by a snapshot begun after it), at most one every
+        :data:`MIN_INTERVAL` seconds, however many signals come.
+        """
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        os.set_blocking(write_end, False)
+        self._request_pipe = (read_end, write_end)
+        self._threading.Thread(
+            target=self._serve_requests, args=(read_end,), name="alloctrace-on-demand", daemon=True
+        ).start()
+
     def _on_request(self, signum, frame) -> None:
-        # A Python-level handler: the main thread, between two bytecodes, so taking and
-        # writing a snapshot here is as safe as anywhere in the program.
-        self.dump_numbered()
+        try:
+            os.write(self._request_pipe[1], b"r")
+        except OSError:
+            # The pipe is full: the requests pending already get a snapshot after this one.
+            pass
+
+    def _serve_requests(self, read_end: int) -> None:
+        import select
+
+        last = None
+        while True:
+            try:
+                select.select([read_end], [], [])
+                if last is not None and time.monotonic() - last < MIN_INTERVAL:
+                    time.sleep(max(0.0, last + MIN_INTERVAL - time.monotonic()))
+                # Everything asked for until now, answered by the one snapshot begun next.
+                while os.read(read_end, 65536):
+                    pass
+            except BlockingIOError:
+                pass
+            except OSError:
+                return  # closed (a forked child replaced it)
+            if self._done:
+                return
+            last = time.monotonic()
+            self.dump_numbered()
+
+    def _ignore_requests(self) -> None:
+        """After the exit snapshot, the snapshot signal is ignored: once the interpreter resets
+        its handlers while finalizing, the signal's default action would kill the process and
+        change its exit status. Only the main thread can change a handler."""
+        signal = self._signal
+        signum = self._request_signum
+        if (
+            signum is not None
+            and self._threading.current_thread() is self._threading.main_thread()
+            and signal.getsignal(signum) == self._on_request
+        ):
+            signal.signal(signum, signal.SIG_IGN)
 
     def dump_numbered(self) -> str | None:
         """Write the next numbered snapshot now (as the interval thread does); return its path,
@@ -764,6 +859,7 @@ class Dumper:
                 if self._recorder is not None:
                     self._recorder.ended(how, path if written else None)
         finally:
+            self._ignore_requests()
             self._release_signals(held)
 
     def exec_failed(self) -> None:
@@ -799,9 +895,14 @@ class Dumper:
             if not self.objects:
                 alloctrace.take_snapshot()._with_peak(peak).dump(path)
             else:
-                snapshot = alloctrace.take_snapshot(
-                    objects=True, retention=self.retention, baseline=self._previous
-                )
+                from alloctrace._retention import without_user_code
+
+                # Written at a moment the program did not choose (a signal may have interrupted
+                # it holding a lock): the retention reports run none of its code (__repr__).
+                with without_user_code():
+                    snapshot = alloctrace.take_snapshot(
+                        objects=True, retention=self.retention, baseline=self._previous
+                    )
                 snapshot._with_peak(peak).dump(path)
                 self._previous = snapshot
             if self._recorder is not None:
@@ -856,6 +957,12 @@ class Dumper:
         if self._signal.getsignal(self._signal.SIGTERM) == self._on_sigterm:
             # The wrapper is inherited, the parent's timer is not.
             self._arm_sigterm_retry()
+        if self._request_pipe is not None:
+            # The parent's thread reads the inherited pipe: the child needs its own (before a
+            # request held since the fork is let in).
+            for fd in self._request_pipe:
+                os.close(fd)
+            self._start_request_thread()
         # Only now that the state above is the child's own: a SIGTERM sent to the child
         # since the fork runs our handler here, which writes the child's snapshot and dies.
         self._unblock_own_signals()

@@ -37,6 +37,10 @@ use crate::table::Trace;
 use crate::tracer;
 use crate::tracked::got;
 
+pub mod mappings;
+
+use mappings::page_round;
+
 extern "C" {
     /// Not declared by the libc crate; glibc has it (page-aligned malloc).
     fn valloc(size: usize) -> *mut c_void;
@@ -152,26 +156,58 @@ unsafe extern "C" fn mmap_hook(
 ) -> *mut c_void {
     let scope = Scope::enter();
     let ptr = libc::mmap(addr, len, prot, flags, fd, offset);
-    // File mappings are the page cache's memory, not the program's allocations.
-    if ptr != libc::MAP_FAILED && flags & libc::MAP_ANONYMOUS != 0 {
-        tracer::on_native_alloc(ptr as usize, len, &scope);
+    if ptr != libc::MAP_FAILED {
+        // A MAP_FIXED mapping replaces what was there: as if that range had been unmapped.
+        unmapping(ptr as usize, len);
+        // File mappings are the page cache's memory, not the program's allocations.
+        if flags & libc::MAP_ANONYMOUS != 0 {
+            mappings::lock().add(ptr as usize, len);
+            tracer::on_native_alloc(ptr as usize, len, &scope);
+        }
     }
     ptr
 }
 
 unsafe extern "C" fn munmap_hook(addr: *mut c_void, len: usize) -> c_int {
-    if let Some(trace) = tracer::on_native_free(addr as usize) {
-        // Unmapping the head of a mapping leaves its tail mapped: still the same allocation.
-        let len = page_round(len);
-        if len > 0 && len < trace.size {
-            let rest = Trace {
-                size: trace.size - len,
-                ..trace
-            };
-            tracer::on_native_unmap_rest(addr as usize + len, rest);
+    unmapping(addr as usize, len);
+    libc::munmap(addr, len)
+}
+
+/// `[addr, addr + len)` is about to be unmapped: each traced mapping it overlaps loses its
+/// trace, and the pieces of it left mapped are traced in its place, with its traceback (see
+/// [`mappings`]). Returns the trace of the mapping that started at `addr` (with its full
+/// size), if there was one.
+fn unmapping(addr: usize, len: usize) -> Option<Trace> {
+    let mut cuts = Vec::new();
+    mappings::lock().cut(addr, len, &mut cuts);
+    if cuts.is_empty() {
+        // A mapping made before start(), or a block of another kind: only an exact match.
+        return tracer::on_native_free(addr);
+    }
+    let mut at_addr = None;
+    for cut in cuts {
+        let Some(trace) = tracer::on_native_free(cut.start) else {
+            continue;
+        };
+        // The trace's size is the length asked for, which may end inside the last page.
+        let traced_end = cut.start.saturating_add(trace.size);
+        let piece = |start: usize, len: usize| {
+            let size = traced_end.min(start + len).saturating_sub(start);
+            if size > 0 {
+                tracer::on_native_unmap_rest(start, Trace { size, ..trace });
+            }
+        };
+        if let Some((start, len)) = cut.head {
+            piece(start, len);
+        }
+        if let Some((start, len)) = cut.tail {
+            piece(start, len);
+        }
+        if cut.start == addr {
+            at_addr = Some(trace);
         }
     }
-    libc::munmap(addr, len)
+    at_addr
 }
 
 /// `mremap` is variadic: the fifth argument (the new address) is only read with
@@ -184,17 +220,22 @@ unsafe extern "C" fn mremap_hook(
     flags: c_int,
     new_address: *mut c_void,
 ) -> *mut c_void {
-    let traced = tracer::on_native_free(old as usize);
+    // The moved part leaves its mapping (pieces of it outside `old_len` stay traced).
+    let whole = unmapping(old as usize, old_len);
+    let moved = whole.map(|trace| Trace {
+        size: trace.size.min(page_round(old_len)),
+        ..trace
+    });
     let scope = Scope::enter();
     let ptr = libc::mremap(old, old_len, new_len, flags, new_address);
     let new = (ptr != libc::MAP_FAILED).then_some(ptr as usize);
-    tracer::on_native_realloc_end(old as usize, new, new_len, traced, false, &scope);
+    if moved.is_some() {
+        // Only anonymous mappings are traced: a file mapping moved stays unknown here.
+        let (start, len) = new.map_or((old as usize, old_len), |p| (p, new_len));
+        mappings::lock().add(start, len);
+    }
+    tracer::on_native_realloc_end(old as usize, new, new_len, moved, false, &scope);
     ptr
-}
-
-fn page_round(len: usize) -> usize {
-    const PAGE: usize = 4096;
-    len.saturating_add(PAGE - 1) & !(PAGE - 1)
 }
 
 /// The redirected functions: `(symbol, our hook)`.
@@ -309,6 +350,8 @@ pub fn restore() {
         .collect();
     // SAFETY: each rule writes back the real function's address.
     unsafe { got::rewrite(&rules) };
+    // Mappings made from now on are unknown; the next session starts afresh.
+    mappings::lock().clear();
 }
 
 /// How many slots hold one of our hooks now (a diagnostic for tests).

@@ -13,10 +13,17 @@ fn _sigterm_retry_arm() -> bool {
     sigterm_retry::arm()
 }
 
-/// Called first thing by the Python handler: no more retries.
+/// Called first thing by the Python handler: no more retries; with `deadline` seconds above
+/// 0, the process dies of SIGTERM if it still runs that long from the first call.
 #[pyfunction]
-fn _sigterm_retry_acknowledge() {
-    sigterm_retry::acknowledge()
+#[pyo3(signature = (deadline=0.0))]
+fn _sigterm_retry_acknowledge(deadline: f64) {
+    let ms = if deadline.is_finite() && deadline > 0.0 {
+        (deadline * 1000.0).min(i64::MAX as f64 / 2.0).ceil() as i64
+    } else {
+        0
+    };
+    sigterm_retry::acknowledge(ms)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -901,7 +901,11 @@ impl PySnapshotData {
 
     /// Reads a snapshot file: `(SnapshotData, attributes dict)`.
     #[staticmethod]
-    fn load<'py>(py: Python<'py>, path: PathBuf) -> PyResult<(Self, Bound<'py, PyDict>)> {
+    fn load<'py>(
+        py: Python<'py>,
+        path: &Bound<'py, PyAny>,
+    ) -> PyResult<(Self, Bound<'py, PyDict>)> {
+        let path = crate::py::path_arg(path)?;
         allocator::guarded(|| {
             // The read runs without the GIL; between chunks it takes the GIL back to run pending
             // signal handlers, and stops with the exception one raises (Ctrl-C).

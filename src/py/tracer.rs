@@ -18,22 +18,46 @@ use crate::{allocator, fallible};
 /// `PyImport_Import` makes and drops a list, which lands on the list free list just before the
 /// hooks go in, untraced; the program's next list then reuses it and is missing from the
 /// traces where `tracemalloc.start()` leaves no such list behind.
+///
+/// Made of the C API's own calls, each checked: pyo3's interned names and conversions panic
+/// when the interpreter cannot allocate, and `start()` must raise `MemoryError` then. An
+/// error here (out of memory) is taken to mean "not tracing"; what follows raises it again.
 fn tracemalloc_is_tracing(py: Python<'_>) -> bool {
-    let name = pyo3::intern!(py, "_tracemalloc");
-    // SAFETY: the GIL is held; `name` is a valid str; the result is a new reference or null.
-    let imported = unsafe { pyo3::ffi::PyImport_GetModule(name.as_ptr()) };
-    let module = if imported.is_null() {
-        // Not imported (or sys.modules replaced): importing is the only way to ask.
-        PyErr::take(py);
-        py.import("_tracemalloc").map(Bound::into_any)
-    } else {
-        // SAFETY: a new, non-null reference, owned from here on.
-        Ok(unsafe { Bound::from_owned_ptr(py, imported) })
+    use pyo3::ffi;
+
+    // SAFETY: the GIL is held; every new reference is checked for NULL and released.
+    let tracing = unsafe {
+        let name = ffi::PyUnicode_FromString(c"_tracemalloc".as_ptr());
+        let mut module = std::ptr::null_mut();
+        if !name.is_null() {
+            module = ffi::PyImport_GetModule(name);
+            if module.is_null() {
+                // Not imported (or sys.modules replaced): importing is the only way to ask.
+                PyErr::take(py);
+                module = ffi::PyImport_Import(name);
+            }
+            ffi::Py_DECREF(name);
+        }
+        let function = if module.is_null() {
+            std::ptr::null_mut()
+        } else {
+            let function = ffi::PyObject_GetAttrString(module, c"is_tracing".as_ptr());
+            ffi::Py_DECREF(module);
+            function
+        };
+        let result = if function.is_null() {
+            std::ptr::null_mut()
+        } else {
+            let result = ffi::compat::PyObject_CallNoArgs(function);
+            ffi::Py_DECREF(function);
+            result
+        };
+        let tracing = !result.is_null() && ffi::PyObject_IsTrue(result) == 1;
+        ffi::Py_XDECREF(result);
+        tracing
     };
-    module
-        .and_then(|m| m.call_method0(pyo3::intern!(py, "is_tracing")))
-        .and_then(|r| r.extract::<bool>())
-        .unwrap_or(false)
+    PyErr::take(py);
+    tracing
 }
 
 /// Refuses calls from a sub-interpreter. The tracer's state belongs to the main interpreter:
@@ -149,8 +173,7 @@ fn is_tracing() -> bool {
 #[pyfunction]
 fn clear_traces(py: Python<'_>) -> PyResult<()> {
     require_main_interpreter("clear_traces")?;
-    tracer::clear_traces(py);
-    Ok(())
+    Ok(tracer::clear_traces(py)?)
 }
 
 #[pyfunction]
