@@ -41,7 +41,14 @@ def test_leak_quick_start(tmp_path):
     leak_line = line_of("leak.py", "_cache[request_id] = bytearray(1024)")
     assert err[1].startswith(f"#1: {EXAMPLES / 'leak.py'}:{leak_line}: ")
     assert err[2].strip() == "_cache[request_id] = bytearray(1024)"
-    assert err[-1].startswith("alloctrace: snapshot written to leak.snap")
+    # Its peak is its end: one line says so instead of a second listing of the same lines.
+    assert "at the peak of" not in result.stderr
+    assert err[-3].startswith("(the peak, ") and "was within a tenth of the end: " in err[-3]
+    assert "'alloctrace stats --peak leak.snap' shows it" in err[-3]
+    assert err[-2].startswith("alloctrace: snapshot written to leak.snap")
+    # One line holds most of the memory: how to ask what keeps it alive.
+    assert err[-1].startswith(f"alloctrace: leak.py:{leak_line} holds "), err[-1]
+    assert "run again with 'alloctrace run --objects ...', then 'alloctrace why FILE'" in err[-1]
 
 
 def test_pool_leak_whole_tree(tmp_path):

@@ -436,9 +436,18 @@ def _die_like_child(signum: int) -> NoReturn:
     os._exit(128 + signum)
 
 
+#: The peak is printed after the exit's lines when it held this much more than the exit.
+PEAK_SHOWN_ABOVE = 1.10
+#: A line holding this share of the traced memory at exit gets the hint to ask why.
+DOMINANT_SHARE = 0.5
+
+
 def _summarise(shown: str) -> None:
-    """The top 10 lines of the program's exit snapshot, then of its peak, on stderr (stdout
-    is the program's)."""
+    """The top 10 lines of the program's exit snapshot, then of its peak when it was higher
+    than the exit by more than a tenth (else one line says where it is), on stderr (stdout is
+    the program's); and, when one line holds most of the memory, how to ask why it is alive."""
+    from .._report import format_size
+
     try:
         snapshot = common.load(shown)
         args = argparse.Namespace(
@@ -450,14 +459,42 @@ def _summarise(shown: str) -> None:
             no_source=False,
         )
         lines = render_stats(shown, snapshot, args, sys.stderr)
+        end = common.totals(snapshot)[0]
         if snapshot.peak is not None:
-            lines += ["", *render_stats(shown, snapshot.peak, args, sys.stderr)]
+            peak = common.totals(snapshot.peak)[0]
+            if peak > end * PEAK_SHOWN_ABOVE:
+                lines += ["", *render_stats(shown, snapshot.peak, args, sys.stderr)]
+            else:
+                lines.append(
+                    f"(the peak, {format_size(peak)}, was within a tenth of the end: "
+                    f"'{PROG} stats --peak {shown}' shows it)"
+                )
+        hint = _why_hint(shown, snapshot, end)
     except CommandError as exc:
         sys.stderr.write(f"{PROG}: snapshot written to {shown} but unreadable: {exc}\n")
         return
     sys.stderr.write("\n".join(lines) + "\n")
     sys.stderr.write(f"{PROG}: snapshot written to {shown}; see '{PROG} stats {shown}'\n")
+    if hint:
+        sys.stderr.write(hint)
     sys.stderr.flush()
+
+
+def _why_hint(shown: str, snapshot, end: int) -> str:
+    """Where one line holds most of what is alive at exit: the two commands that say what
+    keeps it alive (object kinds and retention paths), unless the snapshot has them already."""
+    if end <= 0 or snapshot.has_objects:
+        return ""
+    stats = snapshot.statistics("lineno")
+    if not stats or stats[0].size < end * DOMINANT_SHARE or not len(stats[0].traceback):
+        return ""
+    frame = stats[0].traceback[0]
+    share = 100 * stats[0].size // end
+    return (
+        f"{PROG}: {os.path.basename(frame.filename)}:{frame.lineno} holds {share}% of the traced "
+        f"memory; to see what keeps it alive, run again with '{PROG} run --objects ...', then "
+        f"'{PROG} why FILE'\n"
+    )
 
 
 def _find_dump(template: str, pid: int, started: float) -> str | None:
