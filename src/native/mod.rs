@@ -84,7 +84,9 @@ unsafe extern "C" fn calloc_hook(nelem: usize, elsize: usize) -> *mut c_void {
 }
 
 unsafe extern "C" fn realloc_hook(ptr: *mut c_void, size: usize) -> *mut c_void {
-    // Forgotten before realloc can free it (see the module docs).
+    // Forgotten before realloc can free it (see the module docs); the trace may be put back,
+    // so no sweep frees its traceback meanwhile.
+    tracer::begin_putting_back();
     let old = tracer::on_native_free(ptr as usize);
     let scope = Scope::enter();
     let new = libc::realloc(ptr, size);
@@ -94,6 +96,7 @@ unsafe extern "C" fn realloc_hook(ptr: *mut c_void, size: usize) -> *mut c_void 
         let new = (!new.is_null()).then_some(new as usize);
         tracer::on_native_realloc_end(ptr as usize, new, size, old, true, &scope);
     }
+    tracer::end_putting_back();
     new
 }
 
@@ -160,6 +163,8 @@ unsafe extern "C" fn mmap_hook(
 }
 
 unsafe extern "C" fn munmap_hook(addr: *mut c_void, len: usize) -> c_int {
+    tracer::begin_putting_back();
+    let _putting_back = PuttingBack;
     if let Some(trace) = tracer::on_native_free(addr as usize) {
         // Unmapping the head of a mapping leaves its tail mapped: still the same allocation.
         let len = page_round(len);
@@ -184,12 +189,24 @@ unsafe extern "C" fn mremap_hook(
     flags: c_int,
     new_address: *mut c_void,
 ) -> *mut c_void {
+    tracer::begin_putting_back();
     let traced = tracer::on_native_free(old as usize);
     let scope = Scope::enter();
     let ptr = libc::mremap(old, old_len, new_len, flags, new_address);
     let new = (ptr != libc::MAP_FAILED).then_some(ptr as usize);
     tracer::on_native_realloc_end(old as usize, new, new_len, traced, false, &scope);
+    tracer::end_putting_back();
     ptr
+}
+
+/// Ends a [`tracer::begin_putting_back`] when dropped (after the hook's last use of the trace
+/// it took out).
+struct PuttingBack;
+
+impl Drop for PuttingBack {
+    fn drop(&mut self) {
+        tracer::end_putting_back();
+    }
 }
 
 fn page_round(len: usize) -> usize {
