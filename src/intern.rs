@@ -1174,6 +1174,7 @@ impl Interner {
         // before the count it took out fell to zero.
         if !may_free() {
             out.done = false;
+            out.blocked = true;
             return out;
         }
         if self.free_stacks.try_reserve(idle_ids.len()).is_err() {
@@ -1319,6 +1320,9 @@ pub struct Collected {
     /// Buried tags no node carries any more, for [`Resolver::release_buried`].
     pub freed_tags: Vec<usize>,
     pub done: bool,
+    /// Nothing was freed because a hook may put an id back: the next sweep the program's
+    /// own activity brings (a new stack, a reading) tries again.
+    pub blocked: bool,
 }
 
 /// What a dead code object's nodes become: its record's tag and, per node, the line.
@@ -2067,7 +2071,7 @@ mod tests {
         // Nothing is freed while a hook may put an id back, nor the unknown traceback ever.
         let live = interner.live_stacks();
         let out = interner.collect(usize::MAX, |_| true, || false);
-        assert_eq!((out.freed_stacks, out.done), (0, false));
+        assert_eq!((out.freed_stacks, out.done, out.blocked), (0, false, true));
         let out = interner.collect(usize::MAX, |_| true, || true);
         assert_eq!(out.freed_stacks, live - 1);
         assert_eq!(interner.node_count(), 1);

@@ -1205,7 +1205,9 @@ fn collect_tracebacks(py: Python<'_>) -> bool {
         // of tracer state is live (dropping it may run Python code).
         unsafe { ffi::Py_DECREF(code as *mut ffi::PyObject) };
     }
-    !collected.done
+    // A blocked collection is not retried at once: the hook putting a trace back may take a
+    // while, and each try looks at a full budget of tracebacks.
+    !collected.done && !collected.blocked
 }
 
 pub fn traceback_limit() -> usize {
