@@ -68,6 +68,15 @@
 //! over the pins created. Between sweeps, dead code stays alive: that delay is bounded by the
 //! same rule and never reaches a reading of the figures.
 //!
+//! ## Freed when nothing live names it
+//!
+//! A traceback that no live block, waiting block or peak names any more is freed at a sweep
+//! ([`Interner::collect`], a slice at a time), with the trie nodes only it used (each node
+//! counts its children and the stacks ending at it), the pin of a code object no node names
+//! any more, and the resolver's record of a buried one; ids, nodes and records are reused.
+//! Without this, code compiled and dropped in a loop grew the tracer by ~400 bytes per code
+//! object for good (docs/tracer-memory.md).
+//!
 //! All of this is GIL-protected state: only a thread holding the main interpreter's GIL may
 //! intern (threads without it record the `<unknown>` traceback), exactly as `tracemalloc`
 //! protects its own traceback table.
@@ -89,6 +98,11 @@ pub const UNKNOWN_TRACEBACK: TracebackId = 0;
 
 /// The fewest new pins that make a sweep due (see the module docs).
 pub const SWEEP_MIN_PINS: usize = 256;
+
+/// The fewest stacks stored since the last complete collection that make a sweep due (see
+/// [`Interner::collect`]); more once more stacks are live, so that collecting costs a bounded
+/// share of storing.
+pub const COLLECT_MIN_STACKS: usize = 4096;
 
 /// Reads a code object's line runs ([`Interpreter::line_runs`]); an interner field so that a
 /// test can stand in for the interpreter.
@@ -231,6 +245,17 @@ impl<T> Chunked<T> {
         i as u32
     }
 
+    /// Writes element `i`: an existing one (an index taken from a free list), or the next
+    /// one, after a successful [`Chunked::try_reserve`].
+    #[inline]
+    fn set(&mut self, i: u32, value: T) {
+        if i as usize == self.len {
+            self.push(value);
+        } else {
+            *self.get_mut(i) = value;
+        }
+    }
+
     fn len(&self) -> usize {
         self.len
     }
@@ -316,6 +341,24 @@ pub struct Interner {
     /// Per node, the next node naming the same code object (a chain per pinned code object,
     /// so burying one touches only its own nodes).
     same_code: Chunked<u32>,
+    /// Per node, the previous node of its code object's chain ([`NO_NODE`] for the head), so
+    /// that a freed node leaves its chain without a walk.
+    same_code_prev: Chunked<u32>,
+    /// Per node, what names it: its child nodes and the stacks whose innermost node it is.
+    /// A node whose count falls to zero is freed (see [`Interner::collect`]).
+    refs: Chunked<u32>,
+    /// Freed nodes and stack ids, reused before the storage grows.
+    free_nodes: Vec<u32>,
+    free_stacks: Vec<u32>,
+    /// Per buried record (a buried tag's index), how many nodes carry its tag: at zero the
+    /// record is handed back to the resolver.
+    buried_nodes: Vec<u32>,
+    /// The id the next [`Interner::collect`] looks at first.
+    collect_cursor: u32,
+    /// Stacks stored since the last complete pass of [`Interner::collect`], and how many
+    /// stacks were live after it.
+    stacks_since_collect: usize,
+    stacks_at_collect: usize,
     /// `(parent, frame)` -> node.
     node_index: HashTable<u32>,
     stacks: Chunked<Stack>,
@@ -491,6 +534,14 @@ impl Interner {
         let mut interner = Self {
             nodes: Chunked::new(),
             same_code: Chunked::new(),
+            same_code_prev: Chunked::new(),
+            refs: Chunked::new(),
+            free_nodes: Vec::new(),
+            free_stacks: Vec::new(),
+            buried_nodes: Vec::new(),
+            collect_cursor: 0,
+            stacks_since_collect: 0,
+            stacks_at_collect: 0,
             node_index: HashTable::new(),
             stacks: Chunked::new(),
             index: HashTable::new(),
@@ -830,19 +881,29 @@ impl Interner {
             parent = self.node(parent, *frame);
             self.path.push((*frame, parent));
         }
-        let id = self.stacks.push(Stack {
-            leaf: parent,
-            len: frames.len() as u16,
-            total_nframe,
-            keep: true,
-            verdict_generation: 0,
-            hash,
-            first_print: print,
-        });
+        *self.refs.get_mut(parent) += 1;
+        let id = self
+            .free_stacks
+            .pop()
+            .unwrap_or(self.stacks.len() as TracebackId);
+        self.stacks.set(
+            id,
+            Stack {
+                leaf: parent,
+                len: frames.len() as u16,
+                total_nframe,
+                keep: true,
+                verdict_generation: 0,
+                hash,
+                first_print: print,
+            },
+        );
         let stacks = &self.stacks;
         self.index
             .insert_unique(hash, id, |&other| stacks.get(other).hash);
-        if self.pins_since_sweep >= SWEEP_MIN_PINS.max(self.pins_at_sweep / 2) {
+        self.stacks_since_collect += 1;
+        if self.pins_since_sweep >= SWEEP_MIN_PINS.max(self.pins_at_sweep / 2) || self.collect_due()
+        {
             crate::tracer::schedule_sweep();
         }
         Some((id, print, true))
@@ -863,11 +924,19 @@ impl Interner {
         if let Some(&id) = found {
             return id;
         }
-        let id = self.nodes.push(Node {
-            code: frame.code,
-            offset: frame.offset,
-            parent,
-        });
+        let id = self.free_nodes.pop().unwrap_or(self.nodes.len() as u32);
+        self.nodes.set(
+            id,
+            Node {
+                code: frame.code,
+                offset: frame.offset,
+                parent,
+            },
+        );
+        self.refs.set(id, 0);
+        if parent != NO_NODE {
+            *self.refs.get_mut(parent) += 1;
+        }
         let nodes = &self.nodes;
         self.node_index.insert_unique(hash, id, |&other| {
             let n = nodes.get(other);
@@ -880,7 +949,9 @@ impl Interner {
         } else {
             match self.pins.entry(frame.code) {
                 hashbrown::hash_map::Entry::Occupied(mut head) => {
-                    std::mem::replace(head.get_mut(), id)
+                    let next = std::mem::replace(head.get_mut(), id);
+                    *self.same_code_prev.get_mut(next) = id;
+                    next
                 }
                 hashbrown::hash_map::Entry::Vacant(slot) => {
                     ffi::Py_INCREF(frame.code as *mut ffi::PyObject);
@@ -890,7 +961,8 @@ impl Interner {
                 }
             }
         };
-        self.same_code.push(next);
+        self.same_code.set(id, next);
+        self.same_code_prev.set(id, NO_NODE);
         id
     }
 
@@ -898,6 +970,8 @@ impl Interner {
     fn reserve_for(&mut self, nframe: usize) -> Option<()> {
         self.nodes.try_reserve(nframe)?;
         self.same_code.try_reserve(nframe)?;
+        self.same_code_prev.try_reserve(nframe)?;
+        self.refs.try_reserve(nframe)?;
         self.stacks.try_reserve(1)?;
         let nodes = &self.nodes;
         self.node_index
@@ -961,8 +1035,26 @@ impl Interner {
         stack.verdict_generation = generation;
     }
 
+    /// One more than the highest id in use (freed ids below it are reused first).
     pub fn len(&self) -> usize {
         self.stacks.len()
+    }
+
+    /// Whether a pass of [`Interner::collect`] is under way or due: enough stacks were
+    /// stored since the last one ended.
+    pub fn collect_due(&self) -> bool {
+        self.collect_cursor != 0
+            || self.stacks_since_collect >= COLLECT_MIN_STACKS.max(self.stacks_at_collect / 2)
+    }
+
+    /// How many code objects are pinned.
+    pub fn pin_count(&self) -> usize {
+        self.pins.len()
+    }
+
+    /// How many stacks are stored now (ids in use).
+    pub fn live_stacks(&self) -> usize {
+        self.stacks.len() - self.free_stacks.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -971,7 +1063,7 @@ impl Interner {
 
     /// How many trie nodes the interned stacks use.
     pub fn node_count(&self) -> usize {
-        self.nodes.len()
+        self.nodes.len() - self.free_nodes.len()
     }
 
     /// The pinned code objects that nothing but the interner references any more, each with
@@ -1006,15 +1098,31 @@ impl Interner {
     ///
     /// # Safety
     /// The GIL is held; `dying` comes from this interner's last `dying_codes()`.
-    pub unsafe fn bury(&mut self, dying: &[DyingCode], burials: &[Burial]) -> Vec<usize> {
+    pub unsafe fn bury(
+        &mut self,
+        dying: &[DyingCode],
+        burials: &[Burial],
+    ) -> (Vec<usize>, Vec<usize>) {
         let mut released = Vec::with_capacity(dying.len());
+        let mut unused = Vec::new();
         for (code, burial) in dying.iter().zip(burials) {
             let head = code.nodes.first().map_or(NO_NODE, |&(node, _)| node);
+            let record = burial.tag >> 1;
             if ffi::Py_REFCNT(code.code as *mut ffi::PyObject) != 1
                 || self.pins.get(&code.code) != Some(&head)
+                || (self.buried_nodes.len() <= record
+                    && self
+                        .buried_nodes
+                        .try_reserve(record + 1 - self.buried_nodes.len())
+                        .is_err())
             {
+                unused.push(burial.tag);
                 continue;
             }
+            if self.buried_nodes.len() <= record {
+                self.buried_nodes.resize(record + 1, 0);
+            }
+            self.buried_nodes[record] = code.nodes.len() as u32;
             for (&(node, _), &line) in code.nodes.iter().zip(&burial.lines) {
                 let old = *self.nodes.get(node);
                 let hash = hash_node(old.parent, old.code, old.offset);
@@ -1035,7 +1143,159 @@ impl Interner {
         self.recent.fill(Recent::default());
         self.canonical_memo.fill(Memo::default());
         self.deep.iter_mut().for_each(Flat::forget);
-        released
+        (released, unused)
+    }
+
+    /// Frees the stacks, among at most `budget` ids from where the last call stopped, that
+    /// `idle` says nothing refers to any more (no live block, in any domain, now or at the
+    /// peak), with the nodes only they used; a code object none of the remaining nodes names
+    /// is unpinned, and a buried record none of them carries is handed back. The freed ids
+    /// and nodes are reused by the next stacks stored. Returns what the caller must release
+    /// once it holds no borrow of tracer state: the unpinned code objects (references to drop
+    /// after the resolver forgets them) and the buried tags no node carries any more.
+    ///
+    /// The caller guarantees that no id it frees is held anywhere else: the trace table, the
+    /// young blocks and the peak are what `idle` reads; waiting re-attributions are settled
+    /// first; a hook holding an id it took out of the table to put back (a reallocation
+    /// without the GIL) makes the caller skip the collection. The flat copies and the memos
+    /// are purged of what is freed here.
+    ///
+    /// `Collected::done` is whether this call ended a pass over every id.
+    pub fn collect(
+        &mut self,
+        budget: usize,
+        idle: impl Fn(TracebackId) -> bool,
+        may_free: impl FnOnce() -> bool,
+    ) -> Collected {
+        let mut out = Collected::default();
+        let len = self.stacks.len() as u32;
+        let mut id = self.collect_cursor.min(len);
+        let mut idle_ids = Vec::new();
+        let mut looked = 0;
+        while looked < budget {
+            if id >= len {
+                id = 0;
+                out.done = true;
+                break;
+            }
+            looked += 1;
+            let stack = self.stacks.get(id);
+            if id != UNKNOWN_TRACEBACK && stack.leaf != NO_NODE && idle(id) {
+                if idle_ids.try_reserve(1).is_err() {
+                    break;
+                }
+                idle_ids.push(id);
+            }
+            id += 1;
+        }
+        // Read after the counters: a hook that took a trace out to put it back raised it
+        // before the count it took out fell to zero.
+        if !may_free() {
+            out.done = false;
+            out.blocked = true;
+            return out;
+        }
+        if self.free_stacks.try_reserve(idle_ids.len()).is_err() {
+            out.done = false;
+            return out;
+        }
+        for id in idle_ids {
+            self.free_stack(id, &mut out);
+        }
+        self.collect_cursor = id;
+        if out.done {
+            self.stacks_since_collect = 0;
+            self.stacks_at_collect = self.live_stacks();
+        }
+        if out.freed_stacks != 0 {
+            self.purge_freed(!out.unpinned.is_empty());
+        }
+        out
+    }
+
+    /// Frees stack `id` and every node that only it kept.
+    fn free_stack(&mut self, id: TracebackId, out: &mut Collected) {
+        let stack = self.stacks.get_mut(id);
+        let (hash, mut node) = (stack.hash, stack.leaf);
+        stack.leaf = NO_NODE;
+        if let Ok(entry) = self.index.find_entry(hash, |&other| other == id) {
+            entry.remove();
+        }
+        self.free_stacks.push(id);
+        out.freed_stacks += 1;
+        // Its verdict and print must not pass to the stack that takes the id.
+        debug_assert!(self.stacks.get(id).leaf == NO_NODE);
+        while node != NO_NODE {
+            let refs = self.refs.get_mut(node);
+            *refs -= 1;
+            if *refs != 0 || self.free_nodes.try_reserve(1).is_err() {
+                break;
+            }
+            let n = *self.nodes.get(node);
+            // A buried code object's nodes left the index when it was buried; a located
+            // frame's (a tag made by a thread without the GIL, see `intern_located`) are in
+            // it, like a live code object's, and must leave it with the node.
+            let hash = hash_node(n.parent, n.code, n.offset);
+            if let Ok(entry) = self.node_index.find_entry(hash, |&other| other == node) {
+                entry.remove();
+            }
+            if n.code & 1 != 0 {
+                // Only buried code objects count their nodes; a located tag is never released.
+                let record = n.code >> 1;
+                if let Some(count) = self.buried_nodes.get_mut(record).filter(|c| **c > 0) {
+                    *count -= 1;
+                    if *count == 0 {
+                        out.freed_tags.push(n.code);
+                    }
+                }
+            } else if n.code != 0 {
+                self.unlink(node, n.code, out);
+            }
+            self.nodes.get_mut(node).parent = NO_NODE;
+            self.free_nodes.push(node);
+            node = n.parent;
+        }
+    }
+
+    /// Takes a live code object's node out of its chain; the code object is unpinned when
+    /// no node is left.
+    fn unlink(&mut self, node: u32, code: usize, out: &mut Collected) {
+        let next = *self.same_code.get(node);
+        let prev = *self.same_code_prev.get(node);
+        if next != NO_NODE {
+            *self.same_code_prev.get_mut(next) = prev;
+        }
+        if prev != NO_NODE {
+            *self.same_code.get_mut(prev) = next;
+        } else if next != NO_NODE {
+            self.pins.insert(code, next);
+        } else {
+            self.pins.remove(&code);
+            self.forget_lines(code);
+            out.unpinned.push(code);
+        }
+    }
+
+    /// Empties the flat copies, the path and the memo of what [`Interner::collect`] freed: a
+    /// freed id may be given to another stack, and a code object no longer pinned may die and
+    /// leave its address to another.
+    fn purge_freed(&mut self, unpinned: bool) {
+        let stacks = &self.stacks;
+        let freed = |id: TracebackId| stacks.get(id).leaf == NO_NODE;
+        for slot in self.recent.iter_mut() {
+            if slot.key != 0 && freed(slot.id) {
+                *slot = Recent::default();
+            }
+        }
+        for flat in self.deep.iter_mut().chain(std::iter::once(&mut self.last)) {
+            if flat.total_nframe != 0 && freed(flat.id) {
+                flat.forget();
+            }
+        }
+        self.path.clear();
+        if unpinned {
+            self.canonical_memo.fill(Memo::default());
+        }
     }
 
     /// Hands over the pinned code objects, for the caller to release once it no longer holds
@@ -1050,6 +1310,10 @@ impl Interner {
     pub fn memory_usage(&self) -> usize {
         self.nodes.memory_usage()
             + self.same_code.memory_usage()
+            + self.same_code_prev.memory_usage()
+            + self.refs.memory_usage()
+            + (self.free_nodes.capacity() + self.free_stacks.capacity()) * 4
+            + self.buried_nodes.capacity() * 4
             + self.stacks.memory_usage()
             + self.node_index.capacity() * (std::mem::size_of::<u32>() + 1)
             + self.index.capacity() * (std::mem::size_of::<TracebackId>() + 1)
@@ -1066,6 +1330,21 @@ impl Interner {
             + self.order.capacity() * std::mem::size_of::<u32>()
             + self.canonical.capacity() * std::mem::size_of::<RawFrame>()
     }
+}
+
+/// What [`Interner::collect`] freed, and what its caller must release.
+#[derive(Default)]
+pub struct Collected {
+    pub freed_stacks: usize,
+    /// Code objects no node names any more: the resolver forgets them, then their references
+    /// are dropped.
+    pub unpinned: Vec<usize>,
+    /// Buried tags no node carries any more, for [`Resolver::release_buried`].
+    pub freed_tags: Vec<usize>,
+    pub done: bool,
+    /// Nothing was freed because a hook may put an id back: the next sweep the program's
+    /// own activity brings (a new stack, a reading) tries again.
+    pub blocked: bool,
 }
 
 /// What a dead code object's nodes become: its record's tag and, per node, the line.
@@ -1125,6 +1404,13 @@ pub struct Resolver {
     /// The tags made for frames resolved without the GIL, by what they name, so that the same
     /// function gets one tag however often its frames are met ([`Resolver::located_tag`]).
     located: HashMap<LocatedCode, usize>,
+    /// The tags in `located`, never released (see [`Resolver::release_buried`]).
+    located_tags: std::collections::HashSet<usize>,
+    /// Slots of `buried`, `filenames` and `functions` whose record was released (no node
+    /// names it any more), reused first.
+    free_buried: Vec<u32>,
+    free_filenames: Vec<u32>,
+    free_functions: Vec<u32>,
 }
 
 /// A code object known only by what a snapshot shows of it: its filename, and its function's
@@ -1142,6 +1428,10 @@ impl Resolver {
             functions: Vec::new(),
             buried: Vec::new(),
             located: HashMap::new(),
+            located_tags: std::collections::HashSet::new(),
+            free_buried: Vec::new(),
+            free_filenames: Vec::new(),
+            free_functions: Vec::new(),
         };
         const UNKNOWN: &str = "<unknown>";
         // SAFETY: the GIL is held (`py`); the result is a new reference or NULL.
@@ -1164,11 +1454,68 @@ impl Resolver {
     }
 
     fn push_filename(&mut self, object: Py<PyString>, bytes: &[u8]) -> u32 {
-        self.filenames.push(ResolvedFilename {
+        let filename = ResolvedFilename {
             object,
             bytes: bytes.into(),
-        });
-        (self.filenames.len() - 1) as u32
+        };
+        match self.free_filenames.pop() {
+            Some(index) => {
+                self.filenames[index as usize] = filename;
+                index
+            }
+            None => {
+                self.filenames.push(filename);
+                (self.filenames.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Releases a code object's record: its filename (unless `<unknown>`) and function slots,
+    /// each its own (they are made per code object), go to the free lists.
+    fn release_record(&mut self, py: Python<'_>, (filename, function): (u32, Option<u32>)) {
+        if filename != 0 {
+            let unknown = self.filenames[0].object.clone_ref(py);
+            self.filenames[filename as usize] = ResolvedFilename {
+                object: unknown,
+                bytes: Box::default(),
+            };
+            self.free_filenames.push(filename);
+        }
+        if let Some(function) = function {
+            self.functions[function as usize].name = Box::default();
+            self.free_functions.push(function);
+        }
+    }
+
+    /// Forgets live code objects that the interner no longer pins (no stored stack names
+    /// them): their address may go to another code object once they die.
+    pub fn forget_codes(&mut self, py: Python<'_>, codes: &[usize]) {
+        let mut resolved = false;
+        for code in codes {
+            if let Some(record) = self.by_code.remove(code) {
+                self.release_record(py, record);
+                resolved = true;
+            }
+        }
+        if resolved {
+            let codes: std::collections::HashSet<usize> = codes.iter().copied().collect();
+            self.lines.retain(|frame, _| !codes.contains(&frame.code));
+        }
+    }
+
+    /// Releases the records of buried code objects whose tags no node carries any more (from
+    /// [`Interner::collect`], or unused by [`Interner::bury`]).
+    pub fn release_buried(&mut self, py: Python<'_>, tags: &[usize]) {
+        for &tag in tags {
+            // A located tag stays: `located` hands it out again for the same file and function.
+            if self.located_tags.contains(&tag) {
+                continue;
+            }
+            let index = tag >> 1;
+            let record = std::mem::take(&mut self.buried[index]);
+            self.release_record(py, record);
+            self.free_buried.push(index as u32);
+        }
     }
 
     pub fn filename(&self, index: u32) -> &ResolvedFilename {
@@ -1274,9 +1621,18 @@ impl Resolver {
                     self.lines.remove(frame);
                 }
                 self.by_code.remove(&dying.code);
-                self.buried.push(record);
+                let index = match self.free_buried.pop() {
+                    Some(index) => {
+                        self.buried[index as usize] = record;
+                        index as usize
+                    }
+                    None => {
+                        self.buried.push(record);
+                        self.buried.len() - 1
+                    }
+                };
                 Burial {
-                    tag: (self.buried.len() - 1) << 1 | 1,
+                    tag: index << 1 | 1,
                     lines,
                 }
             })
@@ -1317,6 +1673,7 @@ impl Resolver {
         self.buried.push((filename_index, function_index));
         let tag = (self.buried.len() - 1) << 1 | 1;
         self.located.insert(key, tag);
+        self.located_tags.insert(tag);
         tag
     }
 
@@ -1336,11 +1693,20 @@ impl Resolver {
             .and_then(|n| n.extract::<u32>())
             .unwrap_or(0);
         name.map(|name| {
-            self.functions.push(ResolvedFunction {
+            let function = ResolvedFunction {
                 name: name.into_boxed_slice(),
                 first_lineno,
-            });
-            (self.functions.len() - 1) as u32
+            };
+            match self.free_functions.pop() {
+                Some(index) => {
+                    self.functions[index as usize] = function;
+                    index
+                }
+                None => {
+                    self.functions.push(function);
+                    (self.functions.len() - 1) as u32
+                }
+            }
         })
     }
 
@@ -1372,6 +1738,10 @@ impl Resolver {
                 .map(|f| f.name.len() + std::mem::size_of::<ResolvedFunction>())
                 .sum::<usize>()
             + self.buried.capacity() * std::mem::size_of::<(u32, Option<u32>)>()
+            + (self.free_buried.capacity()
+                + self.free_filenames.capacity()
+                + self.free_functions.capacity())
+                * 4
     }
 }
 
@@ -1734,5 +2104,97 @@ mod tests {
         // Releasing the pins forgets the runs read under those addresses.
         assert_eq!(interner.take_pins().len(), 2);
         assert_eq!((interner.same_line.len(), interner.same_line_runs), (0, 0));
+    }
+
+    /// Tracebacks nothing refers to are freed with the nodes only they used; what is left
+    /// still reads as before, a code object no node names is unpinned, and the ids and nodes
+    /// are reused by the next stacks stored.
+    #[test]
+    fn idle_tracebacks_are_freed_and_their_ids_and_nodes_reused() {
+        let mut interner = Interner::new();
+        interner.read_runs = fake_runs;
+        let (a, b, c) = (fake_code(), fake_code(), fake_code());
+        // Innermost frame first.
+        let stacks: Vec<(Vec<RawFrame>, u16)> = vec![
+            (vec![f(b, 6), f(a, 0)], 2),           // 0
+            (vec![f(c, 14), f(b, 6), f(a, 0)], 3), // 1: under 0
+            (vec![f(c, 0), f(a, 0)], 2),           // 2: shares a
+            (vec![f(b, 6), f(a, 0)], 4),           // 3: 0's frames at another depth
+        ];
+        let ids: Vec<TracebackId> = stacks
+            .iter()
+            .map(|(frames, total)| unsafe { interner.intern(frames, *total) }.unwrap())
+            .collect();
+        assert_eq!(interner.node_count(), 1 + 4);
+        let nodes = interner.node_count();
+        let idle = |set: Vec<TracebackId>| move |id: TracebackId| set.contains(&id);
+
+        // 1 and 2 go: c's nodes go with them, and c is no longer pinned.
+        let out = interner.collect(usize::MAX, idle(vec![ids[1], ids[2]]), || true);
+        assert!(out.done);
+        assert_eq!(out.freed_stacks, 2);
+        assert_eq!(out.unpinned, vec![c]);
+        assert_eq!(interner.node_count(), nodes - 2);
+        assert_eq!(interner.live_stacks(), 1 + 2);
+        for i in [0, 3] {
+            assert_eq!(frames_of(&interner, ids[i]), stacks[i].clone());
+            assert_eq!(
+                unsafe { interner.intern(&stacks[i].0, stacks[i].1) },
+                Some(ids[i])
+            );
+        }
+        // 3 goes: 0 still holds every node, so none is freed.
+        let out = interner.collect(usize::MAX, idle(vec![ids[3]]), || true);
+        assert_eq!((out.freed_stacks, out.unpinned.len()), (1, 0));
+        assert_eq!(interner.node_count(), nodes - 2);
+
+        // New stacks take the freed ids and nodes before the storage grows.
+        let len = interner.len();
+        let again = unsafe { interner.intern(&stacks[1].0, 3) }.unwrap();
+        let other = unsafe { interner.intern(&[f(c, 8), f(a, 0)], 2) }.unwrap();
+        assert_eq!(interner.len(), len);
+        assert!([ids[1], ids[2], ids[3]].contains(&again));
+        assert!([ids[1], ids[2], ids[3]].contains(&other) && other != again);
+        assert_eq!(frames_of(&interner, again), stacks[1].clone());
+        assert_eq!(frames_of(&interner, other), (vec![f(c, 6), f(a, 0)], 2));
+
+        // Nothing is freed while a hook may put an id back, nor the unknown traceback ever.
+        let live = interner.live_stacks();
+        let out = interner.collect(usize::MAX, |_| true, || false);
+        assert_eq!((out.freed_stacks, out.done, out.blocked), (0, false, true));
+        let out = interner.collect(usize::MAX, |_| true, || true);
+        assert_eq!(out.freed_stacks, live - 1);
+        assert_eq!(interner.node_count(), 1);
+        let mut unpinned = out.unpinned;
+        unpinned.sort_unstable();
+        let mut expected = vec![a, b, c];
+        expected.sort_unstable();
+        assert_eq!(unpinned, expected);
+        assert!(interner.pins.is_empty() && interner.same_line.is_empty());
+        assert_eq!(
+            frames_of(&interner, UNKNOWN_TRACEBACK),
+            (vec![RawFrame::UNKNOWN], 1)
+        );
+    }
+
+    /// A collection looks at most at its budget of ids per call, resuming where it stopped.
+    #[test]
+    fn collection_goes_by_slices() {
+        let mut interner = Interner::new();
+        let ids: Vec<TracebackId> = (0..10)
+            .map(|i| unsafe { interner.intern(&[f(0, 2 + 2 * i)], 1) }.unwrap())
+            .collect();
+        let mut freed = 0;
+        let mut calls = 0;
+        loop {
+            let out = interner.collect(3, |id| ids.contains(&id), || true);
+            freed += out.freed_stacks;
+            calls += 1;
+            if out.done {
+                break;
+            }
+        }
+        assert_eq!((freed, calls), (10, 4));
+        assert_eq!(interner.live_stacks(), 1);
     }
 }

@@ -327,6 +327,23 @@ impl PeakCounters {
         out
     }
 
+    /// Whether `key` holds nothing in any space, now or at the peak: nothing a snapshot (of
+    /// now or of the peak) can name it for. Its id may then be given to another traceback:
+    /// its counters are zero, and a stamp of this epoch with zero saved values says what the
+    /// new traceback held at the peak, nothing.
+    pub fn idle(&self, key: Key) -> bool {
+        let epoch = self.epoch.get();
+        self.each_space().all(|(_, chunks)| {
+            chunks.existing(key).is_none_or(|counter| {
+                counter.bytes.get() == 0
+                    && counter.blocks.get() == 0
+                    && (counter.stamp.load(Acquire) != epoch
+                        || (counter.saved_bytes.load(Relaxed) == 0
+                            && counter.saved_blocks.load(Relaxed) == 0))
+            })
+        })
+    }
+
     /// `(bytes, blocks)` of `key` in `space` now (for tests and checks).
     pub fn current(&self, space: Space, key: Key) -> (u64, u64) {
         self.existing_chunks(space)

@@ -276,6 +276,22 @@ pub fn finish(done: &[(u32, Interned)], mut settle: impl FnMut(usize, Option<Tra
     WAITING.store(pending.waiting.len(), Relaxed);
 }
 
+/// Runs `f` with a test of whether a traceback is one that threads without the GIL record
+/// blocks with directly (a stack a GIL holder interned for them), holding this module's lock
+/// throughout: the tracer's sweep frees no such traceback, and no thread can take one up or
+/// be halfway through recording with one (that happens under the lock) while it decides.
+/// Lock order as everywhere: this lock, then a table shard.
+pub fn with_interned<R>(f: impl FnOnce(&dyn Fn(TracebackId) -> bool) -> R) -> R {
+    let guard = lock();
+    let ids: std::collections::HashSet<TracebackId> = guard
+        .as_ref()
+        .map(|pending| pending.interned.iter().flatten().map(|i| i.id).collect())
+        .unwrap_or_default();
+    let result = f(&|id| ids.contains(&id));
+    drop(guard);
+    result
+}
+
 /// Holds the lock across `fork()` (see the tracer's fork handlers): a thread without the
 /// GIL holding it when another forks would leave it locked in the child for ever.
 pub fn lock_for_fork() {

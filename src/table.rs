@@ -878,6 +878,12 @@ impl TraceTable {
     /// Per domain and traceback below `tracebacks` that held anything at the peak:
     /// `(domain, traceback, bytes, blocks in count units)` then, domain 0's first. Bytes and
     /// blocks are estimates when sampling (charged as the totals are).
+    /// Whether no live block, in any domain, and nothing at the peak has traceback `id` (see
+    /// [`PeakCounters::idle`]).
+    pub fn traceback_idle(&self, id: TracebackId) -> bool {
+        self.counters.idle(id)
+    }
+
     pub fn at_peak(&self, tracebacks: usize) -> Vec<(u32, TracebackId, u64, u64)> {
         self.counters.at_peak(tracebacks)
     }

@@ -24,7 +24,9 @@
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
+};
 use std::sync::{Once, OnceLock};
 
 use pyo3::ffi;
@@ -619,17 +621,28 @@ pub fn on_realloc_start(address: usize, gil_held: bool, scope: &sampler::Scope) 
     let table = table();
     let young = gil_held && young::holds(address);
     let guard = ReentrancyGuard::within(scope)?;
+    // Without the GIL, a sweep may run until the trace is put back (see PUTTING_BACK);
+    // raised iff a trace is returned, and `on_realloc_end` lowers it.
+    if !gil_held {
+        begin_putting_back();
+    }
     // SAFETY: as in `on_free`.
-    let mut trace = match young
+    let taken = match young
         .then(|| unsafe { young::take(table, address) })
         .flatten()
     {
-        Some(trace) => trace,
+        Some(trace) => Some(trace),
         None => {
             let removed = table.remove(address, hook_writer(guard.thread(), gil_held));
             forget_released(address, removed);
-            removed?
+            removed
         }
+    };
+    let Some(mut trace) = taken else {
+        if !gil_held {
+            end_putting_back();
+        }
+        return None;
     };
     // `_PyTuple_Resize` reallocates an object's block: a re-attribution still waiting for it
     // goes with its trace (kept if the realloc fails, or while recording is disabled).
@@ -650,6 +663,26 @@ pub fn on_realloc_start(address: usize, gil_held: bool, scope: &sampler::Scope) 
 /// Called from the realloc hook.
 #[inline(always)]
 pub unsafe fn on_realloc_end(
+    old_address: usize,
+    new: usize,
+    size: usize,
+    old: Option<Trace>,
+    gil_held: bool,
+    scope: &sampler::Scope,
+) {
+    let putting_back = !gil_held && old.is_some();
+    realloc_end(old_address, new, size, old, gil_held, scope);
+    if putting_back {
+        end_putting_back();
+    }
+}
+
+/// [`on_realloc_end`] but for the end of [`PUTTING_BACK`].
+///
+/// # Safety
+/// As [`on_realloc_end`].
+#[inline(always)]
+unsafe fn realloc_end(
     old_address: usize,
     new: usize,
     size: usize,
@@ -1140,7 +1173,8 @@ pub fn schedule_sweep() {
         sweep_dead_code(unsafe { Python::assume_attached() });
         0
     }
-    if !SWEEP_SCHEDULED.swap(true, Relaxed) {
+    // Not tracing: nothing to sweep (and no interpreter under the interner's Rust tests).
+    if TRACING.load(Relaxed) && !SWEEP_SCHEDULED.swap(true, Relaxed) {
         // SAFETY: a plain function and no argument; callable from any thread.
         if unsafe { ffi::Py_AddPendingCall(Some(run), std::ptr::null_mut()) } != 0 {
             SWEEP_SCHEDULED.store(false, Relaxed);
@@ -1160,22 +1194,30 @@ pub fn sweep_dead_code(py: Python<'_>) {
     if SWEEPING.swap(true, Relaxed) {
         return;
     }
+    let began = std::time::Instant::now();
+    let began_cpu = thread_cpu_nanos();
+    let unfinished = collect_tracebacks(py);
     // Releasing a code object releases the code objects in its constants (a module's
     // functions), which only then become ours alone: sweep again until none is released.
     loop {
         // SAFETY (each block): the main interpreter's GIL is held and no other borrow of the
         // cell is live; the phases are separated so that no borrow spans a Python call.
         let dying = unsafe { LIVE.get().as_mut().map(|live| live.interner.dying_codes()) };
-        let released = match dying {
+        let (released, unused) = match dying {
             Some(dying) if !dying.is_empty() => {
                 let burials = unsafe { RESOLVER.get().as_mut().map(|r| r.bury(py, &dying)) };
                 match (burials, unsafe { LIVE.get().as_mut() }) {
                     (Some(burials), Some(live)) => unsafe { live.interner.bury(&dying, &burials) },
-                    _ => Vec::new(),
+                    _ => (Vec::new(), Vec::new()),
                 }
             }
-            _ => Vec::new(),
+            _ => (Vec::new(), Vec::new()),
         };
+        if !unused.is_empty() {
+            if let Some(resolver) = unsafe { RESOLVER.get().as_mut() } {
+                resolver.release_buried(py, &unused);
+            }
+        }
         if released.is_empty() {
             break;
         }
@@ -1184,7 +1226,124 @@ pub fn sweep_dead_code(py: Python<'_>) {
             unsafe { ffi::Py_DECREF(code as *mut ffi::PyObject) };
         }
     }
+    let took = began.elapsed().as_nanos() as u64;
+    SWEEPS.fetch_add(1, Relaxed);
+    SWEEP_NANOS.fetch_add(took, Relaxed);
+    LONGEST_SWEEP_NANOS.fetch_max(took, Relaxed);
+    LONGEST_SWEEP_CPU_NANOS.fetch_max(thread_cpu_nanos().saturating_sub(began_cpu), Relaxed);
     SWEEPING.store(false, Relaxed);
+    if unfinished {
+        schedule_sweep();
+    }
+}
+
+/// Sweeps run since the module was loaded, their total and their longest time: what the
+/// program waited for them (`_sweep_stats()`, for the soak benchmark and the docs' figures).
+static SWEEPS: AtomicU64 = AtomicU64::new(0);
+static SWEEP_NANOS: AtomicU64 = AtomicU64::new(0);
+static LONGEST_SWEEP_NANOS: AtomicU64 = AtomicU64::new(0);
+/// The longest sweep in this thread's CPU time: on a busy machine a sweep's wall time also
+/// counts the time other processes ran.
+static LONGEST_SWEEP_CPU_NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// This thread's CPU time, in nanoseconds.
+fn thread_cpu_nanos() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
+/// `(sweeps, total ns, longest ns, longest in CPU ns, live tracebacks, live trie nodes,
+/// pinned code objects)`; the counts are 0 when not tracing.
+pub fn sweep_stats() -> (u64, u64, u64, u64, usize, usize, usize) {
+    // SAFETY: called from Python with the GIL held; no borrow is live.
+    let (stacks, nodes, pins) = unsafe { LIVE.get().as_ref() }.map_or((0, 0, 0), |live| {
+        (
+            live.interner.live_stacks(),
+            live.interner.node_count(),
+            live.interner.pin_count(),
+        )
+    });
+    (
+        SWEEPS.load(Relaxed),
+        SWEEP_NANOS.load(Relaxed),
+        LONGEST_SWEEP_NANOS.load(Relaxed),
+        LONGEST_SWEEP_CPU_NANOS.load(Relaxed),
+        stacks,
+        nodes,
+        pins,
+    )
+}
+
+/// Tracebacks a sweep looks at, at most: the longest pause it adds (see
+/// [`Interner::collect`]; measured in docs/tracer-memory.md).
+const COLLECT_BUDGET: usize = 32_768;
+
+/// Hooks running without the GIL that took a trace out of the table and may put it back
+/// with its traceback id (a reallocation that fails or while recording is disabled, the
+/// rest of a partial `munmap`): while any does, no traceback is freed, since the count that
+/// made its id look unused is about to come back. Raised before the trace is taken out.
+static PUTTING_BACK: AtomicUsize = AtomicUsize::new(0);
+
+/// Marks the start of a take-out-and-maybe-put-back ([`PUTTING_BACK`]); `end_putting_back`
+/// ends it.
+#[inline]
+pub(crate) fn begin_putting_back() {
+    PUTTING_BACK.fetch_add(1, SeqCst);
+}
+
+#[inline]
+pub(crate) fn end_putting_back() {
+    PUTTING_BACK.fetch_sub(1, SeqCst);
+}
+
+/// Frees a slice of the interned tracebacks nothing refers to any more, and what only they
+/// kept (trie nodes, pins of live code objects, buried records; see [`Interner::collect`]).
+/// Returns whether the pass over all tracebacks is unfinished (the caller schedules another
+/// sweep).
+fn collect_tracebacks(py: Python<'_>) -> bool {
+    // Waiting re-attributions name tracebacks whose counters do not count them yet.
+    // SAFETY: the GIL is held, outside any hook.
+    unsafe { deferred::settle() };
+    let table = table();
+    // SAFETY: the main interpreter's GIL is held and no other borrow of the cell is live; no
+    // Python code runs while it is borrowed.
+    let Some(collected) = (unsafe { LIVE.get().as_mut() })
+        .filter(|live| live.interner.collect_due())
+        .map(|live| {
+            // Tracebacks that threads without the GIL record with directly stay (see
+            // `released::with_interned`).
+            crate::released::with_interned(|held| {
+                live.interner.collect(
+                    COLLECT_BUDGET,
+                    |id| table.traceback_idle(id) && !held(id),
+                    || {
+                        std::sync::atomic::fence(SeqCst);
+                        PUTTING_BACK.load(SeqCst) == 0
+                    },
+                )
+            })
+        })
+    else {
+        return false;
+    };
+    // SAFETY: as above.
+    if let Some(resolver) = unsafe { RESOLVER.get().as_mut() } {
+        resolver.forget_codes(py, &collected.unpinned);
+        resolver.release_buried(py, &collected.freed_tags);
+    }
+    for &code in &collected.unpinned {
+        // SAFETY: the GIL is held and each is a strong reference the interner took; no borrow
+        // of tracer state is live (dropping it may run Python code).
+        unsafe { ffi::Py_DECREF(code as *mut ffi::PyObject) };
+    }
+    // A blocked collection is not retried at once: the hook putting a trace back may take a
+    // while, and each try looks at a full budget of tracebacks.
+    !collected.done && !collected.blocked
 }
 
 pub fn traceback_limit() -> usize {

@@ -275,6 +275,53 @@ def test_jinja2_templates_compiled_per_render_do_not_leak():
     assert abs(growth["alloctrace"] - growth["tracemalloc"]) < 64 * 1024, growth
 
 
+def compile_and_drop(start, count):
+    """Compiles, runs and drops *count* functions, each a code object of its own making and
+    dropping a list at one of several depths (so that the stacks differ too)."""
+    for i in range(start, start + count):
+        source = (
+            f"def f{i}(n):\n    if n:\n        return f{i}(n - 1)\n    return [n] * {i % 5 + 1}\n"
+        )
+        namespace = {}
+        exec(compile(source, f"<dropped-{i % 97}>", "exec"), namespace)
+        namespace[f"f{i}"](i % 4)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"sample_interval": 64}, {"native": True}],
+    ids=["exact", "sampled", "native"],
+)
+def test_tracer_memory_stays_flat_while_code_is_compiled_and_dropped(stopped_tracer, options):
+    """Everything kept per code object and per traceback is released once no live block
+    names it: before, each code object compiled and dropped cost ~400 bytes of tracer memory
+    for good (3.11: 38.6 MiB after 100,000). Here 8,000 after 4,000 (the structures' working
+    size is reached by then): 3.6-5.1 MB before over 12,000, 0.5-0.7 MB after from the start."""
+    alloctrace.start(5, **options)
+    try:
+        compile_and_drop(0, 4000)
+        gc.collect()
+        alloctrace.get_traced_memory()
+        base = alloctrace.get_tracemalloc_memory()
+        compile_and_drop(4000, 8000)
+        gc.collect()
+        alloctrace.get_traced_memory()
+        grown = alloctrace.get_tracemalloc_memory() - base
+        # The tracebacks of blocks that outlive their code still read as they did.
+        keep = []
+        fresh_function(10**6, keep)
+        snapshot = alloctrace.take_snapshot()
+    finally:
+        alloctrace.stop()
+    assert grown < 1024 * 1024, grown
+    if not options:
+        stats = snapshot.statistics("lineno")
+        assert any(
+            s.traceback[0].filename == GENERATED.format(10**6) and s.traceback[0].lineno == 3
+            for s in stats
+        )
+
+
 def recurse(depth, keep):
     keep.append([depth])
     if depth:

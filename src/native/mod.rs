@@ -88,7 +88,9 @@ unsafe extern "C" fn calloc_hook(nelem: usize, elsize: usize) -> *mut c_void {
 }
 
 unsafe extern "C" fn realloc_hook(ptr: *mut c_void, size: usize) -> *mut c_void {
-    // Forgotten before realloc can free it (see the module docs).
+    // Forgotten before realloc can free it (see the module docs); the trace may be put back,
+    // so no sweep frees its traceback meanwhile.
+    tracer::begin_putting_back();
     let old = tracer::on_native_free(ptr as usize);
     let scope = Scope::enter();
     let new = libc::realloc(ptr, size);
@@ -98,6 +100,7 @@ unsafe extern "C" fn realloc_hook(ptr: *mut c_void, size: usize) -> *mut c_void 
         let new = (!new.is_null()).then_some(new as usize);
         tracer::on_native_realloc_end(ptr as usize, new, size, old, true, &scope);
     }
+    tracer::end_putting_back();
     new
 }
 
@@ -177,7 +180,12 @@ unsafe extern "C" fn munmap_hook(addr: *mut c_void, len: usize) -> c_int {
 /// trace, and the pieces of it left mapped are traced in its place, with its traceback (see
 /// [`mappings`]). Returns the trace of the mapping that started at `addr` (with its full
 /// size), if there was one.
+///
+/// Traces are taken out and pieces put back with their traceback: under
+/// [`tracer::begin_putting_back`], so that no sweep frees that traceback meanwhile.
 fn unmapping(addr: usize, len: usize) -> Option<Trace> {
+    tracer::begin_putting_back();
+    let _putting_back = PuttingBack;
     let mut cuts = Vec::new();
     mappings::lock().cut(addr, len, &mut cuts);
     if cuts.is_empty() {
@@ -220,7 +228,10 @@ unsafe extern "C" fn mremap_hook(
     flags: c_int,
     new_address: *mut c_void,
 ) -> *mut c_void {
-    // The moved part leaves its mapping (pieces of it outside `old_len` stay traced).
+    // The moved part leaves its mapping (pieces of it outside `old_len` stay traced); its
+    // trace is put back at the new address with its traceback (see `unmapping`).
+    tracer::begin_putting_back();
+    let _putting_back = PuttingBack;
     let whole = unmapping(old as usize, old_len);
     let moved = whole.map(|trace| Trace {
         size: trace.size.min(page_round(old_len)),
@@ -236,6 +247,16 @@ unsafe extern "C" fn mremap_hook(
     }
     tracer::on_native_realloc_end(old as usize, new, new_len, moved, false, &scope);
     ptr
+}
+
+/// Ends a [`tracer::begin_putting_back`] when dropped (after the hook's last use of the trace
+/// it took out).
+struct PuttingBack;
+
+impl Drop for PuttingBack {
+    fn drop(&mut self) {
+        tracer::end_putting_back();
+    }
 }
 
 /// The redirected functions: `(symbol, our hook)`.

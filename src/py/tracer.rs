@@ -224,6 +224,23 @@ fn get_dropped_traces() -> usize {
     tracer::dropped_traces()
 }
 
+/// `(sweeps, total seconds, longest seconds, longest in CPU seconds, live tracebacks, trie
+/// nodes, pinned code objects)`: what the sweeps of the tracer's own memory cost and what it
+/// holds (private, for benchmarks).
+#[pyfunction]
+fn _sweep_stats() -> (u64, f64, f64, f64, usize, usize, usize) {
+    let (sweeps, total, longest, longest_cpu, stacks, nodes, pins) = tracer::sweep_stats();
+    (
+        sweeps,
+        total as f64 / 1e9,
+        longest as f64 / 1e9,
+        longest_cpu as f64 / 1e9,
+        stacks,
+        nodes,
+        pins,
+    )
+}
+
 #[pyfunction]
 fn enable() {
     tracer::set_recording(true)
@@ -383,6 +400,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_process_memory, m)?)?;
     m.add_function(wrap_pyfunction!(get_tracemalloc_memory, m)?)?;
     m.add_function(wrap_pyfunction!(get_dropped_traces, m)?)?;
+    m.add_function(wrap_pyfunction!(_sweep_stats, m)?)?;
     m.add_function(wrap_pyfunction!(enable, m)?)?;
     m.add_function(wrap_pyfunction!(disable, m)?)?;
     m.add_function(wrap_pyfunction!(is_enabled, m)?)?;
