@@ -224,6 +224,7 @@ def _undo() -> None:
                     signal.signal(attached.signum, signal.SIG_DFL)
             except ValueError:
                 pass  # not the main thread (the --duration thread): no handler was installed
+            attached.dumper.stop_requests()
         if attached.state_path is not None:
             try:
                 os.unlink(attached.state_path)

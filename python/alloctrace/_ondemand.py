@@ -43,6 +43,9 @@ def _environment(pid: int) -> dict[str, str]:
             raw = stream.read()
     except FileNotFoundError:
         raise NotSetUp(f"no process {pid}") from None
+    except ProcessLookupError:
+        # A zombie: it has exited, and its parent has not collected it yet.
+        raise NotSetUp(f"process {pid} has exited") from None
     except PermissionError:
         raise NotSetUp(f"cannot read the environment of process {pid}: permission denied") from None
     environ = {}

@@ -501,13 +501,13 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
             )
         # Only for the checks below, which need to know that snapshots will be written.
         dump = os.path.join(capture, "{pid}.snap")
-        if "ALLOCTRACE_FILE_MODE" in environ:
-            from ._output import OutputError, file_mode
+    if dump is not None and "ALLOCTRACE_FILE_MODE" in environ:
+        from ._output import OutputError, file_mode
 
-            try:
-                file_mode(environ["ALLOCTRACE_FILE_MODE"])
-            except OutputError as error:
-                raise ConfigError(str(error)) from None
+        try:
+            file_mode(environ["ALLOCTRACE_FILE_MODE"])
+        except OutputError as error:
+            raise ConfigError(str(error)) from None
     interval = None
     env_interval = environ.get(ENV_INTERVAL, "")
     if env_interval:
@@ -641,6 +641,7 @@ class Dumper:
         # handler to the thread that writes the snapshots asked for (read end, write end).
         self._request_signum = None
         self._request_pipe = None
+        self._request_thread = None
         # What _block_own_signals blocked in this thread for the fork under way.
         self._fork_mask = threading.local()
 
@@ -762,13 +763,30 @@ class Dumper:
         os.set_blocking(read_end, False)
         os.set_blocking(write_end, False)
         self._request_pipe = (read_end, write_end)
-        self._threading.Thread(
+        self._request_thread = self._threading.Thread(
             target=self._serve_requests, args=(read_end,), name="alloctrace-on-demand", daemon=True
-        ).start()
+        )
+        self._request_thread.start()
+
+    def stop_requests(self) -> None:
+        """Stop answering the snapshot signal (``alloctrace detach``, once the handler is
+        gone): the write end of the pipe is closed, and the thread, seeing its end, closes the
+        read end and returns; waited for up to a second, so that a detached process is left
+        with the threads it had."""
+        pipe, self._request_pipe = self._request_pipe, None
+        if pipe is None:
+            return
+        os.close(pipe[1])
+        thread = self._request_thread
+        if thread is not None and thread is not self._threading.current_thread():
+            thread.join(1.0)
 
     def _on_request(self, signum, frame) -> None:
+        pipe = self._request_pipe
+        if pipe is None:
+            return  # requests stopped (detach) as the signal came
         try:
-            os.write(self._request_pipe[1], b"r")
+            os.write(pipe[1], b"r")
         except OSError:
             # The pipe is full: the requests pending already get a snapshot after this one.
             pass
@@ -783,8 +801,11 @@ class Dumper:
                 if last is not None and time.monotonic() - last < MIN_INTERVAL:
                     time.sleep(max(0.0, last + MIN_INTERVAL - time.monotonic()))
                 # Everything asked for until now, answered by the one snapshot begun next.
-                while os.read(read_end, 65536):
-                    pass
+                while True:
+                    if not os.read(read_end, 65536):
+                        # The write end was closed: requests stopped (stop_requests).
+                        os.close(read_end)
+                        return
             except BlockingIOError:
                 pass
             except OSError:
@@ -1097,10 +1118,13 @@ def install() -> None:
         return
     try:
         config = read_config(os.environ, sys._xoptions, bool(sys.flags.ignore_environment))
-        on_signal = read_signal(os.environ, bool(sys.flags.ignore_environment), config.dump)
-        memory_limit = read_memory_limit(
-            os.environ, bool(sys.flags.ignore_environment), config.dump
-        )
+        # Where snapshots would go, for the checks of the settings that need a path, even with
+        # tracing off (ALLOCTRACE=0: a config without one); a capture names its own files.
+        dump = config.dump
+        if dump is None and not sys.flags.ignore_environment:
+            dump = os.environ.get(ENV_DUMP) or os.environ.get(ENV_CAPTURE) or None
+        on_signal = read_signal(os.environ, bool(sys.flags.ignore_environment), dump)
+        memory_limit = read_memory_limit(os.environ, bool(sys.flags.ignore_environment), dump)
         push = None if sys.flags.ignore_environment else os.environ.get(ENV_PUSH) or None
         if push is not None:
             from alloctrace import _push
