@@ -19,6 +19,7 @@ it. Every failure is one line (:class:`AttachError`) and leaves the target runni
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import re
@@ -165,7 +166,7 @@ def _run_version(image: str, pid: int) -> tuple[int, int]:
         ) from None
 
 
-class Method:
+class Method(abc.ABC):
     """One way to run the bootstrap inside the target. A method says whether it can serve
     this target (:meth:`unavailable`) and schedules the bootstrap (:meth:`schedule`); the
     commands do not change when a method is added (3.14's ``sys.remote_exec`` would be one
@@ -173,15 +174,15 @@ class Method:
 
     name = ""
 
+    @abc.abstractmethod
     def unavailable(self, target: Target) -> str | None:
         """Why this method cannot serve *target*, or ``None`` if it can."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def schedule(self, target: Target, bootstrap: str, directory: str) -> None:
         """Have *bootstrap* run in the target's main thread at its next safe point; return
         once it is queued, with the target running. *directory* is the request directory
         (as this command sees it) for any file the method needs."""
-        raise NotImplementedError
 
 
 class Lldb(Method):
