@@ -323,12 +323,48 @@ def test_cli_export_and_flamegraph(dumped, tmp_path):
     assert frames_of(tmp_path / "d.svg")[0] == "Memory growth by stack"
 
 
+def test_outputs_have_default_names(dumped, tmp_path):
+    """Without -o, each command writes the snapshot's name with its format's ending in the
+    current directory, and says so on stderr."""
+    _, before, after = dumped
+    snap_before, snap_after = tmp_path / "before.snap", tmp_path / "after.snap"
+    snap_before.write_bytes(before.read_bytes())
+    snap_after.write_bytes(after.read_bytes())
+    work = tmp_path / "work"
+    work.mkdir()
+    cases = [
+        (["export", str(snap_after), "--format", "pprof"], "after.pb.gz"),
+        (["export", str(snap_after), "--format", "folded"], "after.folded"),
+        (["flamegraph", str(snap_after)], "after.svg"),
+        (["flamegraph", "--diff", str(snap_before), str(snap_after)], "after-diff.svg"),
+        (["report", str(snap_before), str(snap_after)], "before.html"),
+        # A directory stands for its *.snap files, a quoted pattern for its matches.
+        (["report", str(tmp_path)], f"{tmp_path.name}.html"),
+        (["report", str(tmp_path / "*.snap")], f"{tmp_path.name}.html"),
+    ]
+    for args, name in cases:
+        result = subprocess.run(
+            [sys.executable, "-m", "alloctrace", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=work,
+        )
+        assert result.returncode == 0, (args, result.stderr)
+        assert f"alloctrace: writing {name} (choose another name with -o)" in result.stderr
+        assert (work / name).stat().st_size > 0, args
+        (work / name).unlink()
+    # A file that cannot be read is named once.
+    result = cli("report", str(tmp_path / "none.snap"), "-o", str(work / "r.html"))
+    assert result.returncode == 1
+    assert result.stderr.count("cannot read") == 1, result.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["export", "{after}", "-o", "{tmp}/x"], "--format"),
         (["export", "{after}", "--format", "svg", "-o", "{tmp}/x"], "invalid choice: 'svg'"),
-        (["export", "{after}", "--format", "pprof"], "-o/--output"),
         (["export", "{tmp}/missing.alct", "--format", "pprof", "-o", "{tmp}/x"], "missing.alct"),
         (["export", "{program}", "--format", "pprof", "-o", "{tmp}/x"], "not a readable"),
         (["export", "{after}", "--format", "pprof", "-o", "{tmp}/no/x"], "cannot write"),

@@ -93,7 +93,11 @@ def _load(path: str, allow_pickle: bool):
         message = str(exc) or type(exc).__name__
         raise ReportError(message if path in message else f"{path}: {message}") from None
     except OSError as exc:
-        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+        # The native loader's message names the file already.
+        message = exc.strerror or str(exc)
+        if path not in message:
+            message = f"cannot read {path}: {message}"
+        raise ReportError(message) from None
 
 
 def _stamp(path: str, snapshot) -> float:

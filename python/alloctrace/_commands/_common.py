@@ -343,6 +343,31 @@ def write_json(document: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def default_output(source: str, ending: str) -> str:
+    """The file an output goes to when ``-o`` is not given: the name of *source* (a snapshot
+    file, a directory, or a pattern's directory) without ``.snap``, with *ending*, in the
+    current directory (``leak.snap`` -> ``leak.svg``, ``dumps/*.snap`` -> ``dumps.html``)."""
+    source = source.rstrip("/")
+    name = os.path.basename(source)
+    if any(c in name for c in "*?["):
+        # A pattern ('dir/*.snap') is named after its directory.
+        name = os.path.basename(os.path.dirname(source))
+    if name.endswith(".snap"):
+        name = name[: -len(".snap")]
+    name = "".join(c for c in name if c not in "*?[]").strip(".-_") or "alloctrace"
+    return name + ending
+
+
+def output_or_default(args: argparse.Namespace, source: str, ending: str) -> str:
+    """``args.output``, or the default name for *source* (said on stderr, so that the user
+    knows where to look)."""
+    if args.output is not None:
+        return args.output
+    output = default_output(source, ending)
+    sys.stderr.write(f"{PROG}: writing {output} (choose another name with -o)\n")
+    return output
+
+
 def write_export(output: str, write) -> None:
     """Runs ``write(output)``, turning its failures into one-line errors. ``-`` (or
     ``/dev/stdout``) is standard output: the file is written aside, then copied there, so
@@ -413,7 +438,11 @@ def add_report_options(parser: argparse.ArgumentParser, full: bool = True) -> No
 
 def add_export_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "-o", "--output", required=True, metavar="OUT", help="file to write ('-': stdout)"
+        "-o",
+        "--output",
+        metavar="OUT",
+        help="file to write ('-': stdout; default: the snapshot's name with this format's "
+        "ending, in the current directory)",
     )
     add_filter_options(parser)
     add_pickle_option(parser)

@@ -72,21 +72,28 @@ def resolve(paths: Sequence[str]) -> tuple[list[Source], list[str]]:
             notes.extend(untraced_lines(capture))
             if capture.problems:
                 notes.append(f"{path}: {len(capture.problems)} unreadable manifest line(s)")
-        elif os.path.isdir(path):
-            found = sorted(glob.glob(os.path.join(glob.escape(path), "*.snap")))
-            if not found:
-                raise CommandError(f"{path} holds no manifest and no *.snap file")
-            sources.extend(Source(name) for name in found)
-        elif not os.path.exists(path) and glob.has_magic(path):
-            found = sorted(name for name in glob.glob(path) if os.path.isfile(name))
-            if not found:
-                raise CommandError(f"{path} matches no file")
-            sources.extend(Source(name) for name in found)
         else:
-            sources.append(Source(path))
+            sources.extend(Source(name) for name in files_of(path))
     if not sources:
         raise CommandError(f"{', '.join(paths)}: no snapshot to read")
     return sources, notes
+
+
+def files_of(path: str) -> list[str]:
+    """The snapshot files one argument names: a directory's ``*.snap`` files, a pattern's
+    matches (for a shell that did not expand it, or a quoted one), else the path itself; in
+    name order."""
+    if os.path.isdir(path):
+        found = sorted(glob.glob(os.path.join(glob.escape(path), "*.snap")))
+        if not found:
+            raise CommandError(f"{path} holds no manifest and no *.snap file")
+        return found
+    if not os.path.exists(path) and glob.has_magic(path):
+        found = sorted(name for name in glob.glob(path) if os.path.isfile(name))
+        if not found:
+            raise CommandError(f"{path} matches no file")
+        return found
+    return [path]
 
 
 #: Python children that were not traced named one by one, at most.

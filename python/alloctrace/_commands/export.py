@@ -33,8 +33,10 @@ def register(commands) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     snapshot = common.loaded_and_filtered(args.file, args)
+    ending = ".pb.gz" if args.format == "pprof" else ".folded"
+    output = common.output_or_default(args, args.file, ending)
     if args.format == "pprof":
-        common.write_export(args.output, snapshot.to_pprof)
+        common.write_export(output, snapshot.to_pprof)
     else:
-        common.write_export(args.output, snapshot.to_collapsed)
+        common.write_export(output, snapshot.to_collapsed)
     return 0

@@ -40,7 +40,11 @@ def execute(args: argparse.Namespace) -> int:
     else:
         base = common.loaded_and_filtered(args.diff[0], args)
         snapshot = common.loaded_and_filtered(args.diff[1], args, strict=True)
+    if args.diff is None:
+        output = common.output_or_default(args, args.file, ".svg")
+    else:
+        output = common.output_or_default(args, args.diff[1], "-diff.svg")
     common.write_export(
-        args.output, lambda output: snapshot.to_flamegraph(output, title=args.title, base=base)
+        output, lambda output: snapshot.to_flamegraph(output, title=args.title, base=base)
     )
     return 0

@@ -22,10 +22,15 @@ def register(commands) -> None:
         "files",
         nargs="*",
         metavar="FILE",
-        help="snapshot files of one process, e.g. an ALLOCTRACE_INTERVAL series (any order)",
+        help="snapshot files of one process, e.g. an ALLOCTRACE_INTERVAL series (any order); "
+        "a directory stands for its *.snap files, a quoted pattern for its matches",
     )
     report.add_argument(
-        "-o", "--output", required=True, metavar="OUT", help="HTML file to write ('-': stdout)"
+        "-o",
+        "--output",
+        metavar="OUT",
+        help="HTML file to write ('-': stdout; default: the first file's name with .html, in "
+        "the current directory)",
     )
     report.add_argument("--title", help="title of the page (default: from the program's name)")
     common.add_pickle_option(report)
@@ -34,15 +39,18 @@ def register(commands) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     from .. import _html_report, _output
+    from ._tree import files_of
 
     if not args.files:
         raise common.CommandError(
             "no snapshot files given (see 'alloctrace report --help')", common.USAGE_ERROR
         )
+    files = [name for path in args.files for name in files_of(path)]
+    args.output = common.output_or_default(args, args.files[0], ".html")
     try:
         with common.Progress(f"writing {args.output}"):
             _html_report.write_report(
-                args.files, args.output, title=args.title, allow_pickle=args.allow_pickle
+                files, args.output, title=args.title, allow_pickle=args.allow_pickle
             )
     except (_html_report.ReportError, _output.OutputError) as exc:
         raise common.CommandError(str(exc)) from None
