@@ -15,10 +15,12 @@ from subproc import run_python
 
 # A program that writes a series of snapshots of itself: a line that grows for four steps and
 # then drops (so the peak is the fourth snapshot), a line that stays the same, and a line that
-# only appears later. Snapshots record object kinds and retention reports.
+# only appears later. Snapshots record object kinds and retention reports. (Without threading
+# imported first, take_snapshot(retention=) imports it, traced: about 320 KiB of code objects on
+# 3.11, as large as the growing line at its third snapshot.)
 SERIES = textwrap.dedent(
     """\
-    import os, sys, time
+    import os, sys, threading, time  # threading before tracing, as most programs have it
     import alloctrace
 
     alloctrace.start(4)
