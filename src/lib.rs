@@ -39,6 +39,7 @@ pub mod process_memory;
 pub mod py;
 pub mod released;
 pub mod sampler;
+pub mod signal_disposition;
 pub mod sigterm_retry;
 pub mod table;
 pub mod tally;

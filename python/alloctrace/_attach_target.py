@@ -214,6 +214,7 @@ def _undo() -> None:
     import signal
 
     import alloctrace
+    from alloctrace._signals import set_handler
 
     attached, _attached = _attached, None
     if attached is not None:
@@ -221,7 +222,7 @@ def _undo() -> None:
         if attached.signum is not None:
             try:
                 if signal.getsignal(attached.signum) == attached.dumper._on_request:
-                    signal.signal(attached.signum, signal.SIG_DFL)
+                    set_handler(attached.signum, signal.SIG_DFL)
             except ValueError:
                 pass  # not the main thread (the --duration thread): no handler was installed
             attached.dumper.stop_requests()

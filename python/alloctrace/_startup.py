@@ -612,8 +612,12 @@ class Dumper:
         import signal
         import threading
 
+        from alloctrace._signals import set_handler
+
         self._atexit = atexit
         self._signal = signal
+        # signal.signal without CPython's race when the new handler is SIG_IGN or SIG_DFL.
+        self._set_handler = set_handler
         self._threading = threading
         # Relative to where the program started, even if it changes directory later.
         self.template = os.path.abspath(template)
@@ -693,7 +697,7 @@ class Dumper:
     def _die_of(self, signum) -> None:
         """Die of *signum* by its default action, so that the parent sees "killed by
         SIGTERM" (or SIGINT), as it would have without the snapshot."""
-        self._signal.signal(signum, self._signal.SIG_DFL)
+        self._set_handler(signum, self._signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         os._exit(128 + signum)
 
@@ -726,7 +730,7 @@ class Dumper:
     def _release_signals(self, held: dict) -> None:
         """Restore the handlers; if a held signal came, die of it now."""
         for signum, handler in held.items():
-            self._signal.signal(signum, handler)
+            self._set_handler(signum, handler)
             if handler == self._on_sigterm:
                 self._arm_sigterm_retry()
         pending, self._held = self._held, None
@@ -826,7 +830,7 @@ class Dumper:
             and self._threading.current_thread() is self._threading.main_thread()
             and signal.getsignal(signum) == self._on_request
         ):
-            signal.signal(signum, signal.SIG_IGN)
+            self._set_handler(signum, signal.SIG_IGN)
 
     def dump_numbered(self) -> str | None:
         """Write the next numbered snapshot now (as the interval thread does); return its path,

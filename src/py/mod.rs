@@ -10,6 +10,7 @@ pub mod heap_walk;
 pub mod memory_limit;
 pub mod objects;
 pub mod retention;
+pub mod signal_disposition;
 pub mod sigterm_retry;
 pub mod site_reports;
 pub mod snapshot;
@@ -150,6 +151,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tracer::register(m)?;
     heap_walk::register(m)?;
     sigterm_retry::register(m)?;
+    signal_disposition::register(m)?;
     memory_limit::register(m)?;
     Ok(())
 }

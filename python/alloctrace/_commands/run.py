@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from .. import _startup
+from .._signals import set_handler
 from . import _common as common
 from . import _tree
 from ._common import PROG, CommandError
@@ -420,7 +421,7 @@ def _spawn(command: list[str], env: dict[str, str], extra=()) -> tuple[int, int]
         return child.wait(), child.pid
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            set_handler(signum, handler)
 
 
 def _die_like_child(signum: int) -> NoReturn:
@@ -428,7 +429,7 @@ def _die_like_child(signum: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        signal.signal(signum, signal.SIG_DFL)
+        set_handler(signum, signal.SIG_DFL)
     except (OSError, ValueError):
         # SIGKILL and SIGSTOP cannot be caught, so they already have their default action.
         pass

@@ -1,0 +1,18 @@
+//! `_native._set_signal_disposition()`: the kernel-side half of changing a handler to
+//! `SIG_IGN` or `SIG_DFL` without CPython's race (see [`crate::signal_disposition`]).
+
+use pyo3::prelude::*;
+
+use crate::signal_disposition;
+
+/// Sets the kernel's action for `signum` to ignore (`ignore=True`) or to the default action;
+/// call `signal.signal` with the same choice right after.
+#[pyfunction]
+fn _set_signal_disposition(signum: i32, ignore: bool) -> PyResult<()> {
+    Ok(signal_disposition::set(signum, ignore)?)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_set_signal_disposition, m)?)?;
+    Ok(())
+}
