@@ -14,6 +14,13 @@ import sys
 TIMEOUT = 120
 
 
+def numbered_name(path, n):
+    """The name of numbered snapshot *n* of a dump path without ``{n}``: ``app.snap`` ->
+    ``app.1.snap``."""
+    root, extension = os.path.splitext(str(path))
+    return f"{root}.{n}{extension}"
+
+
 def clean_env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
     env.pop("PYTHONTRACEMALLOC", None)
@@ -22,8 +29,9 @@ def clean_env(**extra):
     return env
 
 
-def run_python(args, cwd=None, **env):
+def run_python(args, cwd=None, *, timeout=TIMEOUT, preexec_fn=None, **env):
     """Runs ``python ARGS`` with :func:`clean_env` plus *env*; output captured as text.
+    *preexec_fn* runs in the child before Python starts (say, to set a resource limit).
 
     The child leads a process group of its own, and a timeout kills the whole group: a hung
     grandchild (a forked child of a fork test) would otherwise keep the output pipes open, and
@@ -36,13 +44,14 @@ def run_python(args, cwd=None, **env):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=preexec_fn,
     ) as proc:
         try:
-            out, err = proc.communicate(timeout=TIMEOUT)
+            out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
-            raise subprocess.TimeoutExpired(proc.args, TIMEOUT, out, err) from None
+            raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

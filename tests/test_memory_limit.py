@@ -10,6 +10,7 @@ import pytest
 import alloctrace
 from alloctrace._memory_limit import cgroup_memory_limit, parse_memory_limit, resolve
 from alloctrace._startup import ConfigError
+from subproc import numbered_name
 from subproc import run_python as run
 
 MiB = 1 << 20
@@ -154,7 +155,7 @@ def test_cgroup_fraction_resolves_to_resident_bytes(tmp_path):
     unlimited = fake_root(tmp_path / "u", V2_CGROUP, V2_MOUNTS, {})
     traced, rss, note = resolve(parse_memory_limit("cgroup:0.9"), unlimited)
     assert (traced, rss) == (None, None)
-    assert note.startswith("ALLOCTRACE_MEMORY_LIMIT=cgroup:0.9: ") and "not watched" in note
+    assert note.startswith("memory limit cgroup:0.9: ") and "not watched" in note
 
 
 # Grows to 24 MiB (traced) in 1 MiB steps, frees it, grows again, then waits for the
@@ -177,7 +178,7 @@ def test_traced_limit_writes_one_snapshot_with_its_peak_and_the_program_runs_on(
     script.write_text(GROWER)
     dump = tmp_path / "app.snap"
     result = run(
-        [str(script), f"{dump}.1"],
+        [str(script), numbered_name(dump, 1)],
         cwd=tmp_path,
         ALLOCTRACE_DUMP=str(dump),
         ALLOCTRACE_MEMORY_LIMIT="16MiB",
@@ -185,10 +186,10 @@ def test_traced_limit_writes_one_snapshot_with_its_peak_and_the_program_runs_on(
     assert result.returncode == 0, result.stderr
     assert result.stdout == "running after the snapshot: True\n"
     assert "traced memory reached" in result.stderr
-    assert f"(ALLOCTRACE_MEMORY_LIMIT=16MiB): snapshot written to {dump}.1" in result.stderr
+    assert f"(memory limit 16MiB): snapshot written to {numbered_name(dump, 1)}" in result.stderr
     # Once: the second climb past the limit wrote nothing more; the exit snapshot is apart.
-    assert sorted(os.listdir(tmp_path)) == ["app.snap", "app.snap.1", "grow.py"]
-    snapshot = alloctrace.Snapshot.load(f"{dump}.1")
+    assert sorted(os.listdir(tmp_path)) == ["app.1.snap", "app.snap", "grow.py"]
+    snapshot = alloctrace.Snapshot.load(numbered_name(dump, 1))
     peak = snapshot.peak
     assert peak is not None
     at_line = {
@@ -212,14 +213,14 @@ def test_resident_limit(tmp_path):
     )
     dump = tmp_path / "app.snap"
     result = run(
-        [str(script), f"{dump}.1"],
+        [str(script), numbered_name(dump, 1)],
         cwd=tmp_path,
         ALLOCTRACE_DUMP=str(dump),
         ALLOCTRACE_MEMORY_LIMIT="rss:150MiB,traced:1GiB",
     )
     assert result.returncode == 0, result.stderr
     assert "resident memory (peak RSS) reached" in result.stderr
-    snapshot = alloctrace.Snapshot.load(f"{dump}.1")
+    snapshot = alloctrace.Snapshot.load(numbered_name(dump, 1))
     assert sum(s.size for s in snapshot.statistics("filename")) >= 200 << 20
 
 
@@ -240,11 +241,12 @@ def test_uncaught_memory_error_in_a_thread_writes_the_snapshot(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout == "main goes on\n"
     assert (
-        f"an uncaught MemoryError in thread 'worker': snapshot written to {dump}.1" in result.stderr
+        f"an uncaught MemoryError in thread 'worker': snapshot written to {numbered_name(dump, 1)}"
+        in result.stderr
     )
     # The thread's traceback is still printed by the hook we chained to.
     assert "Traceback" in result.stderr and "MemoryError" in result.stderr
-    assert alloctrace.Snapshot.load(f"{dump}.1").peak is not None
+    assert alloctrace.Snapshot.load(numbered_name(dump, 1)).peak is not None
 
 
 def test_uncaught_memory_error_in_the_main_thread(tmp_path):
@@ -256,9 +258,9 @@ def test_uncaught_memory_error_in_the_main_thread(tmp_path):
         ALLOCTRACE_MEMORY_LIMIT="1GiB",
     )
     assert result.returncode == 1
-    assert f"an uncaught MemoryError: snapshot written to {dump}.1" in result.stderr
+    assert f"an uncaught MemoryError: snapshot written to {numbered_name(dump, 1)}" in result.stderr
     assert "MemoryError: out" in result.stderr
-    assert sorted(os.listdir(tmp_path)) == ["app.snap", "app.snap.1"]
+    assert sorted(os.listdir(tmp_path)) == ["app.1.snap", "app.snap"]
 
 
 @pytest.mark.parametrize(
@@ -287,14 +289,14 @@ def test_run_memory_limit_option(tmp_path):
     script.write_text(GROWER)
     result = run(
         ["-m", "alloctrace", "run", "-q", "--memory-limit", "traced:16MiB", "-o", "r.snap"]
-        + [str(script), str(tmp_path / "r.snap.1")],
+        + [str(script), str(tmp_path / "r.1.snap")],
         cwd=tmp_path,
         # An inherited setting is not passed on: the option's is.
         ALLOCTRACE_MEMORY_LIMIT="1GiB",
     )
     assert result.returncode == 0, result.stderr
-    assert "(ALLOCTRACE_MEMORY_LIMIT=traced:16MiB): snapshot written to" in result.stderr
-    assert alloctrace.Snapshot.load(str(tmp_path / "r.snap.1")).peak is not None
+    assert "(memory limit traced:16MiB): snapshot written to" in result.stderr
+    assert alloctrace.Snapshot.load(str(tmp_path / "r.1.snap")).peak is not None
     assert (tmp_path / "r.snap").exists()
 
 
@@ -397,8 +399,8 @@ def test_a_crossing_just_before_exit_still_writes_its_snapshot(tmp_path):
         ALLOCTRACE_MEMORY_LIMIT="16MiB",
     )
     assert result.returncode == 0, result.stderr
-    assert f"snapshot written to {dump}.1" in result.stderr
-    assert sorted(os.listdir(tmp_path)) == ["app.snap", "app.snap.1"]
+    assert f"snapshot written to {numbered_name(dump, 1)}" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["app.1.snap", "app.snap"]
 
 
 def test_the_shipped_example(tmp_path):
@@ -409,10 +411,8 @@ def test_the_shipped_example(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "served 165750000 bytes, 1200 reports cached\n"
-    assert f"(ALLOCTRACE_MEMORY_LIMIT=32MiB): snapshot written to {tmp_path}/ex.snap.1" in (
-        result.stderr
-    )
-    stats = run(["-m", "alloctrace", "stats", "--peak", "--limit", "1", "ex.snap.1"], cwd=tmp_path)
+    assert f"(memory limit 32MiB): snapshot written to {tmp_path}/ex.1.snap" in (result.stderr)
+    stats = run(["-m", "alloctrace", "stats", "--peak", "--limit", "1", "ex.1.snap"], cwd=tmp_path)
     assert stats.returncode == 0, stats.stderr
     assert "memory_limit.py:16: " in stats.stdout
 

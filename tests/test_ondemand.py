@@ -133,7 +133,7 @@ def test_template_without_n_gets_numbered_files(tmp_path):
         path = _ondemand.request_snapshot(proc.pid, timeout=TIMEOUT)
     finally:
         finish(proc)
-    assert path == str(tmp_path / "app.snap.1")
+    assert path == str(tmp_path / "app.1.snap")
 
 
 def test_signal_ignored_at_start_is_left_alone(tmp_path):

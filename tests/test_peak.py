@@ -9,6 +9,7 @@ import pickle
 import pytest
 
 import alloctrace
+from subproc import numbered_name
 from subproc import run_python as run
 
 BIG, MID, SMALL = 4000, 1500, 100
@@ -308,7 +309,7 @@ import alloctrace
 def numbered(n):
     os.kill(os.getpid(), signal.SIGUSR2)
     deadline = time.monotonic() + 60
-    while not os.path.exists(f"{sys.argv[1]}.{n}") and time.monotonic() < deadline:
+    while not os.path.exists(f"{sys.argv[1][:-5]}.{n}.snap") and time.monotonic() < deadline:
         time.sleep(0.01)
 
 first = [bytearray(3000) for _ in range(1000)]
@@ -347,7 +348,7 @@ def test_numbered_dumps_carry_the_peak_of_their_interval_and_the_exit_dump_the_r
         }
         return {name for name, line in PHASE_LINES.items() if lines.get(line, 0) >= 900_000}
 
-    assert phases_at_peak(f"{dump}.1") == {"first"}
-    assert phases_at_peak(f"{dump}.2") == {"second"}
+    assert phases_at_peak(numbered_name(dump, 1)) == {"first"}
+    assert phases_at_peak(numbered_name(dump, 2)) == {"second"}
     # The exit snapshot: the whole run's peak, the first phase's (3 MB), not the last's.
     assert phases_at_peak(dump) == {"first"}

@@ -377,7 +377,7 @@ def test_interval_dumps(tmp_path, template):
             "import os, time\nx = [bytearray(512) for _ in range(100)]\n"
             "end = time.time() + 30\n"
             "while time.time() < end and len([f for f in os.listdir('.') if f.endswith("
-            "('.1', '.2', '.3', '-1.snap', '-2.snap', '-3.snap'))]) < 3:\n"
+            "('.1.snap', '.2.snap', '.3.snap', '-1.snap', '-2.snap', '-3.snap'))]) < 3:\n"
             "    time.sleep(0.05)",
         ],
         cwd=tmp_path,
@@ -387,9 +387,9 @@ def test_interval_dumps(tmp_path, template):
     assert result.returncode == 0, result.stderr
     files = set(os.listdir(tmp_path))
     if template == "svc.snap":
-        numbered = sorted(f for f in files if f.startswith("svc.snap."))
+        numbered = sorted((f for f in files if f != "svc.snap"), key=lambda f: int(f[4:-5]))
         assert "svc.snap" in files
-        expected = [f"svc.snap.{n}" for n in range(1, len(numbered) + 1)]
+        expected = [f"svc.{n}.snap" for n in range(1, len(numbered) + 1)]
     else:
         numbered = sorted(files, key=lambda f: int(f[4:-5]))
         expected = [f"svc-{n}.snap" for n in range(1, len(numbered) + 1)]

@@ -5,7 +5,6 @@ Each case failed before its fix."""
 
 import os
 import resource
-import signal
 import stat
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import sys
 import pytest
 
 from alloctrace._snapshot import Snapshot
-from subproc import clean_env
+from subproc import clean_env, run_python
 
 pytestmark = pytest.mark.usefixtures("stopped_tracer")
 
@@ -28,23 +27,16 @@ def _limit_memory():
 
 def cli(args, cwd=None, **env):
     """``python -m alloctrace ARGS`` with a time and an address-space limit."""
-    with subprocess.Popen(
-        [sys.executable, "-m", "alloctrace", *map(str, args)],
-        env=clean_env(**env),
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=_limit_memory,
-    ) as proc:
-        try:
-            out, err = proc.communicate(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            pytest.fail(f"alloctrace {' '.join(map(str, args))} ran for {TIMEOUT}s")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    try:
+        return run_python(
+            ["-m", "alloctrace", *map(str, args)],
+            cwd,
+            timeout=TIMEOUT,
+            preexec_fn=_limit_memory,
+            **env,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"alloctrace {' '.join(map(str, args))} ran for {TIMEOUT}s")
 
 
 def snapshot_naming(tmp_path, *filenames, name="crafted.snap"):

@@ -206,7 +206,8 @@ def resolve(
 ) -> tuple[int | None, int | None, str | None]:
     """``(traced, rss, note)``: the byte limits to watch, and, when ``cgroup:FRACTION`` could
     not be applied, the line to show on stderr, naming *setting* (where the limit came from;
-    by default ``ALLOCTRACE_MEMORY_LIMIT=...``)."""
+    by default ``memory limit cgroup:...``, as the variable and ``run --memory-limit`` give
+    it)."""
     if limit.cgroup_fraction is None:
         return limit.traced, limit.rss, None
     cgroup, where = cgroup_memory_limit(root)
@@ -214,7 +215,7 @@ def resolve(
         return (
             limit.traced,
             None,
-            f"{setting or f'{ENV_MEMORY_LIMIT}=cgroup:{limit.cgroup_fraction:g}'}: {where}; "
+            f"{setting or f'memory limit cgroup:{limit.cgroup_fraction:g}'}: {where}; "
             "resident memory is not watched",
         )
     return limit.traced, max(1, int(cgroup * limit.cgroup_fraction)), None

@@ -116,8 +116,11 @@ def _pattern(template: str, pid: int) -> str:
             has_n = has_n or field == "n"
             parts.append("*")
     pattern = "".join(parts)
-    # A template without {n} gets ".N" appended to its numbered snapshots.
-    return pattern if has_n else pattern + ".*"
+    if has_n:
+        return pattern
+    # A template without {n} gets ".N" before its extension in its numbered snapshots.
+    root, extension = os.path.splitext(pattern)
+    return f"{root}.*{extension}"
 
 
 def _mtimes(pattern: str) -> dict[str, int]:

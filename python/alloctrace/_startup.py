@@ -463,7 +463,8 @@ def expand_path(
 
     ``{pid}`` is the process id, ``{time}`` the local time of the dump as ``YYYYmmdd-HHMMSS``
     and ``{n}`` the number of a periodic snapshot. A numbered snapshot whose template has no
-    ``{n}`` gets ``.N`` appended instead, so that it never overwrites the exit snapshot. The
+    ``{n}`` gets ``.N`` before the file name's extension instead (``app.snap`` -> ``app.1.snap``,
+    so that ``*.snap`` patterns find it), and never overwrites the exit snapshot. The
     exit snapshot is written with *n* ``None``; if the template has ``{n}`` the caller passes the
     next number, so the exit snapshot continues the sequence.
     """
@@ -471,7 +472,8 @@ def expand_path(
         timestamp = time.time()
     path = template.format(pid=pid, time=format_time(timestamp), n=n if n is not None else 0)
     if n is not None and not _has_n(template):
-        path = f"{path}.{n}"
+        root, extension = os.path.splitext(path)
+        path = f"{root}.{n}{extension}"
     return path
 
 
@@ -1197,7 +1199,8 @@ def install() -> None:
             if memory_limit is not None:
                 from alloctrace._memory_limit import LimitDump
 
-                setting = f"{ENV_MEMORY_LIMIT}={memory_limit.text}"
+                # Not the variable's name: under `alloctrace run` the user gave --memory-limit.
+                setting = f"memory limit {memory_limit.text}"
                 LimitDump(dumper.dump_numbered, memory_limit, setting).install()
         finally:
             alloctrace.enable()

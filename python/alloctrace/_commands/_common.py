@@ -73,6 +73,55 @@ def positive_int(text: str) -> int:
     return value
 
 
+def nframe(text: str) -> int:
+    """``-n/--nframe``: frames kept per traceback, 1 to ``MAX_NFRAME``, as ``ALLOCTRACE``."""
+    from .._startup import MAX_NFRAME
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if not 1 <= value <= MAX_NFRAME:
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_NFRAME}, not {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A duration: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, not {text!r}")
+    return value
+
+
+def add_nframe_option(parser: argparse.ArgumentParser) -> None:
+    """``-n/--nframe``, as run and attach take it."""
+    parser.add_argument(
+        "-n",
+        "--nframe",
+        type=nframe,
+        default=1,
+        metavar="NFRAME",
+        help="frames kept per traceback (default: 1; 1 to 65535)",
+    )
+
+
+def add_process_arguments(parser: argparse.ArgumentParser, waits_for: str) -> None:
+    """The process id and ``--timeout``, as the commands that ask a running process take them;
+    *waits_for* says what the timeout waits for."""
+    parser.add_argument("pid", type=int, help="the process id")
+    parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help=f"how long to wait for {waits_for} (default: 30)",
+    )
+
+
 # --------------------------------------------------------------------------- progress
 
 

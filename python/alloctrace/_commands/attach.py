@@ -22,15 +22,8 @@ def register(commands) -> None:
         "sys.path. The process keeps running; tracing starts in its main thread at its next "
         "point between two bytecodes.",
     )
-    attach.add_argument("pid", type=int, help="the process id")
-    attach.add_argument(
-        "-n",
-        "--nframe",
-        type=common.positive_int,
-        default=1,
-        metavar="NFRAME",
-        help="frames kept per traceback (default: 1; 1 to 65535)",
-    )
+    common.add_process_arguments(attach, "the process to reach a point where Python code runs")
+    common.add_nframe_option(attach)
     attach.add_argument(
         "--sample-interval",
         metavar="BYTES",
@@ -58,17 +51,9 @@ def register(commands) -> None:
     )
     attach.add_argument(
         "--duration",
-        type=float,
+        type=common.seconds,
         metavar="SECONDS",
         help="write one snapshot to FILE after SECONDS, then stop tracing and print its path",
-    )
-    attach.add_argument(
-        "--timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="how long to wait for the process to reach a point where Python code runs "
-        "(default: 30)",
     )
     attach.set_defaults(handler=execute_attach)
 
@@ -78,43 +63,19 @@ def register(commands) -> None:
         description="Stop the tracing 'alloctrace attach' started, hand the allocators back "
         "and remove the snapshot signal's handler. The process keeps running.",
     )
-    detach.add_argument("pid", type=int, help="the process id")
-    detach.add_argument(
-        "--timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="how long to wait for the process (default: 30)",
-    )
+    common.add_process_arguments(detach, "the process")
     detach.set_defaults(handler=execute_detach)
-
-
-def _check_timeout(args: argparse.Namespace) -> None:
-    if not args.timeout > 0:
-        raise common.CommandError(
-            f"--timeout must be more than 0, not {args.timeout:g}", common.USAGE_ERROR
-        )
 
 
 def execute_attach(args: argparse.Namespace) -> int:
     from .. import _attach
 
-    _check_timeout(args)
-    if not 1 <= args.nframe <= _startup.MAX_NFRAME:
-        raise common.CommandError(
-            f"argument -n/--nframe: expected 1 to {_startup.MAX_NFRAME}, not {args.nframe}",
-            common.USAGE_ERROR,
-        )
     options: dict = {"nframe": args.nframe, "native": bool(args.native)}
     try:
         if args.sample_interval is not None:
             interval = _startup.parse_sample_interval(args.sample_interval, "--sample-interval")
             options["sample_interval"] = interval or None
         if args.duration is not None:
-            if not 0 < args.duration < float("inf"):
-                raise _startup.ConfigError(
-                    f"--duration must be a number of seconds above 0, not {args.duration:g}"
-                )
             output = args.output or "alloctrace-{pid}.snap"
             _startup.check_path_template(output, "-o/--output")
             options["duration"] = args.duration
@@ -154,7 +115,6 @@ def execute_attach(args: argparse.Namespace) -> int:
 def execute_detach(args: argparse.Namespace) -> int:
     from .. import _attach
 
-    _check_timeout(args)
     try:
         _attach.request(args.pid, "stop", {}, args.timeout)
     except _attach.AttachError as exc:

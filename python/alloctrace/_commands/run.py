@@ -101,14 +101,7 @@ def _run_parser() -> common.Parser:
         "[--capture DIR | --no-capture | -o FILE] [-q] "
         "(script.py | -m module | -c command) [args ...]",
     )
-    parser.add_argument(
-        "-n",
-        "--nframe",
-        type=common.positive_int,
-        default=1,
-        metavar="NFRAME",
-        help="frames kept per traceback (default: 1; 1 to 65535)",
-    )
+    common.add_nframe_option(parser)
     parser.add_argument(
         "-o",
         "--output",
@@ -192,11 +185,6 @@ def main(argv: Sequence[str]) -> int:
     if not program or program in (["-m"], ["-c"]):
         raise CommandError(
             "nothing to run: give a script, -m MODULE or -c COMMAND (see 'alloctrace run --help')",
-            common.USAGE_ERROR,
-        )
-    if not 1 <= args.nframe <= _startup.MAX_NFRAME:
-        raise CommandError(
-            f"argument -n/--nframe: expected 1 to {_startup.MAX_NFRAME}, not {args.nframe}",
             common.USAGE_ERROR,
         )
     if program[0] == "-m":

@@ -20,24 +20,13 @@ def register(commands) -> None:
         "traced by 'alloctrace attach'; it writes the snapshot between two lines of its Python "
         "code and goes on running.",
     )
-    snapshot.add_argument("pid", type=int, help="the process id")
-    snapshot.add_argument(
-        "--timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="how long to wait for the file (default: 30)",
-    )
+    common.add_process_arguments(snapshot, "the file")
     snapshot.set_defaults(handler=execute)
 
 
 def execute(args: argparse.Namespace) -> int:
     from .. import _ondemand
 
-    if not args.timeout > 0:
-        raise common.CommandError(
-            f"--timeout must be more than 0, not {args.timeout:g}", common.USAGE_ERROR
-        )
     try:
         path = _ondemand.request_snapshot(args.pid, timeout=args.timeout)
     except _ondemand.RequestError as exc:
