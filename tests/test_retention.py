@@ -16,6 +16,7 @@ import weakref
 import pytest
 
 import alloctrace
+from subproc import run_python
 
 TIMEOUT = 120
 
@@ -644,3 +645,20 @@ def test_site_report_counts_every_code_object_of_the_line(stopped_tracer, tmp_pa
     assert report.size >= 9000 * 300
     del kept
     sys.modules.pop("holders", None)
+
+
+def test_retention_in_a_program_without_threads_imports_nothing():
+    # take_snapshot(retention=) imported threading (about 320 KiB of code on 3.11, charged to
+    # the asking line) in programs that never had it; the paths are found all the same.
+    code = textwrap.dedent(
+        """\
+        import sys, alloctrace
+        alloctrace.start()
+        keep = [bytearray(100) for _ in range(100)]
+        s = alloctrace.take_snapshot(objects=True, retention=2)
+        report = s.referrer_paths(s.statistics("lineno")[0].traceback)
+        print("threading" in sys.modules, "__main__.keep" in str(report))
+        """
+    )
+    done = run_python(["-c", code])
+    assert (done.returncode, done.stdout, done.stderr) == (0, "False True\n", "")
