@@ -2,6 +2,7 @@
 hint names the option that works, --json everywhere, the --version and --help texts, filters
 that match nothing, swapped diffs, programs that never start, and start-up lines."""
 
+import argparse
 import inspect
 import json
 import os
@@ -243,3 +244,20 @@ def test_exit_dump_machinery_is_not_in_the_program_snapshot(tmp_path):
         if stat.traceback[0].filename == startup and stat.traceback[0].lineno in setup
     ]
     assert ours == []
+
+
+def test_why_shortens_file_names_as_stats_does():
+    # why printed site-packages and standard-library paths in full, where stats shortens them.
+    from alloctrace._commands import why
+
+    site = "/venv/lib/python3.11/site-packages/pkg/cache.py"
+    text = f"{site}:3: 5 live objects\n  5 held by 1 × dict ({site}:9), 1 × list (/opt/x y.py:2)"
+
+    class Report:
+        def __str__(self):
+            return text
+
+    short = why._text([Report()], argparse.Namespace(full_paths=False))
+    expected = "pkg/cache.py:3: 5 live objects\n  5 held by 1 × dict (pkg/cache.py:9)"
+    assert short == expected + ", 1 × list (/opt/x y.py:2)"
+    assert why._text([Report()], argparse.Namespace(full_paths=True)) == text

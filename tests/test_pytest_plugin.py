@@ -96,7 +96,8 @@ def test_limit_memory_outcomes(limits, run):
     result.assert_outcomes(passed=2, failed=2)
     out = result.stdout.str()
     # The limit, the peak (3,000 blocks of ~1 KiB), the line holding them at the peak.
-    big = f"test_limit_memory.py:{lineno(source(LIMITS), 'the big line')}: size="
+    # Named as stats names files: relative to the directory pytest runs in.
+    big = f"\n  test_limit_memory.py:{lineno(source(LIMITS), 'the big line')}: size="
     assert "limit_memory: the test was limited to 1.0 MiB but its body allocated 3." in out
     assert "top lines at the peak (" in out
     over = out[out.index("limited to 1.0 MiB") : out.index("limited to 1.9 MiB")]
@@ -203,7 +204,7 @@ def test_limit_leaks(pytester, run):
     assert "limit_leaks: 1 allocation site leaked more than 100.0 KiB per run" in out
     assert "(3 runs counted after 1 warm-up run)" in out
     leak_line = lineno(source(LEAKS), "leak line")
-    assert f"test_leaky.py:{leak_line}: " in out
+    assert f"\n  test_leaky.py:{leak_line}: " in out
     # The object kinds at the leaking line (the bytes values, the str keys, the dicts' key
     # tables), and who holds them.
     kinds = next(line for line in result.stdout.lines if "kinds: " in line)

@@ -164,7 +164,7 @@ def test_exports_of_sampled_snapshot(sampled_run):
     exact = 50_000 * 1033
     assert program and abs(sum(program) - exact) <= 0.15 * exact
     assert cli("flamegraph", "out.alct", "-o", "out.svg", cwd=tmp).returncode == 0
-    assert "estimated, sampled every 65536 bytes" in (tmp / "out.svg").read_text()
+    assert "estimated, sampled every 64 KiB" in (tmp / "out.svg").read_text()
     exported = cli("export", "out.alct", "--format", "pprof", "-o", "out.pb.gz", cwd=tmp)
     assert exported.returncode == 0, exported.stderr
 

@@ -30,7 +30,7 @@ from typing import Any, Optional
 import pytest
 
 from alloctrace import _native, _retention, _startup
-from alloctrace._report import format_size
+from alloctrace._report import PathShortener, format_size
 from alloctrace._snapshot import BaseFilter, Filter
 
 BASELINE_FORMAT = "alloctrace-pytest-baseline"
@@ -508,8 +508,12 @@ class SessionPlugin:
             f"top lines at the peak ({format_size(sum(s.size for s in stats))} in all, "
             "less what pytest and alloctrace held):"
         )
+        shorten = PathShortener(frame.filename for s in stats[:count] for frame in s.traceback)
         for stat in stats[:count]:
-            lines.append(f"  {stat}")
+            # str(stat) as tracemalloc writes it, its location shortened as stats shortens it.
+            frame = stat.traceback[0]
+            rest = str(stat)[len(str(stat.traceback)) :]
+            lines.append(f"  {shorten(frame.filename)}:{frame.lineno}{rest}")
             if self.verbosity >= 2:
                 lines.extend(f"    {line}" for line in stat.traceback.format())
         if len(stats) > count:
@@ -633,9 +637,10 @@ def _leak_report(spec: LeakSpec, verbosity: int) -> Optional[str]:
         f"{spec.warmup} warm-up run{'s' if spec.warmup != 1 else ''}):"
     ]
     shown = stats if verbosity >= 1 else stats[:10]
+    shorten = PathShortener(site[0] for site in sites[: len(shown)])
     for stat, site in zip(shown, sites):
         lines.append(
-            f"  {site[0]}:{site[1]}: {format_size(stat.size / spec.runs)} per run "
+            f"  {shorten(site[0])}:{site[1]}: {format_size(stat.size / spec.runs)} per run "
             f"({format_size(stat.size)} in {stat.count:,} blocks still alive)"
         )
         site_kinds = sorted(kinds.get(site, []), key=lambda s: -s.size)

@@ -702,14 +702,13 @@ pub fn flamegraph(
         Some(_) => "Memory growth by stack".into(),
     });
     let estimated = match snapshot.sample_interval {
-        Some(interval) => format!(" (estimated, sampled every {interval} bytes)"),
+        Some(interval) => format!(" (estimated, sampled every {})", human_interval(interval)),
         None => String::new(),
     };
+    let live = format!("{} live ({total} bytes){estimated}", human_size(total));
     options.subtitle = Some(match base {
-        None => format!("{total} bytes live{estimated}; widths are bytes"),
-        Some(_) => {
-            format!("{total} bytes live{estimated}; widths are new bytes, red grew, blue shrank")
-        }
+        None => format!("{live}; widths are bytes"),
+        Some(_) => format!("{live}; widths are new bytes, red grew, blue shrank"),
     });
     options.count_name = "bytes".into();
     options.name_type = "Frame:".into();
@@ -728,10 +727,62 @@ pub fn flamegraph(
     Ok(svg)
 }
 
+/// A byte count for people, as the command line prints them (`_report.format_size`): `512 B`,
+/// `35.9 MiB`. Exact counts are for machines; a subtitle is read.
+fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// A sampling interval as the command line prints it (`_report.format_interval`): `512 KiB`
+/// when it is a whole number of a unit, else as [`human_size`].
+fn human_interval(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    for (power, unit) in UNITS.iter().enumerate().rev() {
+        let scale = 1u64 << (10 * (power + 1));
+        if bytes >= scale && bytes % scale == 0 {
+            return format!("{} {unit}", bytes / scale);
+        }
+    }
+    human_size(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::analysis::sampling::Weights;
+
+    #[test]
+    fn human_sizes_match_the_command_lines() {
+        for (bytes, shown) in [
+            (0, "0 B"),
+            (1023, "1023 B"),
+            (1024, "1.0 KiB"),
+            (37_601_276, "35.9 MiB"),
+            (524_288, "512.0 KiB"),
+            (u64::MAX, "16384.0 PiB"),
+        ] {
+            assert_eq!(human_size(bytes), shown, "{bytes}");
+        }
+        for (bytes, shown) in [
+            (1000, "1000 B"),
+            (4096, "4 KiB"),
+            (524_288, "512 KiB"),
+            (3 << 20, "3 MiB"),
+            (1536, "1.5 KiB"),
+        ] {
+            assert_eq!(human_interval(bytes), shown, "{bytes}");
+        }
+    }
     use crate::analysis::snapshot::SnapshotBuilder;
 
     /// main (app.py:10) -> load (app.py:3) -> two allocation sites, plus a second domain and
@@ -894,7 +945,7 @@ mod tests {
             .iter()
             .any(|&c| p.string_table[c as usize].contains("estimates")));
         let svg = String::from_utf8(flamegraph(&s, None, None).unwrap()).unwrap();
-        assert!(svg.contains("estimated, sampled every 4096 bytes"));
+        assert!(svg.contains("estimated, sampled every 4 KiB"));
     }
 
     #[test]

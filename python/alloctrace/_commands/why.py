@@ -4,8 +4,9 @@ snapshot captured (``take_snapshot(retention=N)`` or ``ALLOCTRACE_OBJECTS=1`` du
 from __future__ import annotations
 
 import argparse
-import os
+import re
 
+from .. import _report
 from . import _common as common
 
 #: As for stats and diff: changes only if a field changes meaning or disappears.
@@ -39,7 +40,7 @@ def register(commands) -> None:
     why.add_argument(
         "--full-paths",
         action="store_true",
-        help="show file names in full (default: relative to the current directory)",
+        help="show file names in full (default: shortened as stats shortens them)",
     )
     common.add_pickle_option(why)
     why.set_defaults(handler=execute)
@@ -111,12 +112,18 @@ def _execute_many(args: argparse.Namespace) -> int:
     return 0
 
 
+#: A location in a report's text: an absolute file name and a line number.
+_LOCATION = re.compile(r"(/[^\s():]+):(\d+)")
+
+
 def _text(sites, args: argparse.Namespace) -> str:
     text = "\n\n".join(str(site) for site in sites)
-    if not args.full_paths:
-        # As stats and diff do: files under the current directory, relative to it.
-        text = text.replace(os.getcwd().rstrip("/") + "/", "")
-    return text
+    if args.full_paths:
+        return text
+    # As stats and diff shorten them: relative to the current directory, site-packages or the
+    # standard library, unless two files would then read the same.
+    shorten = _report.PathShortener({m.group(1) for m in _LOCATION.finditer(text)})
+    return _LOCATION.sub(lambda m: f"{shorten(m.group(1))}:{m.group(2)}", text)
 
 
 def _sites(path: str, snapshot, args: argparse.Namespace) -> list:
