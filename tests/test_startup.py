@@ -438,3 +438,33 @@ def test_forked_child_restarts_interval_dumps(tmp_path):
         assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 3, files
         last = alloctrace.Snapshot.load(str(tmp_path / f"f-{pid}-{numbers[-1]}.snap"))
         assert last.metadata["pid"] == int(pid)
+
+
+def test_the_dumpers_own_memory_is_not_the_programs(tmp_path):
+    # With object kinds, each numbered snapshot keeps the previous one to report growth: its
+    # objects showed up as alloctrace/_snapshot.py lines among the program's (issue 60).
+    result = run(
+        [
+            "-c",
+            "import os, time\n"
+            "data = [str(i) for i in range(50_000)]\n"
+            "end = time.time() + 30\n"
+            "while time.time() < end and not os.path.exists('s-4.snap'):\n"
+            "    time.sleep(0.05)",
+        ],
+        cwd=tmp_path,
+        ALLOCTRACE="1",
+        ALLOCTRACE_OBJECTS="1",
+        ALLOCTRACE_INTERVAL="0.2",
+        ALLOCTRACE_DUMP="s-{n}.snap",
+    )
+    assert result.returncode == 0, result.stderr
+    package = os.path.dirname(alloctrace.__file__)
+    names = sorted(os.listdir(tmp_path))
+    assert len(names) >= 5, names
+    for name in names:
+        snapshot = alloctrace.Snapshot.load(str(tmp_path / name))
+        for which in (snapshot, snapshot.peak):
+            files = {s.traceback[0].filename for s in which.statistics("lineno")}
+            assert "<string>" in files, name
+            assert not [f for f in files if f.startswith(package + os.sep)], name

@@ -595,6 +595,17 @@ def _warn(message: str) -> None:
         pass
 
 
+def _own_code_filter(alloctrace) -> list:
+    """Leaves out of the snapshots the dumper writes the blocks that alloctrace's own Python
+    code allocated (the previous snapshot kept to report growth, the statistics of its
+    retention reports, a limit's message...): they are the tool's memory, not the program's,
+    and a user reading ``alloctrace/_snapshot.py:773`` among their lines can do nothing about
+    it. A block counts as ours when its most recent frame is in the alloctrace package, as
+    ``Filter(False, tracemalloc.__file__)`` leaves out tracemalloc's."""
+    package = os.path.dirname(os.path.abspath(alloctrace.__file__))
+    return [alloctrace.Filter(False, os.path.join(package, "*"))]
+
+
 class Dumper:
     """Writes the exit snapshot (once) and the periodic ones, for one process.
 
@@ -912,7 +923,8 @@ class Dumper:
             # The peak is taken first, and reset at once after it: the snapshot's own work
             # must not move it, nor fall between two intervals.
             peak_total = alloctrace.get_traced_memory()[1]
-            peak = alloctrace.take_snapshot(peak=True)
+            own = _own_code_filter(alloctrace)
+            peak = alloctrace.take_snapshot(peak=True).filter_traces(own)
             if numbered:
                 alloctrace.reset_peak()
                 if self._run_peak is None or peak_total > self._run_peak[0]:
@@ -920,7 +932,7 @@ class Dumper:
             elif self._run_peak is not None and self._run_peak[0] > peak_total:
                 peak = self._run_peak[1]
             if not self.objects:
-                alloctrace.take_snapshot()._with_peak(peak).dump(path)
+                alloctrace.take_snapshot().filter_traces(own)._with_peak(peak).dump(path)
             else:
                 from alloctrace._retention import without_user_code
 
@@ -929,7 +941,7 @@ class Dumper:
                 with without_user_code():
                     snapshot = alloctrace.take_snapshot(
                         objects=True, retention=self.retention, baseline=self._previous
-                    )
+                    ).filter_traces(own)
                 snapshot._with_peak(peak).dump(path)
                 self._previous = snapshot
             if self._recorder is not None:
