@@ -362,3 +362,28 @@ def test_fork_while_redirected(tmp_path):
     result = run_python(["-c", script])
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[0, 0, 0, 0, 0]"
+
+
+def test_track_with_the_gil_released_names_the_calling_line(stopped_tracer, ext_before):
+    # An extension that tracks a block in a section without the GIL, from the main thread and
+    # from another: PyTraceMalloc_Track takes the GIL itself, as CPython's does, and the block
+    # is on the Python line that called the extension, the caller's frame above it.
+    alloctrace.start(5)
+
+    def call(ptr):
+        ext_before.track_released(DOMAIN, ptr, 4321)
+        return here() - 1
+
+    try:
+        in_main = call(0x1000)
+        called_main = here() - 1
+        worker = threading.Thread(target=call, args=(0x2000,))
+        worker.start()
+        worker.join()
+        stacks = sorted(t[2][:2] for t in traces_in(DOMAIN))
+        assert len(stacks) == 2 and {stack[0] for stack in stacks} == {(__file__, in_main)}
+        # The main thread's caller; the worker's is threading's run().
+        assert (__file__, called_main) in {stack[1] for stack in stacks}
+    finally:
+        for ptr in (0x1000, 0x2000):
+            ext_before.untrack(DOMAIN, ptr)

@@ -68,6 +68,22 @@ static PyObject *release(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* Tracks (domain, ptr, size) from this thread with the GIL released, as an extension's
+   allocator does in a section without the GIL. */
+static PyObject *track_released(PyObject *self, PyObject *args)
+{
+    unsigned int domain;
+    unsigned long long ptr;
+    Py_ssize_t size;
+    int result;
+    if (!PyArg_ParseTuple(args, "IKn", &domain, &ptr, &size))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    result = PyTraceMalloc_Track(domain, (uintptr_t)ptr, (size_t)size);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(result);
+}
+
 /* Without the GIL: n rounds of malloc, Track, Untrack, free (Track takes the GIL itself). */
 static PyObject *hammer(PyObject *self, PyObject *args)
 {
@@ -92,6 +108,7 @@ static PyMethodDef methods[] = {
     {"alloc", alloc, METH_VARARGS, NULL},
     {"release", release, METH_VARARGS, NULL},
     {"hammer", hammer, METH_VARARGS, NULL},
+    {"track_released", track_released, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
