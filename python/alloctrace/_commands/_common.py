@@ -63,11 +63,15 @@ def unrecognized(extras: list[str], parser: argparse.ArgumentParser, command: st
     return f"unrecognized arguments: {' '.join(words)} (see '{target.prog} --help')"
 
 
-def positive_int(text: str) -> int:
+def _whole_number(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    value = _whole_number(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected 0 or more, not {value}")
     return value
@@ -77,10 +81,7 @@ def nframe(text: str) -> int:
     """``-n/--nframe``: frames kept per traceback, 1 to ``MAX_NFRAME``, as ``ALLOCTRACE``."""
     from .._startup import MAX_NFRAME
 
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    value = _whole_number(text)
     if not 1 <= value <= MAX_NFRAME:
         raise argparse.ArgumentTypeError(f"expected 1 to {MAX_NFRAME}, not {value}")
     return value
