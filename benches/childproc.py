@@ -32,7 +32,11 @@ class ChildFailed(RuntimeError):
 
 def child_env() -> dict[str, str]:
     """Return the environment for a child: ours, minus anything that turns tracing on."""
-    env = {k: v for k, v in os.environ.items() if k not in _TRACING_ENV}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _TRACING_ENV and not k.startswith("ALLOCTRACE")
+    }
     env["PYTHONHASHSEED"] = "0"
     return env
 
@@ -79,6 +83,24 @@ def rotated(items: Sequence[Any], round_index: int) -> list[Any]:
 def median(values: Sequence[float]) -> float:
     """Median of a non-empty sequence (the suite's estimator: robust to a noisy neighbour)."""
     return statistics.median(values)
+
+
+def ratio_table(
+    times: dict[str, list[float]], base: str, width: int = 18, rounds: bool = False
+) -> list[str]:
+    """The lines of a table of each mode's median wall time and its ratio to *base*'s median
+    (modes in *times*' order); with *rounds*, each round's time too."""
+    reference = median(times[base])
+    lines = [
+        f"{'mode':<{width}} {'median s':>9} {'vs ' + base:>14}" + ("  rounds" if rounds else "")
+    ]
+    for mode, values in times.items():
+        middle = median(values)
+        line = f"{mode:<{width}} {middle:>9.3f} {middle / reference:>13.3f}x"
+        if rounds:
+            line += "  " + " ".join(f"{v:.2f}" for v in values)
+        lines.append(line)
+    return lines
 
 
 def geomean(values: Sequence[float]) -> float:

@@ -13,14 +13,14 @@ the traced runs include writing every process's snapshot and, for ``run``, its s
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import childproc
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "pool_leak.py"
@@ -35,8 +35,7 @@ def main(argv: list[str]) -> int:
     opts = parser.parse_args(argv)
     rounds = opts.rounds or (3 if opts.quick else 10)
     tasks = str(opts.tasks or (3000 if opts.quick else 20000))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
-    env.pop("PYTHONTRACEMALLOC", None)
+    env = childproc.child_env()
     program = [str(EXAMPLE), opts.method, tasks]
     modes = {
         "untraced": [sys.executable, *program],
@@ -60,15 +59,11 @@ def main(argv: list[str]) -> int:
                 times[mode].append(time.perf_counter() - start)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-    base = statistics.median(times["untraced"])
     print(
         f"examples/pool_leak.py {opts.method} {tasks} tasks, 4 workers, {rounds} rounds, "
         f"Python {sys.version.split()[0]}"
     )
-    print(f"{'mode':<18} {'median s':>9} {'ratio':>6}")
-    for mode, values in times.items():
-        median = statistics.median(values)
-        print(f"{mode:<18} {median:>9.3f} {median / base:>5.2f}x")
+    print("\n".join(childproc.ratio_table(times, "untraced")))
     return 0
 
 

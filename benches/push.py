@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+import childproc  # noqa: E402 (benches/, beside this file)
 
 WORKLOAD = textwrap.dedent(
     """
@@ -53,7 +54,7 @@ WORKLOAD = textwrap.dedent(
 
 
 def run(script: str, iterations: int, env: dict) -> dict:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCTRACE")}
+    full = childproc.child_env()
     full.update(env)
     done = subprocess.run(
         [sys.executable, script, str(iterations)],
@@ -101,18 +102,13 @@ def main() -> int:
                 if result["push"]:
                     statuses.append(result["push"])
         pushes = len(receiver.pushes())
-    base = statistics.median(times["untraced"])
     print(
         f"{sys.implementation.name} {sys.version.split()[0]}, {rounds} round(s), "
         f"{iterations} iterations"
     )
-    print(f"{'mode':<30} {'median s':>9} {'vs untraced':>12}  rounds")
-    for name, values in times.items():
-        median = statistics.median(values)
-        shown = " ".join(f"{v:.2f}" for v in values)
-        print(f"{name:<30} {median:>9.2f} {median / base:>11.3f}x  {shown}")
-    sampled = statistics.median(times["sampled 512KiB"])
-    pushing = statistics.median(times[list(modes)[-1]])
+    print("\n".join(childproc.ratio_table(times, "untraced", width=30, rounds=True)))
+    sampled = childproc.median(times["sampled 512KiB"])
+    pushing = childproc.median(times[list(modes)[-1]])
     print(f"pushing vs sampled alone: {pushing / sampled:.3f}x")
     if statuses:
         worst = max(s["snapshot_seconds_max"] for s in statuses)
