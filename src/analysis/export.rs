@@ -819,6 +819,19 @@ mod tests {
         b.finish()
     }
 
+    /// One trace of `sized` bytes at a.py:1 without function names, one of `frameless` bytes
+    /// with an empty stack.
+    fn one_frame_and_no_frames(sized: u64, frameless: u64) -> Snapshot {
+        let mut b = SnapshotBuilder::new(1);
+        let a = b.filename(b"a.py");
+        let f = b.frame(a, 1);
+        let t = b.traceback(&[f], None);
+        let empty = b.traceback(&[], None);
+        b.trace(0, sized, t);
+        b.trace(0, frameless, empty);
+        b.finish()
+    }
+
     #[test]
     fn collapsed_lines() {
         let expected = "\
@@ -827,14 +840,10 @@ mod tests {
 ";
         assert_eq!(collapsed(&sample()).unwrap(), expected);
         // No functions recorded: file:line only.
-        let mut b = SnapshotBuilder::new(1);
-        let a = b.filename(b"a.py");
-        let f = b.frame(a, 1);
-        let t = b.traceback(&[f], None);
-        let empty = b.traceback(&[], None);
-        b.trace(0, 5, t);
-        b.trace(0, 0, empty);
-        assert_eq!(collapsed(&b.finish()).unwrap(), "[no frames] 0\na.py:1 5\n");
+        assert_eq!(
+            collapsed(&one_frame_and_no_frames(5, 0)).unwrap(),
+            "[no frames] 0\na.py:1 5\n"
+        );
         assert_eq!(collapsed(&SnapshotBuilder::new(1).finish()).unwrap(), "");
         // One line running in two functions (a comprehension on its parent's line).
         let mut b = SnapshotBuilder::new(2);
@@ -903,14 +912,7 @@ mod tests {
         assert_eq!(got, [("all", 188), ("app.py:10", 188), ("app.py:3", 150)]);
         // A budget of 0 still draws the root; stacks without frames are one node.
         assert_eq!(flame(&s, 0).unwrap().nodes.len(), 1);
-        let mut b = SnapshotBuilder::new(1);
-        let a = b.filename(b"a.py");
-        let f = b.frame(a, 1);
-        let t = b.traceback(&[f], None);
-        let empty = b.traceback(&[], None);
-        b.trace(0, 5, t);
-        b.trace(0, 7, empty);
-        let e = b.finish();
+        let e = one_frame_and_no_frames(5, 7);
         let names = flame_names(&e, &flame(&e, 10).unwrap());
         let got: Vec<(&str, u64, u32)> = names.iter().map(|(n, b, d)| (&n[..], *b, *d)).collect();
         assert_eq!(got, [("all", 12, 0), (EMPTY_STACK, 7, 1), ("a.py:1", 5, 1)]);
