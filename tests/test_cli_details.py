@@ -261,3 +261,42 @@ def test_why_shortens_file_names_as_stats_does():
     expected = "pkg/cache.py:3: 5 live objects\n  5 held by 1 × dict (pkg/cache.py:9)"
     assert short == expected + ", 1 × list (/opt/x y.py:2)"
     assert why._text([Report()], argparse.Namespace(full_paths=True)) == text
+
+
+def test_a_process_series_in_a_directory_counts_once(tmp_path):
+    # A directory of one process's numbered snapshots and its exit snapshot (app.1.snap,
+    # app.2.snap, app.snap) next to another process's: stats summed every file, counting the
+    # first process's memory once per snapshot.
+    program = (
+        "import os, sys, time\n"
+        "keep = [bytearray(1000) for _ in range(2000)]\n"
+        "end = time.time() + 30\n"
+        "while len(sys.argv) > 1 and time.time() < end and not os.path.exists('app.2.snap'):\n"
+        "    time.sleep(0.02)\n"
+    )
+    (tmp_path / "prog.py").write_text(program)
+    for dump, extra in (("app.snap", ["series"]), ("other.snap", [])):
+        done = python(
+            "prog.py",
+            *extra,
+            cwd=tmp_path,
+            ALLOCTRACE="1",
+            ALLOCTRACE_DUMP=dump,
+            ALLOCTRACE_INTERVAL="0.1",
+        )
+        assert done.returncode == 0, done.stderr
+    names = sorted(os.listdir(tmp_path))
+    assert {"app.snap", "app.1.snap", "app.2.snap", "other.snap"} <= set(names), names
+    totals = {}
+    for name in ("app.snap", "other.snap"):
+        snapshot = alloctrace.Snapshot.load(str(tmp_path / name))
+        totals[name] = sum(s.size for s in snapshot.statistics("lineno"))
+    (tmp_path / "prog.py").unlink()
+    done = cli("stats", ".", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["total"]["size"] == totals["app.snap"] + totals["other.snap"]
+    assert sorted(p["path"] for p in document["processes"]) == ["./app.snap", "./other.snap"]
+    shown = cli("stats", ".", cwd=tmp_path)
+    assert shown.stdout.startswith("Top 10 lines summed over 2 processes"), shown.stdout
+    assert "pid " in shown.stderr and "./app.snap is used, the latest of its" in shown.stderr

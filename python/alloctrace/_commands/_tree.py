@@ -121,18 +121,49 @@ def load(paths: Sequence[str], args: argparse.Namespace, peak: bool = False):
     """``(sources, snapshots, notes)`` for *paths*, unfiltered; with *peak*, the peaks."""
     sources, notes = resolve(paths)
     snapshots = []
+    identities = []
     for source in sources:
         snapshot = common.load(source.path, getattr(args, "allow_pickle", False))
+        metadata = snapshot._data.metadata
+        identities.append((metadata.get("pid"), metadata.get("timestamp") or 0.0))
         if peak:
             snapshot = common.peak_of(source.path, snapshot)
         if hasattr(args, "key"):
             common.check_objects(source.path, snapshot, args)
         snapshots.append(snapshot)
+    keep = _one_per_process(sources, identities, notes)
+    sources = [sources[i] for i in keep]
+    snapshots = [snapshots[i] for i in keep]
     try:
         _capture.check_compatible(snapshots, [s.path for s in sources])
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     return sources, snapshots, notes
+
+
+def _one_per_process(sources: list, identities: list, notes: list[str]) -> list[int]:
+    """The indexes of *sources* to keep: of several files of one process outside a capture
+    (the same pid in *identities*, ``(pid, time taken)``: a series of numbered snapshots and
+    its exit snapshot, ``app.1.snap``, ``app.snap``), only the latest; summing a process's
+    snapshots would count its memory once per file. A capture names each process's file."""
+    latest: dict[int, int] = {}
+    for index, (source, (pid, taken)) in enumerate(zip(sources, identities)):
+        if source.process is None and pid is not None:
+            if pid not in latest or taken >= identities[latest[pid]][1]:
+                latest[pid] = index
+    keep = []
+    for index, (source, (pid, _)) in enumerate(zip(sources, identities)):
+        if source.process is not None or pid is None or latest[pid] == index:
+            keep.append(index)
+    kept = set(keep)
+    for pid, index in latest.items():
+        same = sum(1 for i, (p, _) in enumerate(identities) if p == pid and i not in kept)
+        if same:
+            notes.append(
+                f"pid {pid}: {sources[index].path} is used, the latest of its {same + 1} "
+                "snapshots (a process counts once; 'alloctrace report' draws a series)"
+            )
+    return keep
 
 
 def _described(paths: Sequence[str]) -> str:
