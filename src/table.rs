@@ -509,6 +509,34 @@ impl TraceTable {
         }
     }
 
+    /// A block's `(estimated bytes, estimated blocks in count units)`, as counted.
+    pub fn weighed(&self, size: usize) -> (u64, u64) {
+        let (bytes, blocks) = self.weigh(size);
+        (bytes as u64, blocks)
+    }
+
+    /// Allocations counted under `from`, the placeholder traceback, of a freed block (see
+    /// [`crate::released`]) go to `to`, or to no traceback (the filters reject its stack).
+    pub fn move_allocated(
+        &self,
+        native: bool,
+        from: TracebackId,
+        (bytes, blocks): (u64, u64),
+        to: Option<TracebackId>,
+    ) {
+        let space = if native { self.native } else { Space::DEFAULT };
+        // Without memory for the new counter, they stay the placeholder's.
+        let to = match to {
+            Some(id) => match self.counters.counter(space, id) {
+                Some(counter) => Some(counter),
+                None => return,
+            },
+            None => None,
+        };
+        self.counters
+            .move_allocated(space, from, to, bytes, blocks, Writer::ANY);
+    }
+
     /// Starts or stops counting allocations per traceback (see [`crate::peak::Counter`]);
     /// stopping forgets what was counted. Called with the main interpreter's GIL held.
     pub fn set_counting_allocations(&self, on: bool) {

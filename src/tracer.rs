@@ -285,17 +285,24 @@ unsafe fn settle_released() {
         }
     }
     let table = table();
-    released::finish(&done, |key, traceback| {
-        // Unless the block was freed and its address given to a block with a real traceback.
-        // Its allocation, counted under the placeholder, moves with it.
-        table.retrace_allocation(key, Writer::ANY, |old| {
-            if old.traceback == UNKNOWN_TRACEBACK {
-                traceback
-            } else {
-                Some(old.traceback)
-            }
-        });
-    });
+    let moved = |native: bool, allocated, traceback| {
+        table.move_allocated(native, UNKNOWN_TRACEBACK, allocated, traceback);
+    };
+    released::finish(
+        &done,
+        |key, traceback| {
+            // Unless the block was freed and its address given to a block with a real traceback.
+            // Its allocation, counted under the placeholder, moves with it.
+            table.retrace_allocation(key, Writer::ANY, |old| {
+                if old.traceback == UNKNOWN_TRACEBACK {
+                    traceback
+                } else {
+                    Some(old.traceback)
+                }
+            });
+        },
+        moved,
+    );
 }
 
 /// Whether `tstate` (this thread's, if it holds a GIL: see [`Current::gil_thread_state`]) is
@@ -590,8 +597,12 @@ pub fn on_free(address: usize, gil_held: bool) {
 /// that its address cannot go to another block meanwhile.
 #[inline(always)]
 fn forget_released(key: usize, removed: Option<Trace>) {
-    if removed.is_some_and(|trace| trace.traceback == UNKNOWN_TRACEBACK) {
-        crate::released::forget(key);
+    if let Some(trace) = removed.filter(|trace| trace.traceback == UNKNOWN_TRACEBACK) {
+        let table = table();
+        let allocated = table
+            .is_counting_allocations()
+            .then(|| table.weighed(trace.size));
+        crate::released::forget(key, allocated);
     }
 }
 

@@ -623,3 +623,40 @@ def test_alloc_counts_keep_their_tracebacks_until_pushed(tmp_path):
         objects, space = found[f"dyn{i}"]
         assert objects >= 1 and space >= 600 + i % 7 + overhead, (i, found[f"dyn{i}"])
         assert objects <= 8 and space <= 600 + i % 7 + overhead + 2048, (i, found[f"dyn{i}"])
+
+
+def test_alloc_figures_of_threads_without_the_gil(tmp_path):
+    """Blocks that C code allocates after releasing the GIL (lzma's dictionary, allocated
+    inside ``decompress``) are counted on the line that called it, like their in-use figures,
+    even when freed before any snapshot could move them off the placeholder traceback."""
+    code = textwrap.dedent(
+        """
+        import lzma, sys, threading, alloctrace
+        data = lzma.compress(bytes(1 << 20))
+        lzma.LZMADecompressor().decompress(data, max_length=1024)  # first use, untraced
+        def work():
+            for _ in range(10):
+                lzma.LZMADecompressor().decompress(data, max_length=1024)  # LZMA
+        alloctrace.start(4, sample_interval=0)
+        alloctrace.start_push(sys.argv[1], interval=3600)
+        threads = [threading.Thread(target=work) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        alloctrace.stop_push()
+        """
+    )
+    with Receiver("connect") as receiver:
+        done = run_python(["-c", code, receiver.url])
+        pushes = receiver.pushes()
+    assert done.returncode == 0, done.stderr
+    assert len(pushes) == 1
+    prof = pushes[0]["profile"]
+    line = line_values(prof, "<string>", marked_line(code, "# LZMA"))
+    unknown = line_values(prof, "<unknown>", 0)
+    # 20 decompressors, each with a dictionary of at least 1 MiB.
+    assert line[1] >= 20 << 20, (line, unknown)
+    assert line[0] >= 20
+    assert unknown[1] < 1 << 20, (line, unknown)
+    assert line[3] < 1 << 20
