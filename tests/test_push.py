@@ -576,8 +576,9 @@ def test_alloc_counts_keep_their_tracebacks_until_pushed(tmp_path):
     """Tracebacks that nothing alive names are freed by the sweep (and their ids reused),
     but not while their allocations wait to be pushed: 5,000 short-lived code objects each
     allocate and free one block, sweeps run (snapshots, get_traced_memory), and the next
-    profile still names every one of them, with its own count. Once pushed, they are freed
-    at the next sweeps."""
+    profile still names every one of them, with its own count. (Without waiting counts, the
+    sweeps leave under a thousand of them: see the run without a pusher below. That they are
+    freed once taken is checked in src/peak.rs's tests.)"""
     code = textwrap.dedent(
         """
         import gc, sys, alloctrace
@@ -591,21 +592,21 @@ def test_alloc_counts_keep_their_tracebacks_until_pushed(tmp_path):
                 alloctrace.get_traced_memory()
             return _native._sweep_stats()[4]
         alloctrace.start(4, sample_interval=0)
+        unpushed = run("before")
         alloctrace.start_push(sys.argv[1], interval=3600)
         waiting = run("dyn")
         alloctrace.stop_push()
-        after = run("other")
-        print(sys.getsizeof(bytes(600)) - 600, waiting, after)
+        print(sys.getsizeof(bytes(600)) - 600, unpushed, waiting)
         """
     )
     with Receiver("connect") as receiver:
         done = run_python(["-c", code, receiver.url])
         pushes = receiver.pushes()
     assert done.returncode == 0, done.stderr
-    overhead, waiting, after = map(int, done.stdout.split())
-    # Kept while waiting; the pushed ones (and the others, never counted) freed later.
-    assert waiting >= 5000
-    assert after < 5000, (waiting, after)
+    overhead, unpushed, waiting = map(int, done.stdout.split())
+    # Not counted, most are freed by the sweeps; counted, all 5,000 are kept while waiting.
+    assert unpushed < 3000, unpushed
+    assert waiting >= 5000, (unpushed, waiting)
     assert len(pushes) == 1
     prof = pushes[0]["profile"]
     found = {}
@@ -619,10 +620,11 @@ def test_alloc_counts_keep_their_tracebacks_until_pushed(tmp_path):
             found[name] = (found[name][0] + objects, found[name][1] + space)
     assert len(found) == 5000
     for i in range(5000):
-        # The bytes object, and on some lines a little more (the module dict's growth).
+        # The bytes object, and sometimes a little more that the interpreter allocates on
+        # the line (the module dict's growth; 3.9's small objects): never another's counts.
         objects, space = found[f"dyn{i}"]
         assert objects >= 1 and space >= 600 + i % 7 + overhead, (i, found[f"dyn{i}"])
-        assert objects <= 8 and space <= 600 + i % 7 + overhead + 2048, (i, found[f"dyn{i}"])
+        assert objects <= 64 and space <= 600 + i % 7 + overhead + 16384, (i, found[f"dyn{i}"])
 
 
 def test_alloc_figures_of_threads_without_the_gil(tmp_path):
