@@ -662,3 +662,37 @@ def test_alloc_figures_of_threads_without_the_gil(tmp_path):
     assert line[0] >= 20
     assert unknown[1] < 1 << 20, (line, unknown)
     assert line[3] < 1 << 20
+
+
+def test_a_forked_child_counts_its_own_allocations_only(tmp_path):
+    """What the parent allocated before fork() belongs to the parent's interval: the child's
+    profile starts from zero."""
+    code = textwrap.dedent(
+        """
+        import os, sys, alloctrace
+        def churn(n):
+            for _ in range(n):
+                b = bytes(1000)  # CHURN
+        alloctrace.start(4, sample_interval=0)
+        alloctrace.start_push(sys.argv[1], interval=3600)
+        churn(2000)
+        pid = os.fork()
+        if pid == 0:
+            churn(300)
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        print(os.getpid(), pid)
+        """
+    )
+    with Receiver("connect") as receiver:
+        done = run_python(["-W", "ignore::DeprecationWarning", "-c", code, receiver.url])
+        pushes = receiver.pushes()
+    assert done.returncode == 0, done.stderr
+    parent, child = done.stdout.split()
+    line = marked_line(code, "# CHURN")
+    counts = {}
+    for push in pushes:
+        pid = push["labels"]["pid"]
+        objects = line_values(push["profile"], "<string>", line)[0]
+        counts[pid] = counts.get(pid, 0) + objects
+    assert counts == {parent: 2000, child: 300}
