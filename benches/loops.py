@@ -106,12 +106,19 @@ def main() -> None:
     parser.add_argument(
         "--sample-interval", type=int, default=0, help="alloctrace's sample_interval"
     )
+    parser.add_argument(
+        "--count-allocations",
+        action="store_true",
+        help="alloctrace counts allocations per traceback, as while pushing (alloc_* figures)",
+    )
     args = parser.parse_args()
     if args.tracer == "alloctrace":
         import alloctrace
 
         options = {"sample_interval": args.sample_interval} if args.sample_interval else {}
         alloctrace.start(args.nframe, **options)
+        if args.count_allocations:
+            alloctrace._native._set_counting_allocations(True)
     elif args.tracer == "tracemalloc":
         import tracemalloc
 

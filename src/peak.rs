@@ -49,7 +49,9 @@ pub const MAX_DOMAINS: usize = 64;
 const FREE: u64 = u64::MAX;
 
 /// One key's counters: bytes (estimated bytes when sampling) and blocks in
-/// [`crate::analysis::sampling::COUNT_SCALE`] units, now and at the peak.
+/// [`crate::analysis::sampling::COUNT_SCALE`] units, now and at the peak; and, while a
+/// pusher asks for them (issue 59), what was allocated since they were last taken
+/// ([`PeakCounters::take_allocated`]), in the same units.
 #[derive(Default)]
 pub struct Counter {
     bytes: Tally,
@@ -57,6 +59,8 @@ pub struct Counter {
     saved_bytes: AtomicU64,
     saved_blocks: AtomicU64,
     stamp: AtomicU64,
+    allocated_bytes: Tally,
+    allocated_blocks: Tally,
 }
 
 /// The counters of one domain, keyed by traceback. All-zero bytes are an empty one.
@@ -270,6 +274,67 @@ impl PeakCounters {
         counter.blocks.add(blocks, by);
     }
 
+    /// `bytes` and `blocks` (count units) were allocated under `counter`'s traceback.
+    #[inline(always)]
+    pub fn allocated(&self, counter: &Counter, bytes: u64, blocks: u64, by: Writer) {
+        counter.allocated_bytes.add(bytes, by);
+        counter.allocated_blocks.add(blocks, by);
+    }
+
+    /// An allocation counted under `key` in `space` belongs to `to` instead (a block that a
+    /// thread without the GIL recorded under the placeholder traceback, see
+    /// [`crate::released`]), or to no traceback (`None`: the filters reject its stack).
+    pub fn move_allocated(
+        &self,
+        space: Space,
+        key: Key,
+        to: Option<&Counter>,
+        bytes: u64,
+        blocks: u64,
+        by: Writer,
+    ) {
+        if let Some(counter) = self.existing_chunks(space).and_then(|c| c.existing(key)) {
+            counter.allocated_bytes.sub(bytes, by);
+            counter.allocated_blocks.sub(blocks, by);
+        }
+        if let Some(to) = to {
+            self.allocated(to, bytes, blocks, by);
+        }
+    }
+
+    /// `(domain, key, bytes, blocks in count units)` allocated since the last call, for every
+    /// key below `keys` that allocated anything, each counter starting again from zero;
+    /// domain 0's first. The caller holds the main interpreter's GIL. A key that gave away
+    /// more than it took since the last call (a placeholder whose blocks were counted in the
+    /// last call and moved since) reports nothing rather than a negative figure.
+    pub fn take_allocated(&self, keys: usize) -> Vec<(u32, Key, u64, u64)> {
+        let mut out = Vec::new();
+        for (domain, chunks) in self.each_space() {
+            for (key, counter) in chunks.each() {
+                if key as usize >= keys {
+                    break;
+                }
+                let bytes = counter.allocated_bytes.take() as i64;
+                let blocks = counter.allocated_blocks.take() as i64;
+                if bytes > 0 || blocks > 0 {
+                    out.push((domain, key, bytes.max(0) as u64, blocks.max(0) as u64));
+                }
+            }
+        }
+        out
+    }
+
+    /// Forgets what was allocated (the pusher stopped, or a forked child starts its own
+    /// count); the caller holds the main interpreter's GIL.
+    pub fn forget_allocated(&self) {
+        for (_, chunks) in self.each_space() {
+            for (_, counter) in chunks.each() {
+                counter.allocated_bytes.take();
+                counter.allocated_blocks.take();
+            }
+        }
+    }
+
     /// `bytes` and `blocks` leave the counter of `key` in `space` (which entered it earlier).
     #[inline(always)]
     pub fn leave(&self, space: Space, key: Key, bytes: u64, blocks: u64, by: Writer) {
@@ -327,8 +392,9 @@ impl PeakCounters {
         out
     }
 
-    /// Whether `key` holds nothing in any space, now or at the peak: nothing a snapshot (of
-    /// now or of the peak) can name it for. Its id may then be given to another traceback:
+    /// Whether `key` holds nothing in any space, now or at the peak, and has no allocation
+    /// waiting to be taken: nothing a snapshot (of now, of the peak, or of what was
+    /// allocated) can name it for. Its id may then be given to another traceback:
     /// its counters are zero, and a stamp of this epoch with zero saved values says what the
     /// new traceback held at the peak, nothing.
     pub fn idle(&self, key: Key) -> bool {
@@ -337,6 +403,8 @@ impl PeakCounters {
             chunks.existing(key).is_none_or(|counter| {
                 counter.bytes.get() == 0
                     && counter.blocks.get() == 0
+                    && counter.allocated_bytes.get() == 0
+                    && counter.allocated_blocks.get() == 0
                     && (counter.stamp.load(Acquire) != epoch
                         || (counter.saved_bytes.load(Relaxed) == 0
                             && counter.saved_blocks.load(Relaxed) == 0))
@@ -362,6 +430,8 @@ impl PeakCounters {
                 counter.saved_bytes.store(0, Relaxed);
                 counter.saved_blocks.store(0, Relaxed);
                 counter.stamp.store(0, Relaxed);
+                counter.allocated_bytes.set(0);
+                counter.allocated_blocks.set(0);
             }
         }
         for slot in &self.spaces[usize::from(keep.0) + 1..] {
@@ -386,6 +456,31 @@ mod tests {
     use super::*;
 
     const W: Writer = Writer::ANY;
+
+    /// A traceback whose allocations wait to be taken is not idle (the sweep keeps it); once
+    /// taken it is; a placeholder that gave away more than it took since reports nothing.
+    #[test]
+    fn waiting_allocations_keep_a_key_from_being_idle() {
+        let c = PeakCounters::new();
+        let d = Space::DEFAULT;
+        c.allocated(c.counter(d, 5).unwrap(), 64, 2, W);
+        assert!(!c.idle(5));
+        assert_eq!(c.take_allocated(16), vec![(0, 5, 64, 2)]);
+        assert!(c.idle(5));
+        // The placeholder's 10 bytes were taken, then its block moved to key 3.
+        c.allocated(c.counter(d, 0).unwrap(), 10, 1, W);
+        assert_eq!(c.take_allocated(16), vec![(0, 0, 10, 1)]);
+        c.move_allocated(d, 0, Some(c.counter(d, 3).unwrap()), 10, 1, W);
+        assert_eq!(c.take_allocated(16), vec![(0, 3, 10, 1)]);
+        assert!(c.take_allocated(16).is_empty());
+        // Keys at or beyond `keys` are not read; forgetting empties them all.
+        c.allocated(c.counter(d, 2000).unwrap(), 1, 1, W);
+        assert!(c.take_allocated(16).is_empty());
+        assert!(!c.idle(2000));
+        c.forget_allocated();
+        assert!(c.idle(2000));
+        assert!(c.take_allocated(4096).is_empty());
+    }
 
     #[test]
     fn keys_map_to_distinct_slots_in_doubling_chunks() {

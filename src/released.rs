@@ -55,12 +55,19 @@ pub struct Pending {
     /// Blocks in the table with the placeholder traceback, by table key: their stack, and
     /// whether they are native-domain blocks (for the filters' verdict).
     waiting: HashMap<usize, (u32, bool)>,
+    /// Allocations counted under the placeholder (while a pusher counts them, see
+    /// [`crate::peak::Counter`]) of waiting blocks freed before their stack was interned:
+    /// per stack and nativeness, `(bytes, blocks in count units)`, moved to the stack's
+    /// traceback when it is.
+    gone: HashMap<(u32, bool), (u64, u64)>,
 }
 
 static PENDING: Mutex<Option<Pending>> = parking_lot::const_mutex(None);
 /// How many blocks are waiting: frees of blocks with the placeholder traceback take the lock
 /// only when some are.
 static WAITING: AtomicUsize = AtomicUsize::new(0);
+/// `Pending::gone`'s length.
+static GONE: AtomicUsize = AtomicUsize::new(0);
 /// The traceback limit, for threads that cannot read the GIL-protected one.
 static NFRAME: AtomicUsize = AtomicUsize::new(1);
 /// Whether the main interpreter is the one whose threads' stacks are read; off until
@@ -78,6 +85,7 @@ pub fn reset(nframe: usize, enabled: bool) {
     let mut pending = lock();
     *pending = None;
     WAITING.store(0, Relaxed);
+    GONE.store(0, Relaxed);
     NFRAME.store(nframe.max(1), Relaxed);
     ENABLED.store(enabled, Relaxed);
 }
@@ -208,22 +216,33 @@ unsafe fn locate(frames: &[RawFrame], total: u16) -> Option<LocatedStack> {
 }
 
 /// A block with the placeholder traceback is being freed (its trace was just taken out of
-/// the table): it no longer waits.
+/// the table): it no longer waits. `allocated`: the `(bytes, blocks in count units)` its
+/// allocation was counted with under the placeholder, if counted, which its stack's
+/// traceback takes over once interned.
 #[inline]
-pub fn forget(key: usize) {
+pub fn forget(key: usize, allocated: Option<(u64, u64)>) {
     if WAITING.load(Relaxed) == 0 {
         return;
     }
     if let Some(pending) = lock().as_mut() {
-        if pending.waiting.remove(&key).is_some() {
+        if let Some((index, native)) = pending.waiting.remove(&key) {
             WAITING.fetch_sub(1, Relaxed);
+            if let Some((bytes, blocks)) = allocated {
+                // Without memory it stays the placeholder's.
+                if pending.gone.try_reserve(1).is_ok() {
+                    let sum = pending.gone.entry((index, native)).or_insert((0, 0));
+                    sum.0 = sum.0.wrapping_add(bytes);
+                    sum.1 = sum.1.wrapping_add(blocks);
+                    GONE.store(pending.gone.len(), Relaxed);
+                }
+            }
         }
     }
 }
 
-/// Whether any block waits for a GIL holder.
+/// Whether any block, or any allocation of a freed one, waits for a GIL holder.
 pub fn any_waiting() -> bool {
-    WAITING.load(Relaxed) != 0
+    WAITING.load(Relaxed) != 0 || GONE.load(Relaxed) != 0
 }
 
 /// The stacks that waiting blocks need and no GIL holder has interned yet, with their
@@ -237,6 +256,7 @@ pub fn to_intern() -> Vec<(u32, LocatedStack)> {
         .waiting
         .values()
         .map(|&(index, _)| index)
+        .chain(pending.gone.keys().map(|&(index, _)| index))
         .filter(|&index| pending.interned[index as usize].is_none())
         .collect();
     needed.sort_unstable();
@@ -249,8 +269,13 @@ pub fn to_intern() -> Vec<(u32, LocatedStack)> {
 
 /// Records what the stacks `done` became, then hands every waiting block whose stack is
 /// interned to `settle(key, traceback or None to forget it)`, under the lock (a block
-/// cannot be freed, nor its address reused, meanwhile).
-pub fn finish(done: &[(u32, Interned)], mut settle: impl FnMut(usize, Option<TracebackId>)) {
+/// cannot be freed, nor its address reused, meanwhile), and the counted allocations of
+/// freed ones to `moved(native, (bytes, blocks), traceback or None)`.
+pub fn finish(
+    done: &[(u32, Interned)],
+    mut settle: impl FnMut(usize, Option<TracebackId>),
+    mut moved: impl FnMut(bool, (u64, u64), Option<TracebackId>),
+) {
     let mut guard = lock();
     let Some(pending) = guard.as_mut() else {
         return;
@@ -274,6 +299,19 @@ pub fn finish(done: &[(u32, Interned)], mut settle: impl FnMut(usize, Option<Tra
         false
     });
     WAITING.store(pending.waiting.len(), Relaxed);
+    pending.gone.retain(|&(index, native), &mut allocated| {
+        let Some(found) = interned[index as usize] else {
+            return true;
+        };
+        let keep = if native {
+            found.keep_native
+        } else {
+            found.keep
+        };
+        moved(native, allocated, keep.then_some(found.id));
+        false
+    });
+    GONE.store(pending.gone.len(), Relaxed);
 }
 
 /// Runs `f` with a test of whether a traceback is one that threads without the GIL record
@@ -326,6 +364,7 @@ pub fn memory_usage() -> usize {
         + pending.stacks.capacity() * std::mem::size_of::<LocatedStack>()
         + pending.interned.capacity() * std::mem::size_of::<Option<Interned>>()
         + pending.waiting.capacity() * std::mem::size_of::<(usize, (u32, bool))>()
+        + pending.gone.capacity() * std::mem::size_of::<((u32, bool), (u64, u64))>()
         + pending.scratch.capacity() * std::mem::size_of::<RawFrame>()
 }
 
@@ -363,7 +402,7 @@ mod tests {
             }
             WAITING.store(3, Relaxed);
         }
-        forget(0x3000);
+        forget(0x3000, Some((300, 3)));
         assert!(any_waiting());
         let asked: Vec<u32> = to_intern().into_iter().map(|(i, _)| i).collect();
         assert_eq!(asked, vec![0, 1]);
@@ -378,8 +417,15 @@ mod tests {
             },
         )];
         let mut settled = Vec::new();
-        finish(&done, |key, id| settled.push((key, id)));
+        let mut moved = Vec::new();
+        finish(
+            &done,
+            |key, id| settled.push((key, id)),
+            |native, allocated, id| moved.push((native, allocated, id)),
+        );
         assert_eq!(settled, vec![(0x2001, None)]);
+        // The freed block's counted allocation goes to its stack's traceback.
+        assert_eq!(moved, vec![(false, (300, 3), Some(42))]);
         assert!(any_waiting());
         assert_eq!(
             to_intern().into_iter().map(|(i, _)| i).collect::<Vec<_>>(),

@@ -33,7 +33,9 @@
 
 use std::cell::UnsafeCell;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed,
+};
 use std::sync::OnceLock;
 
 use crate::analysis::sampling::{Weights, COUNT_SCALE};
@@ -339,6 +341,9 @@ pub struct TraceTable {
     native: Space,
     /// The sampling interval (0: exact), for the estimated totals.
     interval: AtomicU64,
+    /// Whether each new block is also counted as allocated under its traceback (while a
+    /// pusher sends `alloc_*` figures, see [`TraceTable::set_counting_allocations`]).
+    counting: AtomicBool,
     /// The presence filter's counters while sampling, null while exact (every address may
     /// then be present). Points into `presence_storage`, which is never freed once made.
     presence: AtomicPtr<AtomicU8>,
@@ -370,6 +375,7 @@ impl TraceTable {
             counters,
             native,
             interval: AtomicU64::new(0),
+            counting: AtomicBool::new(false),
             presence: AtomicPtr::new(std::ptr::null_mut()),
             presence_storage: OnceLock::new(),
         }
@@ -465,6 +471,9 @@ impl TraceTable {
         let bytes = bytes as u64;
         if let Some(counter) = entering {
             self.counters.enter(counter, bytes, blocks, by);
+            if self.counting.load(Relaxed) {
+                self.counters.allocated(counter, bytes, blocks, by);
+            }
             let now = self.current.add_and_get(bytes, by);
             if self.peak.raise(now, by) {
                 self.counters.new_peak(by);
@@ -483,11 +492,68 @@ impl TraceTable {
     /// come here once per object created, so the two atomic operations on the total saved
     /// are worth a second entry point.
     #[inline(always)]
-    fn account_move(&self, space: Space, trace: Trace, to: &Counter, by: Writer) {
+    fn account_move(&self, space: Space, trace: Trace, to: &Counter, allocation: bool, by: Writer) {
         let (bytes, blocks) = self.weigh(trace.size);
         self.counters
             .leave(space, trace.traceback, bytes as u64, blocks, by);
         self.counters.enter(to, bytes as u64, blocks, by);
+        if allocation && self.counting.load(Relaxed) {
+            self.counters.move_allocated(
+                space,
+                trace.traceback,
+                Some(to),
+                bytes as u64,
+                blocks,
+                by,
+            );
+        }
+    }
+
+    /// A block's `(estimated bytes, estimated blocks in count units)`, as counted.
+    pub fn weighed(&self, size: usize) -> (u64, u64) {
+        let (bytes, blocks) = self.weigh(size);
+        (bytes as u64, blocks)
+    }
+
+    /// Allocations counted under `from`, the placeholder traceback, of a freed block (see
+    /// [`crate::released`]) go to `to`, or to no traceback (the filters reject its stack).
+    pub fn move_allocated(
+        &self,
+        native: bool,
+        from: TracebackId,
+        (bytes, blocks): (u64, u64),
+        to: Option<TracebackId>,
+    ) {
+        let space = if native { self.native } else { Space::DEFAULT };
+        // Without memory for the new counter, they stay the placeholder's.
+        let to = match to {
+            Some(id) => match self.counters.counter(space, id) {
+                Some(counter) => Some(counter),
+                None => return,
+            },
+            None => None,
+        };
+        self.counters
+            .move_allocated(space, from, to, bytes, blocks, Writer::ANY);
+    }
+
+    /// Starts or stops counting allocations per traceback (see [`crate::peak::Counter`]);
+    /// stopping forgets what was counted. Called with the main interpreter's GIL held.
+    pub fn set_counting_allocations(&self, on: bool) {
+        self.counting.store(on, Relaxed);
+        if !on {
+            self.counters.forget_allocated();
+        }
+    }
+
+    pub fn is_counting_allocations(&self) -> bool {
+        self.counting.load(Relaxed)
+    }
+
+    /// What was allocated since the last call, per domain and traceback below `tracebacks`:
+    /// `(domain, traceback, estimated bytes, estimated blocks in count units)`.
+    pub fn take_allocated(&self, tracebacks: usize) -> Vec<(u32, TracebackId, u64, u64)> {
+        self.counters.take_allocated(tracebacks)
     }
 
     /// Records a new block. An entry already at that address (a block freed behind our back,
@@ -706,6 +772,28 @@ impl TraceTable {
         by: Writer,
         traceback: impl FnOnce(Trace) -> Option<TracebackId>,
     ) -> bool {
+        self.retrace_counted(address, by, false, traceback)
+    }
+
+    /// [`TraceTable::retrace`] for a block whose allocation was counted under its old
+    /// traceback, a placeholder (see [`crate::released`]): the allocation moves with it.
+    pub fn retrace_allocation(
+        &self,
+        address: usize,
+        by: Writer,
+        traceback: impl FnOnce(Trace) -> Option<TracebackId>,
+    ) -> bool {
+        self.retrace_counted(address, by, true, traceback)
+    }
+
+    #[inline(always)]
+    fn retrace_counted(
+        &self,
+        address: usize,
+        by: Writer,
+        allocation: bool,
+        traceback: impl FnOnce(Trace) -> Option<TracebackId>,
+    ) -> bool {
         let (index, hash) = self.locate(address as u64);
         let mut shard = write(&self.map.shards()[index]);
         let Some(bucket) = shard.find(hash, |e| address_of(&e.0) == address as u64) else {
@@ -715,7 +803,7 @@ impl TraceTable {
         // the end, for the big sizes too).
         let entry = unsafe { bucket.as_mut() };
         let old = unsafe { self.trace_of(index, entry, false) };
-        match self.rehome(address, old, traceback(old), by) {
+        match self.rehome_counted(address, old, traceback(old), allocation, by) {
             // Same address and size: only the id changes.
             Rehomed::Stays(id) => *entry.1.get_mut() = id,
             Rehomed::Leaves => {
@@ -740,17 +828,41 @@ impl TraceTable {
         new: Option<TracebackId>,
         by: Writer,
     ) -> Rehomed {
+        self.rehome_counted(address, old, new, false, by)
+    }
+
+    /// [`TraceTable::rehome`]; with `allocation`, the block's counted allocation moves too.
+    #[inline(always)]
+    fn rehome_counted(
+        &self,
+        address: usize,
+        old: Trace,
+        new: Option<TracebackId>,
+        allocation: bool,
+        by: Writer,
+    ) -> Rehomed {
         let space = self.space(address);
         match new {
             Some(id) if id == old.traceback => Rehomed::Stays(id),
             Some(id) => match self.counters.counter(space, id) {
                 Some(counter) => {
-                    self.account_move(space, old, counter, by);
+                    self.account_move(space, old, counter, allocation, by);
                     Rehomed::Stays(id)
                 }
                 None => Rehomed::Stays(old.traceback),
             },
             None => {
+                if allocation && self.counting.load(Relaxed) {
+                    let (bytes, blocks) = self.weigh(old.size);
+                    self.counters.move_allocated(
+                        space,
+                        old.traceback,
+                        None,
+                        bytes as u64,
+                        blocks,
+                        by,
+                    );
+                }
                 self.account(space, old, None, by);
                 Rehomed::Leaves
             }
@@ -1079,6 +1191,68 @@ mod tests {
         table.clear();
         assert_eq!(table.totals(), (0, 0));
         assert!(table.is_empty());
+    }
+
+    /// What each step leaves to take: `(domain, traceback, bytes, blocks)`, blocks in count
+    /// units. Counting is off until asked for; frees and in-use moves never change what was
+    /// allocated; a placeholder's allocation moves with its block (or leaves with it); taking
+    /// starts every count again from zero.
+    #[test]
+    fn allocations_are_counted_while_asked_and_taken_once() {
+        use crate::analysis::sampling::COUNT_SCALE as U;
+        let table = TraceTable::new();
+        // (step, address, size, traceback, what `take_allocated` returns after it)
+        type Step = (
+            &'static str,
+            usize,
+            usize,
+            u32,
+            &'static [(u32, u32, u64, u64)],
+        );
+        let steps: &[Step] = &[
+            ("insert", 0x1000, 100, 1, &[]), // not counting yet
+            ("count", 0, 0, 0, &[]),
+            ("insert", 0x2000, 50, 1, &[(0, 1, 50, U)]),
+            ("insert", 0x3000, 30, 2, &[(0, 2, 30, U)]),
+            ("insert", 0x3000, 20, 2, &[(0, 2, 20, U)]), // a replaced entry: a new block
+            ("remove", 0x2000, 0, 0, &[]),
+            ("retrace", 0x1000, 0, 5, &[]), // a reused object: in use moves, not allocation
+            ("insert", 0x4000, 70, 0, &[(0, 0, 70, U)]),
+            ("insert", 0x5000, 40, 0, &[]),
+            ("placeholder", 0x5000, 0, 6, &[(0, 6, 40, U)]),
+            ("insert", 0x6000, 10, 0, &[]),
+            ("placeholder-rejected", 0x6000, 0, 0, &[]),
+            ("insert", 0x7000, 8, 3, &[]),
+            ("stop", 0, 0, 0, &[]), // forgets the 8 bytes
+            ("insert", 0x8000, 9, 3, &[]),
+        ];
+        for &(op, address, size, traceback, expected) in steps {
+            let mut take = true;
+            match op {
+                "insert" => {
+                    assert!(table.insert(address, t(size, traceback), W));
+                    take = !matches!(address, 0x5000 | 0x6000 | 0x7000);
+                }
+                "remove" => assert!(table.remove(address, W).is_some()),
+                "retrace" => assert!(table.retrace(address, W, |_| Some(traceback))),
+                "placeholder" => {
+                    assert!(table.retrace_allocation(address, W, |_| Some(traceback)))
+                }
+                "placeholder-rejected" => assert!(table.retrace_allocation(address, W, |_| None)),
+                "count" => table.set_counting_allocations(true),
+                "stop" => table.set_counting_allocations(false),
+                _ => unreachable!(),
+            }
+            if take {
+                assert_eq!(
+                    table.take_allocated(16),
+                    expected,
+                    "after {op} {address:#x}"
+                );
+                assert!(table.take_allocated(16).is_empty(), "taken twice: {op}");
+            }
+        }
+        assert!(!table.is_counting_allocations());
     }
 
     #[test]

@@ -105,6 +105,15 @@ impl Tally {
             .wrapping_add(self.shared.load(Relaxed))
     }
 
+    /// Returns the value and starts again from zero, for a caller that holds the main
+    /// interpreter's GIL (so no serial writer runs); a concurrent shared writer's addition
+    /// lands either in the value taken or in the next one, never in neither.
+    pub fn take(&self) -> u64 {
+        self.serial
+            .swap(0, Relaxed)
+            .wrapping_add(self.shared.swap(0, Relaxed))
+    }
+
     /// Sets the value, for a caller that holds the main interpreter's GIL and keeps the other
     /// writers out (the table's `clear` holds every shard lock).
     pub fn set(&self, value: u64) {

@@ -285,16 +285,24 @@ unsafe fn settle_released() {
         }
     }
     let table = table();
-    released::finish(&done, |key, traceback| {
-        // Unless the block was freed and its address given to a block with a real traceback.
-        table.retrace(key, Writer::ANY, |old| {
-            if old.traceback == UNKNOWN_TRACEBACK {
-                traceback
-            } else {
-                Some(old.traceback)
-            }
-        });
-    });
+    let moved = |native: bool, allocated, traceback| {
+        table.move_allocated(native, UNKNOWN_TRACEBACK, allocated, traceback);
+    };
+    released::finish(
+        &done,
+        |key, traceback| {
+            // Unless the block was freed and its address given to a block with a real traceback.
+            // Its allocation, counted under the placeholder, moves with it.
+            table.retrace_allocation(key, Writer::ANY, |old| {
+                if old.traceback == UNKNOWN_TRACEBACK {
+                    traceback
+                } else {
+                    Some(old.traceback)
+                }
+            });
+        },
+        moved,
+    );
 }
 
 /// Whether `tstate` (this thread's, if it holds a GIL: see [`Current::gil_thread_state`]) is
@@ -589,8 +597,12 @@ pub fn on_free(address: usize, gil_held: bool) {
 /// that its address cannot go to another block meanwhile.
 #[inline(always)]
 fn forget_released(key: usize, removed: Option<Trace>) {
-    if removed.is_some_and(|trace| trace.traceback == UNKNOWN_TRACEBACK) {
-        crate::released::forget(key);
+    if let Some(trace) = removed.filter(|trace| trace.traceback == UNKNOWN_TRACEBACK) {
+        let table = table();
+        let allocated = table
+            .is_counting_allocations()
+            .then(|| table.weighed(trace.size));
+        crate::released::forget(key, allocated);
     }
 }
 
@@ -1615,6 +1627,64 @@ fn collect_peak(py: Python<'_>) -> Result<Collected> {
     })
 }
 
+/// What was allocated since the last call, per traceback and domain (see
+/// [`TraceTable::take_allocated`]): one aggregate trace per domain and traceback, as in a peak.
+fn collect_allocated(py: Python<'_>) -> Result<Collected> {
+    // Blocks that threads without the GIL recorded under the placeholder move, with their
+    // allocations, to their own tracebacks first.
+    // SAFETY: the GIL is held (`py`), outside any hook.
+    unsafe { settle() };
+    // SAFETY: the GIL is held and no borrow of the cell is live.
+    let interned = unsafe { LIVE.get().as_ref().map_or(0, |live| live.interner.len()) };
+    // Domain 0's first, as `Collected::domain` expects.
+    let allocated = table().take_allocated(interned);
+    let mut dense = DenseIds::default();
+    let mut traces = fallible::with_capacity(allocated.len())?;
+    for &(_, traceback, bytes, _) in &allocated {
+        traces.push((bytes as usize, dense.number(traceback)?));
+    }
+    Ok(Collected {
+        traces,
+        tracked_domains: allocated
+            .iter()
+            .map(|&(domain, ..)| domain)
+            .filter(|&domain| domain != DEFAULT_DOMAIN)
+            .collect(),
+        addresses: Vec::new(),
+        blocks: Some(
+            allocated
+                .iter()
+                .map(|&(.., units)| count_from_units(units))
+                .collect(),
+        ),
+        stacks: resolve_stacks(py, &dense.ids, true)?,
+    })
+}
+
+/// Starts or stops counting what is allocated per traceback, for the `alloc_*` figures of
+/// pushed profiles (see [`take_allocated_snapshot`]). Off, the hooks pay one load of a flag.
+pub fn set_counting_allocations(on: bool) {
+    table().set_counting_allocations(on);
+}
+
+pub fn is_counting_allocations() -> bool {
+    table().is_counting_allocations()
+}
+
+/// An aggregate snapshot (one trace per traceback and domain, like a peak snapshot) of what
+/// was allocated since the previous call, or since counting started
+/// ([`set_counting_allocations`]); the counts start again from zero. Estimates when sampling,
+/// weighted as the live traces are.
+pub fn take_allocated_snapshot(py: Python<'_>) -> Result<Snapshot> {
+    if !is_tracing() {
+        return Err(Error::State(
+            "the tracemalloc module must be tracing memory allocations to take a snapshot".into(),
+        ));
+    }
+    let collected = collect_allocated(py)?;
+    build_snapshot(py, collected, None)
+}
+
 /// A snapshot of every live trace, resolved and interned for analysis; with `objects`, also
 /// the kind of each traced block (see [`crate::heap::kinds`]).
 ///
@@ -1654,6 +1724,15 @@ pub fn take_snapshot(py: Python<'_>, objects: bool, peak: bool) -> Result<Snapsh
         Some(graph) => Some(crate::heap::kinds::kinds_of(&graph, &collected.addresses)?),
         None => None,
     };
+    build_snapshot(py, collected, kinds)
+}
+
+/// The snapshot of `collected`, its stacks resolved into the snapshot's own tables.
+fn build_snapshot(
+    py: Python<'_>,
+    collected: Collected,
+    kinds: Option<crate::analysis::snapshot::Kinds>,
+) -> Result<Snapshot> {
     let limit = traceback_limit() as u32;
     let snapshot = with_resolver(|resolver| -> Result<Snapshot> {
         let mut builder = SnapshotBuilder::new(limit);

@@ -246,7 +246,9 @@ def start_push(
     Every *interval* seconds (default 15) and once at exit (or at
     :func:`stop_push`), a background thread takes a snapshot of what is
     traced now (holding the GIL only for that) and sends it as a pprof heap
-    profile (``inuse_space``, ``inuse_objects``) to *url*, e.g.
+    profile to *url*: ``inuse_space``/``inuse_objects`` for what is alive, and
+    ``alloc_space``/``alloc_objects`` for what was allocated since the
+    previous profile (counted by the hooks only while pushing), e.g.
     ``http://localhost:4040`` or ``https://USER:TOKEN@profiles-prod-001.grafana.net``:
     Pyroscope's Connect push API first, its ``/ingest`` API if the server
     shows it does not speak Connect. Tracing must be on (:func:`start`,

@@ -30,6 +30,8 @@ import sys
 import time
 from urllib.parse import quote, unquote, urlsplit
 
+from alloctrace import _native
+
 ENV_PUSH = "ALLOCTRACE_PUSH"
 ENV_PUSH_INTERVAL = "ALLOCTRACE_PUSH_INTERVAL"
 ENV_PUSH_TIMEOUT = "ALLOCTRACE_PUSH_TIMEOUT"
@@ -408,23 +410,29 @@ def _base_labels(service: str, tags: dict[str, str]) -> dict[str, str]:
 
 
 def _profile_of_now(start_ns: int):
-    """Take the snapshot (with the GIL) and build its profiles (without it): ``(raw,
-    gzipped, start_ns, end_ns, gil_seconds)``, or ``None`` when not tracing."""
+    """Take the snapshots (with the GIL) and build their profile (without it): ``(raw,
+    gzipped, start_ns, end_ns, gil_seconds)``, or ``None`` when not tracing.
+
+    Two snapshots: what is alive now (``inuse_*``) and what was allocated since the last
+    profile (``alloc_*``; taking it starts the next interval's counts from zero)."""
     import alloctrace
-    from alloctrace._snapshot import Filter
+    from alloctrace._snapshot import Filter, Snapshot
 
     began = time.perf_counter()
     try:
         snapshot = alloctrace.take_snapshot()
+        allocated = Snapshot._from_data(_native._take_allocated_snapshot())
     except RuntimeError:
         return None
     held = time.perf_counter() - began
     end_ns = time.time_ns()
     # The pusher's own allocations (requests being built) are not the program's.
-    data = snapshot.filter_traces([Filter(False, __file__, all_frames=True)])._data
+    own = [Filter(False, __file__, all_frames=True)]
+    data = snapshot.filter_traces(own)._data
+    allocated_data = allocated.filter_traces(own)._data
     duration = max(0, end_ns - start_ns)
-    raw = data.pprof_span(start_ns, duration, False)
-    gzipped = data.pprof_span(start_ns, duration, True)
+    raw = data.pprof_span(start_ns, duration, False, allocated_data)
+    gzipped = data.pprof_span(start_ns, duration, True, allocated_data)
     return raw, gzipped, start_ns, end_ns, held
 
 
@@ -499,6 +507,10 @@ class Pusher:
             }
 
     def start(self) -> None:
+        # Each profile's alloc_* figures are what was allocated since the previous one (the
+        # first: since now). Counting costs the hooks nothing until it is switched on.
+        _native._set_counting_allocations(False)
+        _native._set_counting_allocations(True)
         thread = self._threading.Thread(target=self._run, name="alloctrace-push", daemon=True)
         self._thread = thread
         thread.start()
@@ -612,13 +624,17 @@ class Pusher:
             # wait that long.
             thread.join(0.05)
         if not final:
+            _native._set_counting_allocations(False)
             return
         try:
+            # The last profile carries what was allocated since the previous one.
             self._take(final=True)
             if not self._last_failed:
                 self._send_queued(self.timeout, final=True)
         except Exception as exc:
             self._failed(PushError(f"{type(exc).__name__}: {exc}", retry=False))
+        finally:
+            _native._set_counting_allocations(False)
 
     def after_fork_in_child(self) -> None:
         """The child is its own process: its own pid label, queue, warning and thread."""
@@ -626,6 +642,7 @@ class Pusher:
         self._reset()
         if closed:
             self._closed = True
+            _native._set_counting_allocations(False)
             return
         self.start()
         mp_util = sys.modules.get("multiprocessing.util")
@@ -738,7 +755,10 @@ def get_push_status() -> dict | None:
 
 
 def push_snapshot(snapshot, sender: Sender, labels: dict[str, str]) -> str:
-    """Send one snapshot (loaded from a file) as a profile stamped with its own time."""
+    """Send one snapshot (loaded from a file) as a profile stamped with its own time.
+
+    A snapshot file records what was alive, not what was allocated: its profile has the
+    ``inuse_*`` sample types only."""
     stamp = snapshot.metadata.get("timestamp") or time.time()
     end_ns = int(stamp * 1e9)
     data = snapshot._data

@@ -291,50 +291,86 @@ fn clamp(v: u64) -> i64 {
 /// snapshot counts every block, so `period` is 1; a sampled one has the sampling interval as
 /// `period` and estimated (already scaled) values.
 pub fn pprof_profile(snapshot: &Snapshot) -> Result<proto::Profile> {
+    pprof_profile_with(snapshot, None)
+}
+
+/// [`pprof_profile`], and with `allocated` (an aggregate snapshot of what was allocated in
+/// the profile's span, see `take_allocated_snapshot`) also `alloc_objects`/count and
+/// `alloc_space`/bytes, first, in the order Go's heap profiles and pyroscope-io give the four
+/// types. A stack that only allocated (nothing of it is alive) has zero `inuse_*` values; one
+/// only alive, zero `alloc_*` values. The two snapshots have tables of their own, so their
+/// stacks meet by content (file, line, function), not by id.
+pub fn pprof_profile_with(
+    snapshot: &Snapshot,
+    allocated: Option<&Snapshot>,
+) -> Result<proto::Profile> {
     use proto::*;
     let mut strings = Strings::new();
     let value_type = |strings: &mut Strings, t: &str, u: &str| ValueType {
         r#type: strings.get(t),
         unit: strings.get(u),
     };
-    let sample_type = vec![
-        value_type(&mut strings, "inuse_objects", "count"),
-        value_type(&mut strings, "inuse_space", "bytes"),
-    ];
+    let mut sample_type = Vec::new();
+    if allocated.is_some() {
+        sample_type.push(value_type(&mut strings, "alloc_objects", "count"));
+        sample_type.push(value_type(&mut strings, "alloc_space", "bytes"));
+    }
+    sample_type.push(value_type(&mut strings, "inuse_objects", "count"));
+    sample_type.push(value_type(&mut strings, "inuse_space", "bytes"));
+    let width = sample_type.len();
     let period_type = Some(value_type(&mut strings, "space", "bytes"));
     let default_sample_type = strings.get("inuse_space");
     let domain_key = strings.get("domain");
 
     let mut locations: Vec<Location> = Vec::new();
-    let mut location_ids: HashMap<(FrameId, Option<FunctionId>), u64> = HashMap::new();
+    // (function id, line) -> location id.
+    let mut location_ids: HashMap<(u64, i64), u64> = HashMap::new();
     let mut functions: Vec<Function> = Vec::new();
-    let mut function_ids: HashMap<(Option<FunctionId>, u32), u64> = HashMap::new();
-    let stacks = stacks(snapshot, true)?;
-    let mut samples = fallible::with_capacity(stacks.len())?;
-    for stack in stacks {
-        fallible::check()?;
-        let frames = &snapshot.tracebacks[stack.traceback as usize].frames;
-        let known = snapshot.traceback_functions.get(stack.traceback as usize);
-        let mut location_id = fallible::with_capacity(frames.len())?;
-        for (i, &f) in frames.iter().enumerate() {
-            let function = known.and_then(|k| k.get(i).copied().flatten());
-            fallible::map_room_for_one(&mut location_ids)?;
-            fallible::map_room_for_one(&mut function_ids)?;
-            fallible::room_for_one(&mut locations)?;
-            fallible::room_for_one(&mut functions)?;
-            let id = *location_ids.entry((f, function)).or_insert_with(|| {
-                let frame = snapshot.frames[f as usize];
-                let function_id = *function_ids
-                    .entry((function, frame.filename))
-                    .or_insert_with(|| {
-                        let (name, start_line) = match function {
-                            Some(k) => {
-                                let k = &snapshot.functions[k as usize];
-                                (lossy(&k.name), k.first_lineno)
-                            }
-                            None => (UNKNOWN_FUNCTION.to_owned(), 0),
-                        };
-                        let filename = lossy(&snapshot.filenames[frame.filename as usize]);
+    // (name, filename, first line) as string indexes -> function id.
+    let mut function_ids: HashMap<(i64, i64, i64), u64> = HashMap::new();
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut values: Vec<u64> = Vec::new();
+    // Only needed to merge the stacks of two snapshots.
+    let mut sample_ids: HashMap<(Vec<u64>, u32), usize> = HashMap::new();
+    let mut parts = vec![(snapshot, width - 2)];
+    if let Some(allocated) = allocated {
+        parts.push((allocated, 0));
+    }
+    let merging = parts.len() > 1;
+    for (snap, slot) in parts {
+        // This snapshot's (frame, function) -> location id.
+        let mut local: HashMap<(FrameId, Option<FunctionId>), u64> = HashMap::new();
+        let stacks = stacks(snap, true)?;
+        fallible::room_for(&mut samples, stacks.len())?;
+        fallible::room_for(&mut values, stacks.len() * width)?;
+        for stack in stacks {
+            fallible::check()?;
+            let frames = &snap.tracebacks[stack.traceback as usize].frames;
+            let known = snap.traceback_functions.get(stack.traceback as usize);
+            let mut location_id: Vec<u64> = fallible::with_capacity(frames.len())?;
+            for (i, &f) in frames.iter().enumerate() {
+                let function = known.and_then(|k| k.get(i).copied().flatten());
+                fallible::map_room_for_one(&mut local)?;
+                fallible::map_room_for_one(&mut location_ids)?;
+                fallible::map_room_for_one(&mut function_ids)?;
+                fallible::room_for_one(&mut locations)?;
+                fallible::room_for_one(&mut functions)?;
+                let id = *local.entry((f, function)).or_insert_with(|| {
+                    let frame = snap.frames[f as usize];
+                    let (name, start_line) = match function {
+                        Some(k) => {
+                            let k = &snap.functions[k as usize];
+                            (lossy(&k.name), k.first_lineno)
+                        }
+                        None => (UNKNOWN_FUNCTION.to_owned(), 0),
+                    };
+                    let filename = lossy(&snap.filenames[frame.filename as usize]);
+                    let key = (
+                        strings.get(&name),
+                        strings.get(&filename),
+                        start_line as i64,
+                    );
+                    let function_id = *function_ids.entry(key).or_insert_with(|| {
                         // The system name identifies the code object (qualified name, file,
                         // first line). It must differ from the name: pprof takes a function
                         // whose two names are equal for a C++ symbol still to demangle, and
@@ -342,40 +378,70 @@ pub fn pprof_profile(snapshot: &Snapshot) -> Result<proto::Profile> {
                         let system_name = format!("{name} ({filename}:{start_line})");
                         functions.push(proto::Function {
                             id: functions.len() as u64 + 1,
-                            name: strings.get(&name),
+                            name: key.0,
                             system_name: strings.get(&system_name),
-                            filename: strings.get(&filename),
-                            start_line: start_line as i64,
+                            filename: key.1,
+                            start_line: key.2,
                         });
                         functions.len() as u64
                     });
-                locations.push(Location {
-                    id: locations.len() as u64 + 1,
-                    mapping_id: 1,
-                    address: 0,
-                    line: vec![Line {
-                        function_id,
-                        line: frame.lineno as i64,
-                    }],
+                    *location_ids
+                        .entry((function_id, frame.lineno as i64))
+                        .or_insert_with(|| {
+                            locations.push(Location {
+                                id: locations.len() as u64 + 1,
+                                mapping_id: 1,
+                                address: 0,
+                                line: vec![Line {
+                                    function_id,
+                                    line: frame.lineno as i64,
+                                }],
+                            });
+                            locations.len() as u64
+                        })
                 });
-                locations.len() as u64
-            });
-            location_id.push(id);
+                location_id.push(id);
+            }
+            let found = if merging {
+                fallible::map_room_for_one(&mut sample_ids)?;
+                let key = (fallible::cloned(&location_id)?, stack.domain);
+                let next = samples.len();
+                let i = *sample_ids.entry(key).or_insert(next);
+                (i != next).then_some(i)
+            } else {
+                None
+            };
+            let i = match found {
+                Some(i) => i,
+                None => {
+                    let label = if stack.domain != 0 {
+                        vec![Label {
+                            key: domain_key,
+                            num: stack.domain as i64,
+                            ..Label::default()
+                        }]
+                    } else {
+                        Vec::new()
+                    };
+                    samples.push(Sample {
+                        location_id,
+                        value: Vec::new(),
+                        label,
+                    });
+                    values.extend(std::iter::repeat_n(0, width));
+                    samples.len() - 1
+                }
+            };
+            let v = &mut values[i * width + slot..];
+            v[0] = v[0].saturating_add(stack.count);
+            v[1] = v[1].saturating_add(stack.size);
         }
-        let label = if stack.domain != 0 {
-            vec![Label {
-                key: domain_key,
-                num: stack.domain as i64,
-                ..Label::default()
-            }]
-        } else {
-            Vec::new()
-        };
-        samples.push(Sample {
-            location_id,
-            value: vec![clamp(stack.count), clamp(stack.size)],
-            label,
-        });
+    }
+    for (i, sample) in samples.iter_mut().enumerate() {
+        sample.value = values[i * width..(i + 1) * width]
+            .iter()
+            .map(|&v| clamp(v))
+            .collect();
     }
     // One mapping that says symbols are already there, so pprof does not try to symbolize.
     let mapping = vec![Mapping {
@@ -428,11 +494,12 @@ pub fn pprof(snapshot: &Snapshot) -> Result<Vec<u8>> {
 /// end), gzipped or not (the push API compresses the whole request instead).
 pub fn pprof_span(
     snapshot: &Snapshot,
+    allocated: Option<&Snapshot>,
     time_nanos: i64,
     duration_nanos: i64,
     compress: bool,
 ) -> Result<Vec<u8>> {
-    let mut profile = pprof_profile(snapshot)?;
+    let mut profile = pprof_profile_with(snapshot, allocated)?;
     profile.time_nanos = time_nanos;
     profile.duration_nanos = duration_nanos;
     let message = encoded(profile)?;
@@ -950,6 +1017,85 @@ mod tests {
         assert!(svg.contains("estimated, sampled every 4 KiB"));
     }
 
+    /// In-use and allocated stacks from two snapshots meet by content: one sample per stack
+    /// and domain with the four values in Go's order, zeros where one side has nothing.
+    #[test]
+    fn pprof_with_allocations_merges_stacks_by_content() {
+        let live = sample();
+        let mut b = SnapshotBuilder::new(5);
+        // Tables in another order than the live snapshot's, so ids differ.
+        let gone = b.filename(b"gone.py");
+        let lib = b.filename(b"lib;x.py");
+        let app = b.filename(b"app.py");
+        let freed = b.frame(gone, 4);
+        let main = b.frame(app, 10);
+        let load = b.frame(app, 3);
+        let parse = b.frame(lib, 7);
+        let other = b.frame(lib, 20);
+        let parser = b.function(b"parse", 5);
+        let module = b.function(b"<module>", 1);
+        let loader = b.function(b"Loader.load", 2);
+        let t_freed = b.traceback(&[freed], Some(1));
+        let t1 = b.traceback(&[parse, load, main], Some(3));
+        let t2 = b.traceback(&[other, main], Some(2));
+        b.traceback_functions(t1, &[Some(parser), Some(loader), Some(module)]);
+        b.traceback_functions(t2, &[None, Some(module)]);
+        b.aggregate(0, 4000, 40, t_freed);
+        b.aggregate(0, 900, 9, t1);
+        b.aggregate(7, 16, 2, t2);
+        b.aggregates();
+        let allocated = b.finish();
+        let p = pprof_profile_with(&live, Some(&allocated)).unwrap();
+        let st = |i: i64| p.string_table[i as usize].as_str();
+        let types: Vec<_> = p
+            .sample_type
+            .iter()
+            .map(|t| (st(t.r#type), st(t.unit)))
+            .collect();
+        assert_eq!(
+            types,
+            [
+                ("alloc_objects", "count"),
+                ("alloc_space", "bytes"),
+                ("inuse_objects", "count"),
+                ("inuse_space", "bytes"),
+            ]
+        );
+        assert_eq!(st(p.default_sample_type), "inuse_space");
+        let leaf = |s: &proto::Sample| {
+            let location = &p.location[s.location_id[0] as usize - 1];
+            let function = &p.function[location.line[0].function_id as usize - 1];
+            let domain = s.label.first().map_or(0, |l| l.num);
+            (
+                format!("{}:{}", st(function.filename), location.line[0].line),
+                s.location_id.len(),
+                domain,
+            )
+        };
+        let mut got: Vec<_> = p
+            .sample
+            .iter()
+            .map(|s| (leaf(s), s.value.clone()))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                (("gone.py:4".to_owned(), 1, 0), vec![40, 4000, 0, 0]),
+                (("lib;x.py:20".to_owned(), 2, 0), vec![0, 0, 1, 30]),
+                (("lib;x.py:20".to_owned(), 2, 7), vec![2, 16, 1, 8]),
+                (("lib;x.py:7".to_owned(), 3, 0), vec![9, 900, 2, 150]),
+            ]
+        );
+        // Every location and function once, whichever snapshot named it first.
+        assert_eq!(p.location.len(), 5);
+        assert_eq!(p.function.len(), 5);
+        // Without allocations: the in-use profile as before.
+        let plain = pprof_profile(&live).unwrap();
+        assert_eq!(plain.sample_type.len(), 2);
+        assert!(plain.sample.iter().all(|s| s.value.len() == 2));
+    }
+
     #[test]
     fn pprof_span_stamps_the_interval() {
         let s = sample();
@@ -962,7 +1108,7 @@ mod tests {
         };
         // (start, duration, compressed): the start and length replace the snapshot's time.
         for (start, duration, compress) in [(5, 7, false), (1_000, 0, true), (0, 1 << 40, false)] {
-            let data = pprof_span(&s, start, duration, compress).unwrap();
+            let data = pprof_span(&s, None, start, duration, compress).unwrap();
             assert_eq!(data.starts_with(&[0x1f, 0x8b]), compress);
             let raw = if compress {
                 let mut raw = Vec::new();

@@ -808,18 +808,24 @@ impl PySnapshotData {
     }
 
     /// The pprof profile of the span starting at `time_nanos` and lasting `duration_nanos`,
-    /// gzipped if `compress`: what a profile pusher sends (built without the GIL).
+    /// gzipped if `compress`: what a profile pusher sends (built without the GIL). With
+    /// `allocated` (an aggregate snapshot of what was allocated in the span), the profile
+    /// also carries `alloc_objects`/`alloc_space`.
+    #[pyo3(signature = (time_nanos, duration_nanos, compress, allocated=None))]
     fn pprof_span<'py>(
         &self,
         py: Python<'py>,
         time_nanos: i64,
         duration_nanos: i64,
         compress: bool,
+        allocated: Option<&PySnapshotData>,
     ) -> PyResult<Bound<'py, PyBytes>> {
         allocator::guarded(|| {
             let snap: &Snapshot = &self.inner;
-            let data =
-                py.detach(|| export::pprof_span(snap, time_nanos, duration_nanos, compress))?;
+            let allocated: Option<&Snapshot> = allocated.map(|a| &*a.inner);
+            let data = py.detach(|| {
+                export::pprof_span(snap, allocated, time_nanos, duration_nanos, compress)
+            })?;
             objects::bytes(py, &data)
         })
     }

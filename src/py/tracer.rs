@@ -308,6 +308,26 @@ fn take_snapshot(py: Python<'_>, objects: bool, peak: bool) -> PyResult<PySnapsh
     })
 }
 
+/// What was allocated since the last call (or since counting started), as an aggregate
+/// snapshot: the `alloc_*` figures of a pushed profile. The counts start again from zero.
+#[pyfunction]
+fn _take_allocated_snapshot(py: Python<'_>) -> PyResult<PySnapshotData> {
+    require_main_interpreter("take_snapshot")?;
+    allocator::guarded(|| Ok(PySnapshotData::new(tracer::take_allocated_snapshot(py)?)))
+}
+
+/// Starts (`True`) or stops counting allocations per traceback for pushed profiles; stopping
+/// forgets what was counted.
+#[pyfunction]
+fn _set_counting_allocations(on: bool) {
+    tracer::set_counting_allocations(on);
+}
+
+#[pyfunction]
+fn _is_counting_allocations() -> bool {
+    tracer::is_counting_allocations()
+}
+
 /// Whether the running session records native allocations (`start(native=True)`).
 #[pyfunction]
 fn is_tracing_native() -> bool {
@@ -384,6 +404,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_freelist_mechanism, m)?)?;
     m.add_function(wrap_pyfunction!(_depth_counter, m)?)?;
     m.add_function(wrap_pyfunction!(is_tracing_native, m)?)?;
+    m.add_function(wrap_pyfunction!(_take_allocated_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(_set_counting_allocations, m)?)?;
+    m.add_function(wrap_pyfunction!(_is_counting_allocations, m)?)?;
     m.add_function(wrap_pyfunction!(is_reattributing, m)?)?;
     m.add_function(wrap_pyfunction!(_native_redirected_slots, m)?)?;
     m.add("NATIVE_DOMAIN", crate::native::DOMAIN)?;
