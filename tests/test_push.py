@@ -696,3 +696,38 @@ def test_a_forked_child_counts_its_own_allocations_only(tmp_path):
         objects = line_values(push["profile"], "<string>", line)[0]
         counts[pid] = counts.get(pid, 0) + objects
     assert counts == {parent: 2000, child: 300}
+
+
+def test_a_name_server_that_does_not_answer_is_bounded_by_the_timeout(monkeypatch):
+    # getaddrinfo has no timeout of ours: a silent name server held each attempt for the
+    # resolver's own delays. The lookup is waited for up to the push timeout, and the next
+    # attempt waits for the same lookup instead of starting another.
+    release = __import__("threading").Event()
+    calls = []
+    real = socket.getaddrinfo
+
+    def silent(host, *args, **kwargs):
+        calls.append(host)
+        if host == "stalled.invalid":
+            release.wait(30)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", silent)
+    sender = _push.Sender(_push.Target("http://stalled.invalid:4040"), timeout=0.3)
+    try:
+        for _ in range(2):
+            began = time.monotonic()
+            with pytest.raises(_push.PushError, match="cannot resolve stalled.invalid within"):
+                sender.send({"service_name": "x"}, b"", gzip.compress(b""), 0, 1)
+            assert time.monotonic() - began < 3
+        assert calls == ["stalled.invalid"]
+    finally:
+        release.set()
+    # A name that resolves: the request goes to its address with the name in its Host header.
+    with Receiver("connect") as receiver:
+        port = urlsplit(receiver.url).port
+        sender = _push.Sender(_push.Target(f"http://localhost:{port}"), timeout=5)
+        sender.send({"service_name": "x"}, b"", gzip.compress(b""), 0, 1)
+        ((_, headers, _),) = receiver.requests
+        assert headers["host"] == f"localhost:{port}"

@@ -293,6 +293,72 @@ class PushError(Exception):
         self.status = status
 
 
+class _Resolver:
+    """``getaddrinfo`` bounded by the push timeout, which the resolver itself does not know:
+    a name server that does not answer held each attempt (and a first exit push) for the
+    resolver's own delays, 5 s a try by default, several tries.
+
+    The lookup runs on a daemon thread and is waited for up to the timeout; one that outlives
+    it is left to finish and picked up by the next attempt, so that a dead name server costs
+    one thread, never one per attempt."""
+
+    def __init__(self):
+        # (host, port) -> (thread, result box) of the lookup under way.
+        self._pending: dict = {}
+
+    def resolve(self, host: str, port: int, timeout: float) -> list:
+        import socket
+        import threading
+
+        key = (host, port)
+        entry = self._pending.get(key)
+        if entry is not None and not entry[0].is_alive() and not entry[1]:
+            entry = None  # its thread did not survive a fork(): look again
+        if entry is None:
+            box: dict = {}
+
+            def lookup():
+                try:
+                    box["found"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                except OSError as exc:
+                    box["error"] = exc
+
+            thread = threading.Thread(target=lookup, name="alloctrace-push-resolve", daemon=True)
+            thread.start()
+            entry = self._pending[key] = (thread, box)
+        thread, box = entry
+        thread.join(timeout)
+        if thread.is_alive():
+            raise PushError(f"cannot resolve {host} within {timeout:g} s", retry=True)
+        del self._pending[key]
+        if "error" in box:
+            raise PushError(f"cannot resolve {host}", retry=True)
+        return box["found"]
+
+
+def _connecting_to(addresses: list):
+    """``socket.create_connection`` for http.client, to the addresses already resolved: the
+    connection keeps the host's name for its ``Host`` header and TLS's server name."""
+    import socket
+
+    def create_connection(address, timeout, source_address=None):
+        error: OSError = OSError(f"no address for {address[0]}")
+        for family, kind, proto, _, sockaddr in addresses:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(timeout)
+                if source_address:
+                    sock.bind(source_address)
+                sock.connect(sockaddr)
+                return sock
+            except OSError as exc:
+                error = exc
+                sock.close()
+        raise error
+
+    return create_connection
+
+
 class Sender:
     """Sends profiles to one target, choosing the API on the first answer."""
 
@@ -301,6 +367,7 @@ class Sender:
         self.timeout = timeout
         #: "connect" until the server shows it does not speak it; then "ingest".
         self.api = "connect"
+        self._resolver = _Resolver()
 
     def _post(self, path: str, body: bytes, headers: dict[str, str], timeout: float):
         import http.client
@@ -311,7 +378,12 @@ class Sender:
             if self.target.scheme == "https"
             else http.client.HTTPConnection
         )
+        began = time.monotonic()
+        addresses = self._resolver.resolve(self.target.host, self.target.port, timeout)
+        # The request's own timeout is what the lookup left of it (at least a tenth).
+        timeout = max(timeout - (time.monotonic() - began), timeout / 10)
         connection = cls(self.target.host, self.target.port, timeout=timeout)
+        connection._create_connection = _connecting_to(addresses)
         try:
             connection.request("POST", path, body=body, headers=headers)
             response = connection.getresponse()
