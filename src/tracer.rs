@@ -1743,6 +1743,7 @@ fn metadata(py: Python<'_>) -> Metadata {
         argv,
         // Read last, after the traces were collected: as close to them as possible.
         process_memory: ProcessMemory::current().ok(),
+        machine: crate::machine::current(),
     }
 }
 

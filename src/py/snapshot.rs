@@ -25,6 +25,7 @@ use crate::analysis::snapshot::{FrameId, Snapshot, SnapshotBuilder, TracebackId}
 use crate::analysis::stats::{self, GroupKey, KeyType};
 use crate::error::Error;
 use crate::fallible;
+use crate::machine::{Machine, MAX_HOSTNAME_LEN, MAX_ID_LEN};
 use crate::py::objects;
 use crate::py::site_reports::{reports_from_py, reports_to_py};
 use crate::py::strings::{bytes_str, str_bytes};
@@ -502,12 +503,15 @@ impl PySnapshotData {
     /// Builds a snapshot from `tracemalloc`-style raw traces: an iterable of
     /// `(domain, size, frames[, total_nframe])` with frames most recent first.
     /// With `sample_interval` (bytes), the traces are samples taken at that interval.
+    /// With `machine` (`(id, hostname)`), the snapshot says it was taken on that machine (a
+    /// merge of snapshots of one machine keeps it).
     #[staticmethod]
-    #[pyo3(signature = (traces, traceback_limit, sample_interval=None))]
+    #[pyo3(signature = (traces, traceback_limit, sample_interval=None, machine=None))]
     fn from_raw(
         traces: &Bound<'_, PyAny>,
         traceback_limit: &Bound<'_, PyAny>,
         sample_interval: Option<&Bound<'_, PyAny>>,
+        machine: Option<(String, String)>,
     ) -> PyResult<Self> {
         let limit: u32 = int_in(traceback_limit, || "traceback_limit".to_string())?;
         let interval = match sample_interval.filter(|i| !i.is_none()) {
@@ -525,6 +529,18 @@ impl PySnapshotData {
         };
         let mut snapshot = snapshot_from_raw(traces, limit)?;
         snapshot.sample_interval = interval;
+        if let Some((id, hostname)) = machine {
+            if id.len() > MAX_ID_LEN
+                || hostname.len() > MAX_HOSTNAME_LEN
+                || (id.clone() + &hostname).contains('\0')
+            {
+                return Err(PyValueError::new_err(format!(
+                    "machine must be (id, hostname) of at most {MAX_ID_LEN} and \
+                     {MAX_HOSTNAME_LEN} bytes without NUL"
+                )));
+            }
+            snapshot.metadata.machine = Some(Machine { id, hostname });
+        }
         Ok(Self::new(snapshot))
     }
 
@@ -598,6 +614,23 @@ impl PySnapshotData {
             .metadata
             .process_memory
             .map(|pm| (pm.rss, pm.anon, pm.file, pm.shmem, pm.peak_rss))
+    }
+
+    /// `(id, hostname)` of the machine the snapshot was taken on (the id app-specific and
+    /// hashed, see `crate::machine`); None when not recorded.
+    #[getter]
+    fn machine(&self) -> Option<(String, String)> {
+        self.inner
+            .metadata
+            .machine
+            .as_ref()
+            .map(|m| (m.id.clone(), m.hostname.clone()))
+    }
+
+    /// This machine's `(id, hostname)` as snapshots taken here record it, or None.
+    #[staticmethod]
+    fn this_machine() -> Option<(String, String)> {
+        crate::machine::current().map(|m| (m.id, m.hostname))
     }
 
     /// The sampling interval in bytes of a sampled snapshot, None for an exact one.
