@@ -171,9 +171,10 @@ def test_dump_never_aborts_at_limits_between_the_headrooms(snapshot_file):
 # MemoryError or the error the call raises with memory to spare; never panic
 # (pyo3_runtime.PanicException, "PyObject pointer is null") or abort.
 #
-# One SystemError is the interpreter's, not ours: on 3.11-3.13, an exception that leaves a
-# Python frame whose frame object cannot be allocated (for the traceback) is lost, and the
-# caller's frame raises SystemError("error return without exception set"). A pure-Python
+# One SystemError is the interpreter's, not ours: on 3.11-3.13, an exception leaving a frame
+# whose frame object needs the caller's (f_back) is lost if that allocation fails (frame.c's
+# take_ownership clears every exception, CPython issue 131173), and the caller
+# raises SystemError("error return without exception set"). A pure-Python
 # function that raises shows it at the same point (the `control` operation below); it is allowed
 # only where the control shows it, and only with that message: a native function returning an
 # error without an exception set says "returned NULL without setting an exception" instead.
