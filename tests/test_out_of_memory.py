@@ -320,13 +320,55 @@ NO_MEMORY_NAMES = [
 #: The interpreter's own SystemError (see above).
 FRAME_LOST = "SystemError: error return without exception set"
 
+# Some interpreters crash by themselves here (SIGSEGV in clear_thread_frame, called by
+# _PyEvalFramePushAndInit when a frame cannot be set up: CPython 3.12.1 and 3.13.0 seen) when
+# a pure-Python Sequence's __getitem__ is called with a slice: Traceback's is such a method.
+# Where this control crashes, the Traceback operations are not swept.
+SEQUENCE_CONTROL = """
+import _testcapi
+from collections.abc import Sequence
+
+class Items(Sequence):
+    __slots__ = ("_items",)
+    def __init__(self, items):
+        self._items = tuple(items)
+    def __len__(self):
+        return len(self._items)
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(str(item) for item in self._items[index])
+        return str(self._items[index])
+
+items = Items([1, 2, 3])
+for start in range(300):
+    try:
+        _testcapi.set_nomemory(start, start + 1)
+        try:
+            items[0:2]
+        finally:
+            _testcapi.remove_mem_hooks()
+    except (MemoryError, SystemError):
+        pass
+"""
+SEQUENCE_OPERATIONS = {"traceback", "traceback_format"}
+
+
+def interpreter_survives_sequence_slices():
+    child = subprocess.run(
+        [sys.executable, "-c", SEQUENCE_CONTROL], env=clean_env(), capture_output=True, timeout=60
+    )
+    return child.returncode == 0
+
 
 @pytest.fixture(scope="module")
 def no_memory_sweep():
     pytest.importorskip("_testcapi")
+    names = NO_MEMORY_NAMES
+    if not interpreter_survives_sequence_slices():
+        names = [name for name in names if name not in SEQUENCE_OPERATIONS]
     script = textwrap.dedent(NO_MEMORY_OPERATIONS) + textwrap.dedent(NO_MEMORY_SWEEP)
     child = subprocess.run(
-        [sys.executable, "-c", script, "control", *NO_MEMORY_NAMES],
+        [sys.executable, "-c", script, "control", *names],
         env=clean_env(),
         capture_output=True,
         text=True,
@@ -339,6 +381,8 @@ def no_memory_sweep():
 
 @pytest.mark.parametrize("name", NO_MEMORY_NAMES)
 def test_api_entry_points_survive_failed_allocations(no_memory_sweep, name):
+    if name not in no_memory_sweep:
+        pytest.skip("this interpreter crashes by itself on a pure-Python Sequence slice here")
     attempts, outcomes = no_memory_sweep[name]
     _, control = no_memory_sweep["control"]
     # The control: a pure-Python function raising gives ValueError or MemoryError, and on
