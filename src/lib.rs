@@ -11,6 +11,7 @@
 //! - [`alongside`]: the standard `tracemalloc` started while alloctrace traces.
 //! - [`memory_limit`]: noticing that traced memory or RSS crossed `ALLOCTRACE_MEMORY_LIMIT`.
 //! - [`native`]: extensions' own `malloc`/`mmap` calls, in the native domain (opt-in).
+//! - [`machine`]: the (hashed) machine id snapshots record, so readers know where they came from.
 //! - [`process_memory`]: the process's RSS as the kernel splits it, beside the traced total.
 //! - [`sigterm_retry`]: sends SIGTERM again until the exit-dump handler has run.
 //! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
@@ -31,6 +32,7 @@ pub mod heap;
 pub mod hook_thread;
 pub mod hooks;
 pub mod intern;
+pub mod machine;
 pub mod memory_limit;
 pub mod native;
 pub mod nopark;

@@ -1822,6 +1822,7 @@ fn metadata(py: Python<'_>) -> Metadata {
         argv,
         // Read last, after the traces were collected: as close to them as possible.
         process_memory: ProcessMemory::current().ok(),
+        machine: crate::machine::current(),
     }
 }
 

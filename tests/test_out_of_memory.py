@@ -8,6 +8,7 @@ the limit is lifted. Before alloctrace reserved memory fallibly, most of these o
 ended in ``memory allocation of N bytes failed`` and exit status 134 at some of the limits.
 """
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -165,38 +166,61 @@ def test_dump_never_aborts_at_limits_between_the_headrooms(snapshot_file):
 
 
 # Issue 61 item 7: error paths of the native module under _testcapi.set_nomemory, failing the
-# Nth Python allocation of the call, for each N in turn. Each attempt must raise MemoryError
-# or the error the call raises with memory to spare; the process must never panic or abort.
-NO_MEMORY = """
-import sys, _testcapi, tracemalloc
-import alloctrace
+# Nth Python allocation of the call, for each N in turn, until 40 attempts in a row fail no
+# allocation (every allocation point of the call was met). Each attempt must succeed or raise
+# MemoryError or the error the call raises with memory to spare; never panic
+# (pyo3_runtime.PanicException, "PyObject pointer is null") or abort.
+#
+# One SystemError is the interpreter's, not ours: on 3.11-3.13, an exception leaving a frame
+# whose frame object needs the caller's (f_back) is lost if that allocation fails (frame.c's
+# take_ownership clears every exception, CPython issue 131173), and the caller
+# raises SystemError("error return without exception set"). A pure-Python
+# function that raises shows it at the same point (the `control` operation below); it is allowed
+# only where the control shows it, and only with that message: a native function returning an
+# error without an exception set says "returned NULL without setting an exception" instead.
+NO_MEMORY_SWEEP = """
+import json, sys, _testcapi
 
-operation, expected = OPERATIONS[sys.argv[1]]
-seen = set()
-for start in range(ATTEMPTS):
-    _testcapi.set_nomemory(start, start + 1)
-    try:
-        operation()
-    except BaseException as exc:
-        _testcapi.remove_mem_hooks()
-        seen.add(type(exc).__name__)
-        # SystemError ("error return without exception set"): the calling frame's, at one
-        # failure point of the Python-level call on 3.11 (not a panic; see the report).
-        if not isinstance(exc, (MemoryError, SystemError, expected)):
-            raise
-    else:
-        _testcapi.remove_mem_hooks()
-        seen.add("ok")
-try:
-    operation()
-except expected:
-    pass
-print(" ".join(sorted(seen)))
+def sweep(operation, expected, traced=None):
+    outcomes, quiet, start = {}, 0, 0
+    while quiet < 40 and start < 5000:
+        # Tracing (alloctrace's or tracemalloc's) starts and stops outside the failing window.
+        if traced:
+            traced.start(5)
+        try:
+            _testcapi.set_nomemory(start, start + 1)
+            try:
+                operation()
+            finally:
+                _testcapi.remove_mem_hooks()
+            outcome = "ok"
+        except MemoryError:
+            outcome = "MemoryError"
+        except SystemError as exc:
+            outcome = f"SystemError: {exc}"
+        except expected as exc:
+            outcome = f"expected: {type(exc).__name__}"
+        finally:
+            if traced:
+                traced.stop()
+        quiet = 0 if outcome == "MemoryError" or outcome.startswith("SystemError") else quiet + 1
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        start += 1
+    return start, outcomes
+
+results = {}
+for name in sys.argv[1:]:
+    operation, expected, traced = OPERATIONS[name]
+    results[name] = sweep(operation, expected, traced)
+print(json.dumps(results))
 """
 
 NO_MEMORY_OPERATIONS = """
-import sys, _testcapi, tracemalloc
+import os, tempfile, tracemalloc
 import alloctrace
+
+def raising():
+    raise ValueError("a pure-Python function raising: the interpreter's own behaviour")
 
 def start_alongside():
     # start() with tracemalloc tracing: refused (RuntimeError) while _testcapi's hooks sit
@@ -206,38 +230,166 @@ def start_alongside():
     finally:
         alloctrace.stop()
 
-tracemalloc.start()
+directory = tempfile.mkdtemp()
+good, bad = os.path.join(directory, "good.snap"), os.path.join(directory, "bad.snap")
+alloctrace.start(5)
+keep = [bytearray(64 + i) for i in range(200)]
+snapshot = alloctrace.take_snapshot()
+alloctrace.stop()
+snapshot.dump(good)
+with open(bad, "wb") as stream:
+    stream.write(b"ALCTRSNP" + bytes(range(256)) * 2)
+other = alloctrace.Snapshot.load(good)
+stat = snapshot.statistics("traceback")[0]
+diff = snapshot.compare_to(other, "lineno")[0]
+traceback = stat.traceback
+frame = traceback[0]
+filters = [alloctrace.Filter(False, "*nothing*"), alloctrace.DomainFilter(True, 0)]
+
+def get_object_traceback():
+    kept = bytearray(1000)
+    return alloctrace.get_object_traceback(kept)
+
+NONE = ()
 OPERATIONS = {
-    "tracemalloc_alongside": (start_alongside, RuntimeError),
-    "set_traceback_limit": (lambda: alloctrace.set_traceback_limit(0), ValueError),
-    "start_70000": (lambda: alloctrace.start(70000), ValueError),
-    "load_missing": (lambda: alloctrace.Snapshot.load("/nonexistent"), OSError),
+    # Called as the API's Python functions are: from a lambda, through one more frame.
+    "control": (lambda: raising(), ValueError, None),
+    "tracemalloc_alongside": (start_alongside, RuntimeError, tracemalloc),
+    "start_70000": (lambda: alloctrace.start(70000), ValueError, None),
+    "start_not_an_int": (lambda: alloctrace.start("x"), TypeError, None),
+    "start_bad_interval": (lambda: alloctrace.start(1, sample_interval=-1), ValueError, None),
+    "start_bad_limit": (
+        lambda: alloctrace.start(1, memory_limit="lots", memory_limit_dump="x"), ValueError, None
+    ),
+    "stop": (alloctrace.stop, NONE, None),
+    "set_traceback_limit": (lambda: alloctrace.set_traceback_limit(0), ValueError, None),
+    "get_traceback_limit": (alloctrace.get_traceback_limit, NONE, alloctrace),
+    "take_snapshot": (alloctrace.take_snapshot, NONE, alloctrace),
+    "take_snapshot_not_tracing": (alloctrace.take_snapshot, RuntimeError, None),
+    "get_traced_memory": (alloctrace.get_traced_memory, NONE, alloctrace),
+    "get_tracemalloc_memory": (alloctrace.get_tracemalloc_memory, NONE, alloctrace),
+    "get_object_traceback": (get_object_traceback, NONE, alloctrace),
+    "clear_traces": (alloctrace.clear_traces, NONE, alloctrace),
+    "load": (lambda: alloctrace.Snapshot.load(good), NONE, None),
+    "load_missing": (lambda: alloctrace.Snapshot.load("/nonexistent"), OSError, None),
+    "load_corrupt": (lambda: alloctrace.Snapshot.load(bad), ValueError, None),
+    "dump": (lambda: snapshot.dump(good + ".out"), NONE, None),
+    "dump_no_directory": (lambda: snapshot.dump("/nonexistent/x.snap"), OSError, None),
+    "snapshot_attributes": (
+        lambda: (
+            snapshot.metadata, snapshot.machine, snapshot.process_memory,
+            snapshot.traceback_limit, snapshot.sample_interval,
+        ),
+        NONE,
+        None,
+    ),
+    "statistics_lineno": (lambda: snapshot.statistics("lineno"), NONE, None),
+    "statistics_traceback": (lambda: snapshot.statistics("traceback"), NONE, None),
+    "statistics_cumulative": (
+        lambda: snapshot.statistics("filename", cumulative=True), NONE, None
+    ),
+    "statistics_bad_key": (lambda: snapshot.statistics("bogus"), ValueError, None),
+    "compare_to": (lambda: snapshot.compare_to(other, "lineno"), NONE, None),
+    "compare_to_traceback": (lambda: snapshot.compare_to(other, "traceback"), NONE, None),
+    "filter_traces": (lambda: snapshot.filter_traces(filters), NONE, None),
+    "filter_traces_bad": (lambda: snapshot.filter_traces([1]), TypeError, None),
+    "traces": (lambda: list(snapshot.traces), NONE, None),
+    "trace": (lambda: (repr(snapshot.traces[0]), snapshot.traces[0].size), NONE, None),
+    "statistics_repr": (lambda: (repr(stat), str(stat), repr(diff), str(diff)), NONE, None),
+    "traceback_format": (lambda: traceback.format(limit=3, most_recent_first=True), NONE, None),
+    "traceback": (
+        lambda: (repr(traceback), str(traceback), hash(traceback), traceback[0:2]),
+        NONE,
+        None,
+    ),
+    "frame": (lambda: (repr(frame), str(frame), frame.filename, hash(frame)), NONE, None),
 }
-ATTEMPTS = 400
 """
 
+NO_MEMORY_NAMES = [
+    "tracemalloc_alongside", "start_70000", "start_not_an_int", "start_bad_interval",
+    "start_bad_limit", "stop", "set_traceback_limit", "get_traceback_limit", "take_snapshot",
+    "take_snapshot_not_tracing", "get_traced_memory", "get_tracemalloc_memory",
+    "get_object_traceback", "clear_traces", "load", "load_missing", "load_corrupt", "dump",
+    "dump_no_directory", "snapshot_attributes", "statistics_lineno", "statistics_traceback",
+    "statistics_cumulative", "statistics_bad_key", "compare_to", "compare_to_traceback",
+    "filter_traces", "filter_traces_bad", "traces", "trace", "statistics_repr",
+    "traceback_format", "traceback", "frame",
+]  # fmt: skip
 
-@pytest.mark.parametrize(
-    "name, allowed",
-    [
-        ("tracemalloc_alongside", {"RuntimeError", "MemoryError"}),
-        ("set_traceback_limit", {"ValueError", "MemoryError"}),
-        ("start_70000", {"ValueError", "MemoryError"}),
-        ("load_missing", {"FileNotFoundError", "MemoryError"}),
-    ],
-)
-def test_error_paths_survive_failed_allocations(name, allowed):
-    pytest.importorskip("_testcapi")
-    script = textwrap.dedent(NO_MEMORY_OPERATIONS) + textwrap.dedent(NO_MEMORY)
+#: The interpreter's own SystemError (see above).
+FRAME_LOST = "SystemError: error return without exception set"
+
+# Some interpreters crash by themselves here (SIGSEGV in clear_thread_frame, called by
+# _PyEvalFramePushAndInit when a frame cannot be set up: CPython 3.12.1 and 3.13.0 seen) when
+# a pure-Python Sequence's __getitem__ is called with a slice: Traceback's is such a method.
+# Where this control crashes, the Traceback operations are not swept.
+SEQUENCE_CONTROL = """
+import _testcapi
+from collections.abc import Sequence
+
+class Items(Sequence):
+    __slots__ = ("_items",)
+    def __init__(self, items):
+        self._items = tuple(items)
+    def __len__(self):
+        return len(self._items)
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(str(item) for item in self._items[index])
+        return str(self._items[index])
+
+items = Items([1, 2, 3])
+for start in range(300):
+    try:
+        _testcapi.set_nomemory(start, start + 1)
+        try:
+            items[0:2]
+        finally:
+            _testcapi.remove_mem_hooks()
+    except (MemoryError, SystemError):
+        pass
+"""
+SEQUENCE_OPERATIONS = {"traceback", "traceback_format"}
+
+
+def interpreter_survives_sequence_slices():
     child = subprocess.run(
-        [sys.executable, "-c", script, name],
+        [sys.executable, "-c", SEQUENCE_CONTROL], env=clean_env(), capture_output=True, timeout=60
+    )
+    return child.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def no_memory_sweep():
+    pytest.importorskip("_testcapi")
+    names = NO_MEMORY_NAMES
+    if not interpreter_survives_sequence_slices():
+        names = [name for name in names if name not in SEQUENCE_OPERATIONS]
+    script = textwrap.dedent(NO_MEMORY_OPERATIONS) + textwrap.dedent(NO_MEMORY_SWEEP)
+    child = subprocess.run(
+        [sys.executable, "-c", script, "control", *names],
         env=clean_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
     )
-    assert child.returncode == 0, f"exit status {child.returncode}\n{child.stderr[-2000:]}"
-    assert "panic" not in child.stderr, child.stderr[-2000:]
-    seen = set(child.stdout.split())
-    # Both outcomes were met: the allocations failed before and after the error was made.
-    assert allowed <= seen <= allowed | {"SystemError", "ok"}, child.stdout
+    assert child.returncode == 0, f"exit status {child.returncode}\n{child.stderr[-3000:]}"
+    assert "panic" not in child.stderr.lower(), child.stderr[-3000:]
+    return json.loads(child.stdout)
+
+
+@pytest.mark.parametrize("name", NO_MEMORY_NAMES)
+def test_api_entry_points_survive_failed_allocations(no_memory_sweep, name):
+    if name not in no_memory_sweep:
+        pytest.skip("this interpreter crashes by itself on a pure-Python Sequence slice here")
+    attempts, outcomes = no_memory_sweep[name]
+    _, control = no_memory_sweep["control"]
+    # The control: a pure-Python function raising gives ValueError or MemoryError, and on
+    # some versions the interpreter's SystemError; nothing else.
+    assert set(control) <= {"expected: ValueError", "MemoryError", FRAME_LOST}, control
+    allowed = {"ok", "MemoryError"} | ({FRAME_LOST} if FRAME_LOST in control else set())
+    unexpected = {o for o in outcomes if o not in allowed and not o.startswith("expected: ")}
+    assert not unexpected, (name, outcomes)
+    # Every allocation point was met: the sweep ended on 40 attempts that failed none.
+    assert attempts < 5000, (name, outcomes)

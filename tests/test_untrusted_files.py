@@ -5,12 +5,14 @@ Each case failed before its fix."""
 
 import os
 import resource
+import socket
 import stat
 import subprocess
 import sys
 
 import pytest
 
+from alloctrace._native import SnapshotData
 from alloctrace._snapshot import Snapshot
 from subproc import clean_env, run_python
 
@@ -39,11 +41,20 @@ def cli(args, cwd=None, **env):
         pytest.fail(f"alloctrace {' '.join(map(str, args))} ran for {TIMEOUT}s")
 
 
-def snapshot_naming(tmp_path, *filenames, name="crafted.snap"):
+HERE = SnapshotData.this_machine()
+
+
+def made(traces, machine=HERE):
+    """A snapshot of *traces* that says it was taken on *machine* (default: this one, so that
+    only the rules about which files are read decide what is shown)."""
+    return Snapshot._from_data(SnapshotData.from_raw(traces, 1, None, machine))
+
+
+def snapshot_naming(tmp_path, *filenames, name="crafted.snap", machine=HERE):
     """A snapshot with one block allocated at line 1 of each of *filenames*."""
     traces = [(0, 1000 * (i + 1), ((str(f), 1),)) for i, f in enumerate(filenames)]
     path = tmp_path / name
-    Snapshot(traces, 1).dump(path)
+    made(traces, machine).dump(path)
     return path
 
 
@@ -88,7 +99,7 @@ def test_a_snapshot_cannot_make_stats_read_special_or_private_files(tmp_path, ki
     # 100 lines of it: linecache gives up on /dev/zero at the address-space limit, then reads
     # 1 GiB again for the next line.
     path = tmp_path / "crafted.snap"
-    Snapshot([(0, 1000 + line, ((str(named), line),)) for line in range(1, 101)], 1).dump(path)
+    made([(0, 1000 + line, ((str(named), line),)) for line in range(1, 101)]).dump(path)
     result = cli(["stats", path, "--limit", "0"], SECRET_61_VARIABLE=SECRET)
     assert result.returncode == 0, result.stderr
     assert str(named) in result.stdout
@@ -117,7 +128,7 @@ def test_python_sources_still_show_their_lines(tmp_path):
     script = tmp_path / "tool"
     script.write_text("#!/usr/bin/env python3\nmain()\n")
     path = tmp_path / "app.snap"
-    Snapshot([(0, 2000, ((str(source), 1),)), (0, 1000, ((str(script), 2),))], 1).dump(path)
+    made([(0, 2000, ((str(source), 1),)), (0, 1000, ((str(script), 2),))]).dump(path)
     result = cli(["stats", path])
     assert result.returncode == 0, result.stderr
     assert "    payload = [bytearray(1000) for _ in range(10)]" in result.stdout
@@ -140,6 +151,116 @@ def test_source_path_limits_where_lines_are_read(tmp_path):
     path = snapshot_naming(tmp_path, inside / "out.py")
     result = cli(["stats", path], ALLOCTRACE_SOURCE_PATH=str(inside))
     assert "outside line" not in result.stdout
+
+
+# --- 1b. only for snapshots of this machine, or where the user says -------------------------------
+
+ELSEWHERE = ("0123456789abcdef0123456789abcdef", "build-7.example")
+APP_LINE = "payload = [bytearray(1000) for _ in range(10)]  # the reader's version"
+
+
+@pytest.fixture
+def app(tmp_path):
+    """A source file of the reader's, named as a frame of the snapshots below names it."""
+    (tmp_path / "src").mkdir()
+    source = tmp_path / "src" / "app.py"
+    source.write_text(APP_LINE + "\n")
+    return source
+
+
+def shown(tmp_path, command, path, *options, **env):
+    """What `command` shows of the snapshot at *path*: (stdout + any report, stderr)."""
+    out = tmp_path / "report.html"
+    args = {
+        "stats": ["stats", path],
+        "top": ["top", path],
+        "diff": ["diff", snapshot_naming(tmp_path, name="empty.snap"), path],
+        "report": ["report", path, "-o", out],
+    }[command]
+    result = cli([*args, *options], **env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout + (out.read_text() if command == "report" else ""), result.stderr
+
+
+COMMANDS = ["stats", "top", "diff", "report"]
+
+
+@pytest.mark.skipif(HERE is None, reason="this machine has no machine id")
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_snapshot_from_another_machine_shows_none_of_the_readers_lines(tmp_path, app, command):
+    ours = snapshot_naming(tmp_path, app, name="ours.snap")
+    theirs = snapshot_naming(tmp_path, app, name="theirs.snap", machine=ELSEWHERE)
+    assert APP_LINE in shown(tmp_path, command, ours)[0]
+    written, err = shown(tmp_path, command, theirs)
+    assert "app.py" in written
+    assert APP_LINE not in written
+    assert "another machine (build-7.example)" in err
+    assert "--source-from DIR" in err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_the_user_may_name_where_the_lines_of_another_machine_are(tmp_path, app, command):
+    theirs = snapshot_naming(tmp_path, app, name="theirs.snap", machine=ELSEWHERE)
+    written, err = shown(tmp_path, command, theirs, "--source-from", app.parent)
+    assert APP_LINE in written
+    assert "not shown" not in err
+    # ALLOCTRACE_SOURCE_PATH, set, is the same consent (and the same narrowing).
+    written, _ = shown(tmp_path, command, theirs, ALLOCTRACE_SOURCE_PATH=str(app.parent))
+    assert APP_LINE in written
+    written, _ = shown(tmp_path, command, theirs, "--source-from", tmp_path / "elsewhere")
+    assert APP_LINE not in written
+
+
+def test_snapshots_that_do_not_say_where_they_were_taken_show_no_lines(tmp_path, app):
+    # Files from before the machine was recorded, hand-built snapshots, tracemalloc pickles.
+    old = snapshot_naming(tmp_path, app, name="old.snap", machine=None)
+    written, err = shown(tmp_path, "stats", old)
+    assert "app.py" in written and APP_LINE not in written
+    assert "does not say which machine" in err
+    assert APP_LINE in shown(tmp_path, "stats", old, "--source-from", app.parent)[0]
+    # --no-source: nothing to say.
+    assert "not shown" not in shown(tmp_path, "stats", old, "--no-source")[1]
+
+
+@pytest.mark.skipif(HERE is None, reason="this machine has no machine id")
+def test_snapshots_record_a_hashed_machine_id_and_the_hostname(tmp_path):
+    path = tmp_path / "taken.snap"
+    code = (
+        "import alloctrace, sys; alloctrace.start(); alloctrace.take_snapshot().dump(sys.argv[1])"
+    )
+    subprocess.run([sys.executable, "-c", code, path], env=clean_env(), check=True, timeout=60)
+    machine = Snapshot.load(path).machine
+    assert machine == HERE
+    machine_id, hostname = machine
+    assert hostname == socket.gethostname()
+    assert len(machine_id) == 32 and int(machine_id, 16) >= 0
+    for name in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(name) as stream:
+                raw = stream.read().strip()
+        except OSError:
+            continue
+        # Never the raw id (systemd: not to be disclosed), nor any part of it in the file.
+        assert raw and raw not in path.read_bytes().decode("latin-1")
+        assert raw[:12] not in machine_id
+    # A copy keeps it; any id a file claims loads as it is (a fidelity guard only).
+    made([(0, 1, (("a.py", 1),))], ELSEWHERE).dump(tmp_path / "c.snap")
+    assert Snapshot.load(tmp_path / "c.snap").machine == ELSEWHERE
+
+
+@pytest.mark.skipif(HERE is None, reason="this machine has no machine id")
+def test_merged_captures_of_this_machine_keep_their_lines(tmp_path, app):
+    from alloctrace._capture import merge_snapshots
+
+    capture = tmp_path / "capture"
+    capture.mkdir()
+    snapshot_naming(capture, app, name="app-101.snap")
+    snapshot_naming(capture, app, name="app-102.snap")
+    written, err = shown(tmp_path, "stats", capture)
+    assert APP_LINE in written, err
+    one = made([(0, 10, ((str(app), 1),))])
+    assert merge_snapshots([one, one]).machine == HERE
+    assert merge_snapshots([one, made([(0, 10, ((str(app), 1),))], ELSEWHERE)]).machine is None
 
 
 def test_large_source_files_are_read_only_to_a_bound(tmp_path):

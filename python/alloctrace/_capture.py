@@ -536,8 +536,10 @@ def merge_snapshots(snapshots):
     Peak snapshots (per-traceback totals) cannot be merged this way: use
     :func:`combined_statistics`. The result is built from the raw traces: it has no
     metadata, peak, object kinds or retention reports, and its frames no function names (an
-    export of it names frames ``file:line``).
+    export of it names frames ``file:line``). It keeps the :attr:`~alloctrace.Snapshot.machine`
+    the snapshots share, if they all record the same one.
     """
+    from alloctrace._native import SnapshotData
     from alloctrace._snapshot import Snapshot
 
     snapshots = list(snapshots)
@@ -556,7 +558,11 @@ def merge_snapshots(snapshots):
     for snapshot in snapshots:
         traces.extend(snapshot.traces._traces)
     first = snapshots[0]
-    return Snapshot(traces, first.traceback_limit, sample_interval=first.sample_interval)
+    machines = {snapshot.machine for snapshot in snapshots}
+    machine = machines.pop() if len(machines) == 1 else None
+    return Snapshot._from_data(
+        SnapshotData.from_raw(traces, first.traceback_limit, first.sample_interval, machine)
+    )
 
 
 def _stat_key(stat):

@@ -34,6 +34,8 @@ from typing import Any
 
 from . import _output, _report
 from ._source import line as _source_line
+from ._source import note_origin as _note_origin
+from ._source import scope as _source_scope
 
 #: Bumped when the embedded JSON document changes shape (the template reads it).
 DATA_VERSION = 1
@@ -88,7 +90,7 @@ def _load(path: str, allow_pickle: bool):
     import alloctrace
 
     try:
-        return alloctrace.Snapshot.load(path, allow_pickle=allow_pickle)
+        snapshot = alloctrace.Snapshot.load(path, allow_pickle=allow_pickle)
     except alloctrace.SnapshotFormatError as exc:
         message = str(exc) or type(exc).__name__
         raise ReportError(message if path in message else f"{path}: {message}") from None
@@ -98,6 +100,8 @@ def _load(path: str, allow_pickle: bool):
         if path not in message:
             message = f"cannot read {path}: {message}"
         raise ReportError(message) from None
+    _note_origin(snapshot, path)
+    return snapshot
 
 
 def _stamp(path: str, snapshot) -> float:
@@ -514,6 +518,7 @@ def write_report(
     :exc:`alloctrace._output.OutputError`.
     """
     _output.check(output)
-    data = _build_from_files(paths, title, allow_pickle)
+    with _source_scope():
+        data = _build_from_files(paths, title, allow_pickle)
     _output.write(output, render(data).encode("utf-8"))
     return data

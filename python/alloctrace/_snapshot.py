@@ -578,6 +578,15 @@ class Snapshot:
         return _process._from_native(self._data.process_memory)
 
     @property
+    def machine(self):
+        """``(id, hostname)`` of the machine the snapshot was taken on, or ``None`` if it does
+        not say (hand-built snapshots, tracemalloc pickles, files from older versions). The id
+        is an alloctrace-specific hash of ``/etc/machine-id``, not the id itself; the commands
+        show source lines only for snapshots of this machine (see ``alloctrace._source``). A
+        file can claim any id: it tells where a file says it comes from, not who wrote it."""
+        return self._data.machine
+
+    @property
     def is_peak(self):
         """Whether this is a peak snapshot (``take_snapshot(peak=True)``): one trace per
         traceback, whose size is the total of the blocks it had alive at the peak; their

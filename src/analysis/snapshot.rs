@@ -147,6 +147,10 @@ pub struct Metadata {
     /// for hand-built snapshots, tracemalloc pickles and files written before it existed.
     #[serde(default)]
     pub process_memory: Option<ProcessMemory>,
+    /// The machine it was taken on (file section 14); `None` for hand-built snapshots and
+    /// files written before it was recorded. Decides whether readers show source lines.
+    #[serde(default)]
+    pub machine: Option<crate::machine::Machine>,
 }
 
 /// An immutable snapshot. Built once (by [`SnapshotBuilder`]), then only read.

@@ -89,6 +89,26 @@ fn raised(py: Python<'_>, err: Error) -> PyErr {
     fetched(py)
 }
 
+/// An exception of type `T` with message `msg`, made now as [`raised`] makes them: pyo3's
+/// `T::new_err(msg)` would make the message's `str` only when the exception is raised, and
+/// panic there (`PyObject pointer is null`) if that allocation fails. Here the failure is the
+/// `MemoryError` it is.
+pub(crate) fn error<T: pyo3::PyTypeInfo>(msg: impl AsRef<str>) -> PyErr {
+    Python::attach(|py| {
+        let msg = msg.as_ref();
+        // SAFETY: the GIL is held; the new reference is checked for NULL (an exception is
+        // then set) and released once the exception holds it.
+        unsafe {
+            let text = new_str(msg);
+            if !text.is_null() {
+                pyo3::ffi::PyErr_SetObject(T::type_object_raw(py).cast(), text);
+                pyo3::ffi::Py_DECREF(text);
+            }
+        }
+        fetched(py)
+    })
+}
+
 /// A new `str` from UTF-8 text (NULL with an exception set when it cannot be made).
 unsafe fn new_str(text: &str) -> *mut pyo3::ffi::PyObject {
     pyo3::ffi::PyUnicode_FromStringAndSize(
@@ -154,4 +174,174 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     signal_disposition::register(m)?;
     memory_limit::register(m)?;
     Ok(())
+}
+
+/// A function's result converted with the interpreter's own functions, each checked: pyo3's
+/// conversions of ints, floats, strs and tuples panic (`PyObject pointer is null`) when the
+/// object cannot be allocated, where `MemoryError` is the answer (issue 61).
+pub(crate) struct Checked<T>(pub T);
+
+/// `(rss, anon, file, shmem, peak_rss)` in bytes, as Python sees a process's memory.
+pub(crate) type MemoryFigures = (u64, u64, u64, u64, u64);
+
+/// What [`Checked`] converts.
+pub(crate) trait ToChecked {
+    fn to_checked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>>;
+}
+
+/// `ptr`, a new reference or NULL with an exception set.
+fn owned(py: Python<'_>, ptr: *mut pyo3::ffi::PyObject) -> PyResult<Bound<'_, PyAny>> {
+    if ptr.is_null() {
+        Err(fetched(py))
+    } else {
+        // SAFETY: a new, non-NULL reference handed over to the Bound.
+        Ok(unsafe { Bound::from_owned_ptr(py, ptr) })
+    }
+}
+
+impl ToChecked for u64 {
+    fn to_checked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: the GIL is held (`py`).
+        owned(py, unsafe { pyo3::ffi::PyLong_FromUnsignedLongLong(*self) })
+    }
+}
+
+impl ToChecked for usize {
+    fn to_checked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        (*self as u64).to_checked(py)
+    }
+}
+
+impl ToChecked for u32 {
+    fn to_checked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        u64::from(*self).to_checked(py)
+    }
+}
+
+impl ToChecked for String {
+    fn to_checked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: the GIL is held (`py`).
+        owned(py, unsafe { new_str(self) })
+    }
+}
+
+impl<T: ToChecked> ToChecked for Option<T> {
+    fn to_checked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Some(v) => v.to_checked(py),
+            None => Ok(py.None().into_bound(py)),
+        }
+    }
+}
+
+/// A tuple of `items`, made and filled with checked calls.
+fn checked_tuple<'py>(py: Python<'py>, items: &[&dyn ToChecked]) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: the GIL is held; the tuple is new and each slot is set once with a new reference
+    // (PyTuple_SET_ITEM steals it); on failure the partly filled tuple is released (its empty
+    // slots are NULL, which tuple deallocation skips).
+    unsafe {
+        let tuple = owned(
+            py,
+            pyo3::ffi::PyTuple_New(items.len() as pyo3::ffi::Py_ssize_t),
+        )?;
+        for (i, item) in items.iter().enumerate() {
+            let value = item.to_checked(py)?;
+            pyo3::ffi::PyTuple_SET_ITEM(
+                tuple.as_ptr(),
+                i as pyo3::ffi::Py_ssize_t,
+                value.into_ptr(),
+            );
+        }
+        Ok(tuple)
+    }
+}
+
+impl<A: ToChecked, B: ToChecked> ToChecked for (A, B) {
+    fn to_checked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        checked_tuple(py, &[&self.0, &self.1])
+    }
+}
+
+impl<A: ToChecked, B: ToChecked, C: ToChecked> ToChecked for (A, B, C) {
+    fn to_checked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        checked_tuple(py, &[&self.0, &self.1, &self.2])
+    }
+}
+
+impl<A: ToChecked, B: ToChecked, C: ToChecked, D: ToChecked, E: ToChecked> ToChecked
+    for (A, B, C, D, E)
+{
+    fn to_checked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        checked_tuple(py, &[&self.0, &self.1, &self.2, &self.3, &self.4])
+    }
+}
+
+impl<'py, T: ToChecked> IntoPyObject<'py> for Checked<T> {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.0.to_checked(py)
+    }
+}
+
+impl ToChecked for Py<PyAny> {
+    fn to_checked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.clone_ref(py).into_bound(py))
+    }
+}
+
+impl ToChecked for u8 {
+    fn to_checked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        u64::from(*self).to_checked(py)
+    }
+}
+
+impl ToChecked for f64 {
+    fn to_checked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: the GIL is held (`py`).
+        owned(py, unsafe { pyo3::ffi::PyFloat_FromDouble(*self) })
+    }
+}
+
+impl ToChecked for Vec<String> {
+    fn to_checked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: as for `checked_tuple`: a new list, each slot set once with a new reference.
+        unsafe {
+            let list = owned(
+                py,
+                pyo3::ffi::PyList_New(self.len() as pyo3::ffi::Py_ssize_t),
+            )?;
+            for (i, item) in self.iter().enumerate() {
+                let value = item.to_checked(py)?;
+                pyo3::ffi::PyList_SET_ITEM(
+                    list.as_ptr(),
+                    i as pyo3::ffi::Py_ssize_t,
+                    value.into_ptr(),
+                );
+            }
+            Ok(list)
+        }
+    }
+}
+
+/// A dict of `items` (str keys), made with checked calls.
+pub(crate) fn checked_dict<'py>(
+    py: Python<'py>,
+    items: &[(&str, &dyn ToChecked)],
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: the GIL is held; every new reference is checked, and PyDict_SetItem takes its
+    // own references to key and value.
+    unsafe {
+        let dict = owned(py, pyo3::ffi::PyDict_New())?;
+        for (key, value) in items {
+            let key = owned(py, new_str(key))?;
+            let value = value.to_checked(py)?;
+            if pyo3::ffi::PyDict_SetItem(dict.as_ptr(), key.as_ptr(), value.as_ptr()) != 0 {
+                return Err(fetched(py));
+            }
+        }
+        Ok(dict)
+    }
 }

@@ -52,7 +52,9 @@ fn object_retention<'py>(
     crate::allocator::guarded(|| {
         let analysis = Analysis::new(py, &ptrs(&roots), primary, &[obj.as_ptr()])?;
         let report = object_report(&analysis, obj.as_ptr() as usize, limit)?.ok_or_else(|| {
-            pyo3::exceptions::PyRuntimeError::new_err("the heap walk did not reach the object")
+            crate::py::error::<pyo3::exceptions::PyRuntimeError>(
+                "the heap walk did not reach the object",
+            )
         })?;
         let paths = objects(py, &report.paths);
         drop(analysis);

@@ -22,19 +22,20 @@ const FIELDS: [&str; 8] = [
 ];
 
 fn field<'py>(d: &Bound<'py, PyDict>, i: usize, name: &str) -> PyResult<Bound<'py, PyAny>> {
-    d.get_item(name)?
-        .ok_or_else(|| PyValueError::new_err(format!("retention report {i} has no '{name}' field")))
+    d.get_item(name)?.ok_or_else(|| {
+        crate::py::error::<PyValueError>(format!("retention report {i} has no '{name}' field"))
+    })
 }
 
 fn uint<T: TryFrom<u64>>(d: &Bound<'_, PyDict>, i: usize, name: &str) -> PyResult<T> {
     let v = field(d, i, name)?;
     if v.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(PyTypeError::new_err(format!(
+        return Err(crate::py::error::<PyTypeError>(format!(
             "retention report {i}: {name} must be an int, not bool"
         )));
     }
     let bad = || {
-        PyValueError::new_err(format!(
+        crate::py::error::<PyValueError>(format!(
             "retention report {i}: {name} must be a non-negative int in range, not {}",
             v.repr().map(|r| r.to_string()).unwrap_or_default()
         ))
@@ -46,14 +47,14 @@ fn uint<T: TryFrom<u64>>(d: &Bound<'_, PyDict>, i: usize, name: &str) -> PyResul
 fn strs(d: &Bound<'_, PyDict>, i: usize, name: &str) -> PyResult<Vec<Box<[u8]>>> {
     let v = field(d, i, name)?;
     let list = v.cast::<PyList>().map_err(|_| {
-        PyTypeError::new_err(format!(
+        crate::py::error::<PyTypeError>(format!(
             "retention report {i}: {name} must be a list of str"
         ))
     })?;
     list.iter()
         .map(|s| {
             let s = s.cast_into::<PyString>().map_err(|_| {
-                PyTypeError::new_err(format!(
+                crate::py::error::<PyTypeError>(format!(
                     "retention report {i}: {name} must be a list of str"
                 ))
             })?;
@@ -65,7 +66,7 @@ fn strs(d: &Bound<'_, PyDict>, i: usize, name: &str) -> PyResult<Vec<Box<[u8]>>>
 /// A list of report dicts (exactly the [`FIELDS`]) as the model holds them.
 pub(crate) fn reports_from_py(reports: &Bound<'_, PyAny>) -> PyResult<Vec<SiteRetention>> {
     let list = reports.cast::<PyList>().map_err(|_| {
-        PyTypeError::new_err(format!(
+        crate::py::error::<PyTypeError>(format!(
             "retention reports must be a list of dicts, not {}",
             reports
                 .get_type()
@@ -76,9 +77,9 @@ pub(crate) fn reports_from_py(reports: &Bound<'_, PyAny>) -> PyResult<Vec<SiteRe
     })?;
     let mut out = Vec::with_capacity(list.len());
     for (i, item) in list.iter().enumerate() {
-        let d = item
-            .cast::<PyDict>()
-            .map_err(|_| PyTypeError::new_err(format!("retention report {i} is not a dict")))?;
+        let d = item.cast::<PyDict>().map_err(|_| {
+            crate::py::error::<PyTypeError>(format!("retention report {i} is not a dict"))
+        })?;
         for key in d.keys() {
             let known = key
                 .cast::<PyString>()
@@ -86,7 +87,7 @@ pub(crate) fn reports_from_py(reports: &Bound<'_, PyAny>) -> PyResult<Vec<SiteRe
                 .and_then(|k| k.to_str().ok().map(|k| FIELDS.contains(&k)))
                 .unwrap_or(false);
             if !known {
-                return Err(PyValueError::new_err(format!(
+                return Err(crate::py::error::<PyValueError>(format!(
                     "retention report {i} has an unknown field {}",
                     key.repr()?
                 )));
@@ -94,7 +95,7 @@ pub(crate) fn reports_from_py(reports: &Bound<'_, PyAny>) -> PyResult<Vec<SiteRe
         }
         let filename = field(d, i, "filename")?;
         let filename = filename.cast::<PyString>().map_err(|_| {
-            PyTypeError::new_err(format!("retention report {i}: filename must be a str"))
+            crate::py::error::<PyTypeError>(format!("retention report {i}: filename must be a str"))
         })?;
         let report = SiteRetention {
             filename: str_bytes(filename)?.into_boxed_slice(),
@@ -107,7 +108,7 @@ pub(crate) fn reports_from_py(reports: &Bound<'_, PyAny>) -> PyResult<Vec<SiteRe
             pattern: strs(d, i, "pattern")?,
         };
         if report.unreachable > report.count {
-            return Err(PyValueError::new_err(format!(
+            return Err(crate::py::error::<PyValueError>(format!(
                 "retention report {i} counts {} unreachable objects of {}",
                 report.unreachable, report.count
             )));

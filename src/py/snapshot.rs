@@ -25,9 +25,11 @@ use crate::analysis::snapshot::{FrameId, Snapshot, SnapshotBuilder, TracebackId}
 use crate::analysis::stats::{self, GroupKey, KeyType};
 use crate::error::Error;
 use crate::fallible;
+use crate::machine::{Machine, MAX_HOSTNAME_LEN, MAX_ID_LEN};
 use crate::py::objects;
 use crate::py::site_reports::{reports_from_py, reports_to_py};
 use crate::py::strings::{bytes_str, str_bytes};
+use crate::py::Checked;
 
 #[pyclass(name = "SnapshotData", module = "alloctrace._native", frozen)]
 pub struct PySnapshotData {
@@ -44,20 +46,21 @@ impl PySnapshotData {
 
 fn int_in<T: TryFrom<i128>>(obj: &Bound<'_, PyAny>, what: impl Fn() -> String) -> PyResult<T> {
     if !obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyBool>() {
-        return Err(PyTypeError::new_err(format!(
+        return Err(crate::py::error::<PyTypeError>(format!(
             "{} must be an int, not {}",
             what(),
             obj.get_type().name()?
         )));
     }
     let v: i128 = obj.extract().map_err(|_| {
-        PyValueError::new_err(format!(
+        crate::py::error::<PyValueError>(format!(
             "{} is out of range: {}",
             what(),
             obj.repr().map(|r| r.to_string()).unwrap_or_default()
         ))
     })?;
-    T::try_from(v).map_err(|_| PyValueError::new_err(format!("{} is out of range: {v}", what())))
+    T::try_from(v)
+        .map_err(|_| crate::py::error::<PyValueError>(format!("{} is out of range: {v}", what())))
 }
 
 /// Items of a tuple or list, without copying for tuples.
@@ -71,7 +74,7 @@ fn items<'py>(
     if let Ok(l) = obj.cast::<PyList>() {
         return Ok(l.iter().collect());
     }
-    Err(PyTypeError::new_err(format!(
+    Err(crate::py::error::<PyTypeError>(format!(
         "{} must be a tuple, not {}",
         what(),
         obj.get_type().name()?
@@ -90,7 +93,7 @@ fn snapshot_from_raw(traces: &Bound<'_, PyAny>, traceback_limit: u32) -> PyResul
     // may come from a generator whose tuples would otherwise be freed as we go).
     let mut keep_alive: Vec<Bound<'_, PyAny>> = Vec::new();
     let iter = traces.try_iter().map_err(|_| {
-        PyTypeError::new_err(format!(
+        crate::py::error::<PyTypeError>(format!(
             "traces must be a sequence of trace tuples, not {}",
             traces
                 .get_type()
@@ -106,7 +109,7 @@ fn snapshot_from_raw(traces: &Bound<'_, PyAny>, traceback_limit: u32) -> PyResul
         let trace = trace?;
         let fields = items(&trace, || format!("traces[{i}]"))?;
         if fields.len() != 3 && fields.len() != 4 {
-            return Err(PyValueError::new_err(format!(
+            return Err(crate::py::error::<PyValueError>(format!(
                 "traces[{i}] must be (domain, size, frames) or (domain, size, frames, \
                  total_nframe), got {} items",
                 fields.len()
@@ -131,13 +134,13 @@ fn snapshot_from_raw(traces: &Bound<'_, PyAny>, traceback_limit: u32) -> PyResul
                 {
                     let pair = items(frame, || format!("traces[{i}] frame {k}"))?;
                     if pair.len() != 2 {
-                        return Err(PyValueError::new_err(format!(
+                        return Err(crate::py::error::<PyValueError>(format!(
                             "traces[{i}] frame {k} must be (filename, lineno), got {} items",
                             pair.len()
                         )));
                     }
                     let name = pair[0].cast::<PyString>().map_err(|_| {
-                        PyTypeError::new_err(format!(
+                        crate::py::error::<PyTypeError>(format!(
                             "traces[{i}] frame {k}: filename must be a str, not {}",
                             pair[0]
                                 .get_type()
@@ -297,7 +300,7 @@ impl<'py, 'a> PyTables<'py, 'a> {
 fn key_type(key_type: &Bound<'_, PyAny>, cumulative: bool) -> PyResult<KeyType> {
     match key_type.cast::<PyString>() {
         Ok(s) => Ok(KeyType::parse(s.to_str()?, cumulative)?),
-        Err(_) => Err(PyValueError::new_err(format!(
+        Err(_) => Err(crate::py::error::<PyValueError>(format!(
             "unknown key_type: {}",
             key_type.repr()?
         ))),
@@ -308,7 +311,7 @@ pub(crate) fn spec_from_tuple(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<Filt
     let fields = items(obj, || format!("filter spec {i}"))?;
     let kind: String = fields
         .first()
-        .ok_or_else(|| PyValueError::new_err(format!("filter spec {i} is empty")))?
+        .ok_or_else(|| crate::py::error::<PyValueError>(format!("filter spec {i} is empty")))?
         .extract()?;
     let bool_at = |k: usize| -> PyResult<bool> { fields[k].is_truthy() };
     let opt_u32 = |k: usize, what: &str| -> PyResult<Option<u32>> {
@@ -322,7 +325,9 @@ pub(crate) fn spec_from_tuple(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<Filt
         ("filename", 6) => Ok(FilterSpec::Filename {
             inclusive: bool_at(1)?,
             pattern: str_bytes(fields[2].cast::<PyString>().map_err(|_| {
-                PyTypeError::new_err(format!("filter {i}: filename_pattern must be a str"))
+                crate::py::error::<PyTypeError>(format!(
+                    "filter {i}: filename_pattern must be a str"
+                ))
             })?)?,
             lineno: opt_u32(3, "lineno")?,
             all_frames: bool_at(4)?,
@@ -332,7 +337,7 @@ pub(crate) fn spec_from_tuple(obj: &Bound<'_, PyAny>, i: usize) -> PyResult<Filt
             inclusive: bool_at(1)?,
             domain: int_in(&fields[2], || format!("filter {i} domain"))?,
         }),
-        _ => Err(PyValueError::new_err(format!(
+        _ => Err(crate::py::error::<PyValueError>(format!(
             "filter spec {i} must be ('filename', inclusive, pattern, lineno, all_frames, \
              domain) or ('domain', inclusive, domain)"
         ))),
@@ -345,7 +350,7 @@ fn attributes_from_py(attributes: &Bound<'_, PyDict>) -> PyResult<Attributes> {
     for (k, v) in attributes.iter() {
         let name = k
             .cast::<PyString>()
-            .map_err(|_| PyTypeError::new_err("snapshot attribute names must be str"))?;
+            .map_err(|_| crate::py::error::<PyTypeError>("snapshot attribute names must be str"))?;
         let label = name.to_string_lossy().into_owned();
         let name = str_bytes(name)?;
         let value = attr_from_py(&v, &label, 0)?;
@@ -356,7 +361,7 @@ fn attributes_from_py(attributes: &Bound<'_, PyDict>) -> PyResult<Attributes> {
 
 fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<AttrValue> {
     if depth > MAX_ATTR_DEPTH {
-        return Err(PyTypeError::new_err(format!(
+        return Err(crate::py::error::<PyTypeError>(format!(
             "cannot store snapshot attribute '{name}': its value nests deeper than \
              {MAX_ATTR_DEPTH} levels"
         )));
@@ -406,7 +411,7 @@ fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<At
         let mut out = Vec::with_capacity(d.len());
         for (k, v) in d.iter() {
             let k = k.cast_exact::<PyString>().map_err(|_| {
-                PyTypeError::new_err(format!(
+                crate::py::error::<PyTypeError>(format!(
                     "cannot store snapshot attribute '{name}': dict keys must be str, not {}",
                     k.get_type()
                         .name()
@@ -418,7 +423,7 @@ fn attr_from_py(obj: &Bound<'_, PyAny>, name: &str, depth: usize) -> PyResult<At
         }
         return Ok(AttrValue::Dict(out));
     }
-    Err(PyTypeError::new_err(format!(
+    Err(crate::py::error::<PyTypeError>(format!(
         "cannot store snapshot attribute '{name}': values of type {} are not supported \
          (supported: None, bool, int, float, str, bytes, and list, tuple or str-keyed dict of \
          those)",
@@ -502,12 +507,15 @@ impl PySnapshotData {
     /// Builds a snapshot from `tracemalloc`-style raw traces: an iterable of
     /// `(domain, size, frames[, total_nframe])` with frames most recent first.
     /// With `sample_interval` (bytes), the traces are samples taken at that interval.
+    /// With `machine` (`(id, hostname)`), the snapshot says it was taken on that machine (a
+    /// merge of snapshots of one machine keeps it).
     #[staticmethod]
-    #[pyo3(signature = (traces, traceback_limit, sample_interval=None))]
+    #[pyo3(signature = (traces, traceback_limit, sample_interval=None, machine=None))]
     fn from_raw(
         traces: &Bound<'_, PyAny>,
         traceback_limit: &Bound<'_, PyAny>,
         sample_interval: Option<&Bound<'_, PyAny>>,
+        machine: Option<(String, String)>,
     ) -> PyResult<Self> {
         let limit: u32 = int_in(traceback_limit, || "traceback_limit".to_string())?;
         let interval = match sample_interval.filter(|i| !i.is_none()) {
@@ -515,7 +523,7 @@ impl PySnapshotData {
             Some(i) => {
                 let interval: u64 = int_in(i, || "sample_interval".to_string())?;
                 if interval == 0 || interval > MAX_INTERVAL {
-                    return Err(PyValueError::new_err(format!(
+                    return Err(crate::py::error::<PyValueError>(format!(
                         "sample_interval must be None or in range [1; {MAX_INTERVAL}], got \
                          {interval}"
                     )));
@@ -525,6 +533,18 @@ impl PySnapshotData {
         };
         let mut snapshot = snapshot_from_raw(traces, limit)?;
         snapshot.sample_interval = interval;
+        if let Some((id, hostname)) = machine {
+            if id.len() > MAX_ID_LEN
+                || hostname.len() > MAX_HOSTNAME_LEN
+                || (id.clone() + &hostname).contains('\0')
+            {
+                return Err(crate::py::error::<PyValueError>(format!(
+                    "machine must be (id, hostname) of at most {MAX_ID_LEN} and \
+                     {MAX_HOSTNAME_LEN} bytes without NUL"
+                )));
+            }
+            snapshot.metadata.machine = Some(Machine { id, hostname });
+        }
         Ok(Self::new(snapshot))
     }
 
@@ -586,37 +606,61 @@ impl PySnapshotData {
     }
 
     #[getter]
-    fn traceback_limit(&self) -> u32 {
-        self.inner.traceback_limit
+    fn traceback_limit(&self) -> Checked<u32> {
+        Checked(self.inner.traceback_limit)
     }
 
     /// `(rss, anon, file, shmem, peak_rss)` in bytes when the snapshot was taken; None when
     /// not recorded.
     #[getter]
-    fn process_memory(&self) -> Option<(u64, u64, u64, u64, u64)> {
-        self.inner
-            .metadata
-            .process_memory
-            .map(|pm| (pm.rss, pm.anon, pm.file, pm.shmem, pm.peak_rss))
+    fn process_memory(&self) -> Checked<Option<crate::py::MemoryFigures>> {
+        Checked(
+            self.inner
+                .metadata
+                .process_memory
+                .map(|pm| (pm.rss, pm.anon, pm.file, pm.shmem, pm.peak_rss)),
+        )
+    }
+
+    /// `(id, hostname)` of the machine the snapshot was taken on (the id app-specific and
+    /// hashed, see `crate::machine`); None when not recorded.
+    #[getter]
+    fn machine(&self) -> Checked<Option<(String, String)>> {
+        Checked(
+            self.inner
+                .metadata
+                .machine
+                .as_ref()
+                .map(|m| (m.id.clone(), m.hostname.clone())),
+        )
+    }
+
+    /// This machine's `(id, hostname)` as snapshots taken here record it, or None.
+    #[staticmethod]
+    fn this_machine() -> Checked<Option<(String, String)>> {
+        Checked(crate::machine::current().map(|m| (m.id, m.hostname)))
     }
 
     /// The sampling interval in bytes of a sampled snapshot, None for an exact one.
     #[getter]
-    fn sample_interval(&self) -> Option<u64> {
-        self.inner.sample_interval
+    fn sample_interval(&self) -> Checked<Option<u64>> {
+        Checked(self.inner.sample_interval)
     }
 
     /// `{"python_version": (3, 11, 7) | None, "timestamp": float | None, "pid": int | None,
     /// "argv": [str, ...]}`, a new dict each time.
     #[getter]
-    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let md = &self.inner.metadata;
-        let d = PyDict::new(py);
-        d.set_item("python_version", md.python_version)?;
-        d.set_item("timestamp", md.timestamp)?;
-        d.set_item("pid", md.pid)?;
-        d.set_item("argv", PyList::new(py, &md.argv)?)?;
-        Ok(d)
+        crate::py::checked_dict(
+            py,
+            &[
+                ("python_version", &md.python_version),
+                ("timestamp", &md.timestamp),
+                ("pid", &md.pid),
+                ("argv", &md.argv),
+            ],
+        )
     }
 
     fn __len__(&self) -> usize {
@@ -641,12 +685,12 @@ impl PySnapshotData {
     /// A copy of this snapshot carrying `peak` (a peak snapshot) for `dump`.
     fn with_peak(&self, py: Python<'_>, peak: &PySnapshotData) -> PyResult<Self> {
         if self.inner.blocks.is_some() {
-            return Err(PyValueError::new_err(
+            return Err(crate::py::error::<PyValueError>(
                 "a peak snapshot cannot carry another peak",
             ));
         }
         if peak.inner.blocks.is_none() {
-            return Err(PyValueError::new_err(
+            return Err(crate::py::error::<PyValueError>(
                 "peak must be a peak snapshot (take_snapshot(peak=True))",
             ));
         }
@@ -662,7 +706,7 @@ impl PySnapshotData {
         let n = self.inner.traces.len() as isize;
         let i = if index < 0 { index + n } else { index };
         if i < 0 || i >= n {
-            return Err(PyIndexError::new_err("trace index out of range"));
+            return Err(crate::py::error::<PyIndexError>("trace index out of range"));
         }
         allocator::guarded(|| PyTables::uncached(py, &self.inner).trace(i as usize))
     }
@@ -910,7 +954,7 @@ impl PySnapshotData {
     fn load<'py>(
         py: Python<'py>,
         path: &Bound<'py, PyAny>,
-    ) -> PyResult<(Self, Bound<'py, PyDict>)> {
+    ) -> PyResult<Checked<(Py<PyAny>, Py<PyAny>)>> {
         let path = crate::py::path_arg(path)?;
         allocator::guarded(|| {
             // The read runs without the GIL; between chunks it takes the GIL back to run pending
@@ -928,11 +972,13 @@ impl PySnapshotData {
                 return Err(err);
             }
             let (snapshot, attrs) = loaded?;
-            let d = PyDict::new(py);
+            // The dict and the pair are made with checked calls (see `Checked`).
+            let d = crate::py::checked_dict(py, &[])?;
             for (k, v) in &attrs {
                 d.set_item(bytes_str(py, k)?, attr_to_py(py, v)?)?;
             }
-            Ok((Self::new(snapshot), d))
+            let data = Py::new(py, Self::new(snapshot))?.into_any();
+            Ok(Checked((data, d.unbind())))
         })
     }
 
@@ -956,13 +1002,13 @@ impl PySnapshotData {
         }
     }
 
-    fn __repr__(&self) -> String {
-        format!(
+    fn __repr__(&self) -> Checked<String> {
+        Checked(format!(
             "<SnapshotData traces={} tracebacks={} traceback_limit={}>",
             self.inner.traces.len(),
             self.inner.tracebacks.len(),
             self.inner.traceback_limit
-        )
+        ))
     }
 }
 

@@ -8,6 +8,7 @@ use pyo3::types::{PyBool, PyInt, PyList, PyTuple};
 use crate::capture::MAX_NFRAME;
 use crate::py::objects;
 use crate::py::snapshot::PySnapshotData;
+use crate::py::Checked;
 use crate::tracer;
 use crate::{allocator, fallible};
 
@@ -70,7 +71,7 @@ fn require_main_interpreter(what: &str) -> PyResult<()> {
     if main {
         Ok(())
     } else {
-        Err(PyRuntimeError::new_err(format!(
+        Err(crate::py::error::<PyRuntimeError>(format!(
             "alloctrace.{what}() can only be called from the main interpreter (tracing belongs \
              to it; allocations of sub-interpreters are traced with an unknown traceback)"
         )))
@@ -79,23 +80,30 @@ fn require_main_interpreter(what: &str) -> PyResult<()> {
 
 /// A frame count: any int, so that one too large for a C integer gets the same
 /// "must be in range" ValueError as any other out-of-range count, not an OverflowError about C
-/// types.
-struct FrameCount(i64);
+/// types. Extracting it never fails: the error is kept for the function's body to return,
+/// because pyo3 wraps an argument's extraction error in a message it makes with an allocation
+/// that panics when none can be had (issue 61).
+struct FrameCount(PyResult<i64>);
 
 impl<'py> FromPyObject<'_, 'py> for FrameCount {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'_, 'py, PyAny>) -> PyResult<Self> {
-        match obj.extract::<i64>() {
-            Ok(n) => Ok(FrameCount(n)),
+        Ok(FrameCount(match obj.extract::<i64>() {
+            Ok(n) => Ok(n),
             Err(err) if err.is_instance_of::<PyOverflowError>(obj.py()) => {
-                Err(PyValueError::new_err(format!(
-                    "the number of frames must be in range [1; {MAX_NFRAME}], got {}",
-                    &*obj
-                )))
+                // str() itself, not Display: Display reports a failed str() as unraisable.
+                Err(obj.str().map_or_else(
+                    |failed| failed,
+                    |shown| {
+                        crate::py::error::<PyValueError>(format!(
+                            "the number of frames must be in range [1; {MAX_NFRAME}], got {shown}"
+                        ))
+                    },
+                ))
             }
             Err(err) => Err(err),
-        }
+        }))
     }
 }
 
@@ -106,24 +114,25 @@ fn byte_count(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<u64
         return Ok(None);
     };
     if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<PyInt>() {
-        return Err(PyTypeError::new_err(format!(
+        return Err(crate::py::error::<PyTypeError>(format!(
             "{what} must be an int or None, not {}",
             obj.get_type().name()?
         )));
     }
     match obj.extract::<u64>() {
         Ok(n) => Ok(Some(n)),
-        Err(_) => Err(PyValueError::new_err(format!(
+        Err(_) => Err(crate::py::error::<PyValueError>(format!(
             "{what} must be in range [0; {}], got {}",
             u64::MAX,
-            obj
+            // str() itself, not Display: Display reports a failed str() as unraisable.
+            obj.str()?
         ))),
     }
 }
 
 #[pyfunction]
 #[pyo3(
-    signature = (nframe = FrameCount(1), *, sample_interval = None, sample_seed = None, native = None, reattribute = None),
+    signature = (nframe = FrameCount(Ok(1)), *, sample_interval = None, sample_seed = None, native = None, reattribute = None),
     text_signature = "(nframe=1, *, sample_interval=None, sample_seed=None, native=None, reattribute=None)"
 )]
 fn start(
@@ -134,7 +143,7 @@ fn start(
     native: Option<bool>,
     reattribute: Option<bool>,
 ) -> PyResult<()> {
-    let FrameCount(nframe) = nframe;
+    let nframe = nframe.0?;
     let sampling = tracer::Sampling {
         interval: byte_count(sample_interval, "sample_interval")?,
         seed: byte_count(sample_seed, "sample_seed")?,
@@ -154,8 +163,8 @@ fn start(
 /// The sampling interval in bytes while tracing in sampled mode; None when tracing exactly
 /// or not tracing.
 #[pyfunction]
-fn get_sample_interval() -> Option<u64> {
-    tracer::sample_interval()
+fn get_sample_interval() -> Checked<Option<u64>> {
+    Checked(tracer::sample_interval())
 }
 
 #[pyfunction]
@@ -177,14 +186,14 @@ fn clear_traces(py: Python<'_>) -> PyResult<()> {
 }
 
 #[pyfunction]
-fn get_traceback_limit() -> PyResult<usize> {
+fn get_traceback_limit() -> PyResult<Checked<usize>> {
     require_main_interpreter("get_traceback_limit")?;
-    Ok(tracer::traceback_limit())
+    Ok(Checked(tracer::traceback_limit()))
 }
 
 #[pyfunction]
 fn set_traceback_limit(nframe: FrameCount) -> PyResult<()> {
-    let FrameCount(nframe) = nframe;
+    let nframe = nframe.0?;
     require_main_interpreter("set_traceback_limit")?;
     Ok(tracer::set_traceback_limit(nframe)?)
 }
@@ -192,18 +201,18 @@ fn set_traceback_limit(nframe: FrameCount) -> PyResult<()> {
 /// Code objects that died since the last reading are released first, so that their memory
 /// is not counted (see `crate::intern`).
 #[pyfunction]
-fn get_traced_memory(py: Python<'_>) -> (usize, usize) {
+fn get_traced_memory(py: Python<'_>) -> Checked<(usize, usize)> {
     tracer::sweep_dead_code(py);
-    tracer::traced_memory()
+    Checked(tracer::traced_memory())
 }
 
 /// `(rss, anon, file, shmem, peak_rss)` of the process now, in bytes (see
 /// `crate::process_memory`); OSError where the kernel's figures cannot be read.
 #[pyfunction]
-fn get_process_memory() -> PyResult<(u64, u64, u64, u64, u64)> {
+fn get_process_memory() -> PyResult<Checked<crate::py::MemoryFigures>> {
     let pm = crate::process_memory::ProcessMemory::current()
         .map_err(pyo3::exceptions::PyOSError::new_err)?;
-    Ok((pm.rss, pm.anon, pm.file, pm.shmem, pm.peak_rss))
+    Ok(Checked((pm.rss, pm.anon, pm.file, pm.shmem, pm.peak_rss)))
 }
 
 #[pyfunction]
@@ -212,16 +221,16 @@ fn reset_peak() {
 }
 
 #[pyfunction]
-fn get_tracemalloc_memory() -> PyResult<usize> {
+fn get_tracemalloc_memory() -> PyResult<Checked<usize>> {
     require_main_interpreter("get_tracemalloc_memory")?;
-    Ok(tracer::tracer_memory())
+    Ok(Checked(tracer::tracer_memory()))
 }
 
 /// Blocks allocated while tracing that the tracer left untraced because it could not get
 /// memory for their trace; 0 unless memory ran out. Reset by `start()` and `clear_traces()`.
 #[pyfunction]
-fn get_dropped_traces() -> usize {
-    tracer::dropped_traces()
+fn get_dropped_traces() -> Checked<usize> {
+    Checked(tracer::dropped_traces())
 }
 
 /// `(sweeps, total seconds, longest seconds, longest in CPU seconds, live tracebacks, trie

@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .. import _source
 from . import _common as common
 from . import attach, diff, export, flamegraph, push, report, run, snapshot, stats, why
 from ._common import FAILURE, PROG, USAGE_ERROR, CommandError, Parser
@@ -106,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "snapshot, attach, detach or push",
                 USAGE_ERROR,
             )
-        return args.handler(args)
+        with _source.scope(getattr(args, "source_from", ()), getattr(args, "no_source", False)):
+            return args.handler(args)
     except CommandError as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         return exc.status

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from .. import _report
+from .. import _report, _source
 
 PROG = "alloctrace"
 KEY_TYPES = ("lineno", "filename", "traceback", "type", "lineno+type")
@@ -180,7 +180,9 @@ def load(path: str, allow_pickle: bool = False):
 
     try:
         with Progress(f"loading {path}"):
-            return alloctrace.Snapshot.load(path, allow_pickle=allow_pickle)
+            snapshot = alloctrace.Snapshot.load(path, allow_pickle=allow_pickle)
+        _source.note_origin(snapshot, path)
+        return snapshot
     except alloctrace.SnapshotFormatError as exc:
         message = _describe(exc, path)
         # The library's advice names the API; from here the way is the option.
@@ -480,9 +482,21 @@ def add_report_options(parser: argparse.ArgumentParser, full: bool = True) -> No
         "--full-paths", action="store_true", help="show file names exactly as recorded"
     )
     parser.add_argument("--no-source", action="store_true", help="do not show source lines")
+    add_source_from_option(parser)
     add_pickle_option(parser)
     parser.set_defaults(
         key="lineno", cumulative=False, filters=None, domains=None, json=False, full_paths=False
+    )
+
+
+def add_source_from_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--source-from",
+        action="append",
+        metavar="DIR",
+        default=[],
+        help="show source lines of a snapshot from another machine (or one that does not say) "
+        "from the files under DIR (repeatable); a snapshot of this machine needs none",
     )
 
 

@@ -33,6 +33,7 @@ def register(commands) -> None:
         "the current directory)",
     )
     report.add_argument("--title", help="title of the page (default: from the program's name)")
+    common.add_source_from_option(report)
     common.add_pickle_option(report)
     report.set_defaults(handler=execute)
 

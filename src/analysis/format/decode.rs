@@ -13,6 +13,7 @@ use crate::analysis::snapshot::{
 };
 use crate::error::Error;
 use crate::fallible;
+use crate::machine::{Machine, MAX_HOSTNAME_LEN, MAX_ID_LEN};
 use crate::process_memory::ProcessMemory;
 
 use super::columns::{decode_trace_columns, Traces};
@@ -623,6 +624,10 @@ fn decode_file(data: &[u8], nested: bool) -> std::result::Result<(Snapshot, Attr
         Some(payload) => Some(decode_process_memory(payload)?),
         None => None,
     };
+    let machine = match section(TAG_MACHINE) {
+        Some(payload) => Some(decode_machine(payload)?),
+        None => None,
+    };
     let (blocks, peak) = match section(TAG_PEAK) {
         Some(payload) => decode_peak_section(payload, traces.len(), nested)?,
         None => (None, None),
@@ -643,6 +648,7 @@ fn decode_file(data: &[u8], nested: bool) -> std::result::Result<(Snapshot, Attr
             pid: meta.pid,
             argv: meta.argv,
             process_memory,
+            machine,
         },
         sample_interval,
         kinds,
@@ -651,6 +657,32 @@ fn decode_file(data: &[u8], nested: bool) -> std::result::Result<(Snapshot, Attr
         peak,
     };
     Ok((snapshot, attrs))
+}
+
+/// Section 14: the app-specific machine id and the hostname, each a length and UTF-8 bytes,
+/// bounded (the id by [`MAX_ID_LEN`], the hostname by [`MAX_HOSTNAME_LEN`]). Whatever id a file
+/// claims is taken as it is: the id is a fidelity guard, not an authentication.
+pub(super) fn decode_machine(payload: &[u8]) -> std::result::Result<Machine, Reason> {
+    let mut r = Reader::new(payload, "machine");
+    let mut text = |field: &str, max: usize| -> std::result::Result<String, Reason> {
+        let bytes = r.bytes(field)?;
+        if bytes.len() > max {
+            return Err(Reason::from(format!(
+                "the machine section's {field} is {} bytes long, longer than {max}",
+                bytes.len()
+            )));
+        }
+        match std::str::from_utf8(bytes) {
+            Ok(s) if !s.contains('\0') => Ok(s.to_owned()),
+            _ => Err(Reason::from(format!(
+                "the machine section's {field} is not text"
+            ))),
+        }
+    };
+    let id = text("id", MAX_ID_LEN)?;
+    let hostname = text("hostname", MAX_HOSTNAME_LEN)?;
+    r.finish()?;
+    Ok(Machine { id, hostname })
 }
 
 /// Section 13: a field count, then RSS, anonymous, file-backed, shared and peak RSS in

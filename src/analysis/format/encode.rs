@@ -272,6 +272,13 @@ impl Encoder {
             section(&mut out, TAG_PROCESS_MEMORY, &buf)?;
         }
 
+        if let Some(machine) = &md.machine {
+            buf.clear();
+            put_bytes_in_room(&mut buf, machine.id.as_bytes())?;
+            put_bytes_in_room(&mut buf, machine.hostname.as_bytes())?;
+            section(&mut out, TAG_MACHINE, &buf)?;
+        }
+
         put_peak_section(&mut out, snapshot)?;
 
         if !attrs.is_empty() {

@@ -17,7 +17,9 @@
 //! below), 9 sampling interval (below), 10 object kinds (optional: the kind-name table, then one
 //! kind id per trace, in trace order; written only for snapshots taken with `objects=True`), 11
 //! retention reports (optional: see [`decode_retention`](decode::decode_retention)), 12 the peak
-//! (optional: see [`put_peak_section`](encode::put_peak_section)). Tables are written once and
+//! (optional: see [`put_peak_section`](encode::put_peak_section)), 13 the process's memory, 14 the
+//! machine (optional: the app-specific machine id and the hostname, each a LEB128 length and
+//! UTF-8 bytes; files without it are from before it was recorded). Tables are written once and
 //! referenced by index; integers inside the tables are unsigned LEB128, and traces are stored by
 //! column (run-length domains, sizes, traceback ids) because that is what makes a 1M-trace dump a
 //! few MB.
@@ -90,6 +92,9 @@ const TAG_RETENTION: u32 = 11;
 const TAG_PROCESS_MEMORY: u32 = 13;
 /// Fields section 13 holds today; a later writer may append more, which this reader skips.
 const PROCESS_MEMORY_FIELDS: u64 = 5;
+/// The machine the snapshot was taken on (optional; see
+/// [`decode_machine`](decode::decode_machine)).
+const TAG_MACHINE: u32 = 14;
 /// The peak (section 12): see [`put_peak_section`](encode::put_peak_section).
 const TAG_PEAK: u32 = 12;
 const HEADER_LEN: usize = 12;

@@ -40,6 +40,7 @@ fn sample() -> (Snapshot, Attributes) {
         pid: Some(42),
         argv: vec!["x.py".into(), "-v".into()],
         process_memory: None,
+        machine: None,
     });
     let attrs = vec![
         (b"test_attr".to_vec(), AttrValue::Str(b"new".to_vec())),
@@ -1157,4 +1158,72 @@ fn retention_section_hostile_payloads_are_refused() {
         let err = decode(&with_retention_payload(payload)).unwrap_err();
         assert!(err.contains(want), "{err:?} lacks {want:?}");
     }
+}
+
+fn with_machine() -> (Snapshot, Attributes) {
+    let (mut s, attrs) = sample();
+    s.metadata.machine = Some(crate::machine::Machine {
+        id: "0123456789abcdef0123456789abcdef".into(),
+        hostname: "build-7.example".into(),
+    });
+    (s, attrs)
+}
+
+#[test]
+fn machine_section_round_trips_and_old_files_have_none() {
+    let (s, attrs) = with_machine();
+    let data = encode(&s, &attrs);
+    assert_ne!(section_payload_offset(&data, TAG_MACHINE), 0);
+    assert_eq!(decode(&data).unwrap().0, s);
+    for len in 0..data.len() {
+        assert!(decode(&data[..len]).is_err(), "prefix of {len} accepted");
+    }
+    // Files from before the section existed load as "machine unknown".
+    let bare = without_section(&data, TAG_MACHINE);
+    assert_eq!(decode(&bare).unwrap().0.metadata.machine, None);
+}
+
+#[test]
+fn machine_section_hostile_payloads_are_refused() {
+    let (s, attrs) = with_machine();
+    let data = encode(&s, &attrs);
+    let field = |b: &[u8]| {
+        let mut p = Vec::new();
+        put_uleb(&mut p, b.len() as u64);
+        p.extend_from_slice(b);
+        p
+    };
+    let long_id = [b'a'; 65];
+    let long_host = [b'h'; 256];
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (Vec::new(), "machine section"),
+        (field(b"abc"), "machine section"),
+        ([field(&long_id), field(b"h")].concat(), "longer than 64"),
+        (
+            [field(b"abc"), field(&long_host)].concat(),
+            "longer than 255",
+        ),
+        ([field(b"a\xffc"), field(b"h")].concat(), "id is not text"),
+        (
+            [field(b"abc"), field(b"h\0")].concat(),
+            "hostname is not text",
+        ),
+        (
+            [field(b"abc"), field(b"h"), vec![0]].concat(),
+            "unexpected bytes",
+        ),
+        ([vec![0xFF; 11], field(b"h")].concat(), "oversized number"),
+    ];
+    for (p, expected) in cases {
+        let err = decode(&with_payload(&data, TAG_MACHINE, &p)).unwrap_err();
+        assert!(err.contains(expected), "{expected:?} not in {err:?}");
+    }
+    // Any id is taken as it is (a fidelity guard, not an authentication).
+    let (back, _) = decode(&with_payload(
+        &data,
+        TAG_MACHINE,
+        &[field(b"claimed"), field(b"")].concat(),
+    ))
+    .unwrap();
+    assert_eq!(back.metadata.machine.unwrap().id, "claimed");
 }
