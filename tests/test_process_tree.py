@@ -422,3 +422,107 @@ def test_why_over_a_capture(tmp_path):
     missing = cli("why", "cap", "--line", "pool.py:1", cwd=tmp_path)
     assert missing.returncode == 1
     assert "no snapshot of cap holds a retention report for pool.py:1" in missing.stderr
+
+
+NAMED = """\
+import multiprocessing, sys
+
+def leak(n):
+    global kept
+    kept = [bytearray(100) for _ in range(n)]  # LEAK
+
+def idle(n):
+    pass
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("fork")
+    n = int(sys.argv[1])
+    roles = ((idle, "idle"), (leak, "leaker"))
+    workers = [ctx.Process(target=f, args=(n,), name=name) for f, name in roles]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+"""
+
+
+def test_diff_captures_as_json_and_by_process(tmp_path):
+    script = write(tmp_path, "named.py", NAMED)
+    for name, n in (("small", "1000"), ("big", "5000")):
+        done = cli("run", "-q", "--capture", name, str(script), n, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    lineno = line_of(script, "# LEAK")
+    # Summed per site, as JSON.
+    diff = cli("diff", "--json", "--limit", "1", "small", "big", cwd=tmp_path)
+    assert diff.returncode == 0, diff.stderr
+    document = json.loads(diff.stdout)
+    (first,) = document["stats"]
+    assert (
+        first["traceback"][0]["lineno"] == lineno and first["count_diff"] == 8000
+    )  # an object and its buffer each
+    assert len(document["processes"]["old"]) == len(document["processes"]["new"]) == 3
+    assert document["new"]["path"] == "big" and document["old"]["traceback_limit"] == 1
+    old_pids = {p["pid"] for p in document["processes"]["old"]}
+    new_pids = {p["pid"] for p in document["processes"]["new"]}
+    assert old_pids.isdisjoint(new_pids)
+    # One comparison per process, matched by role whatever the pids and the argument.
+    diff = cli("diff", "--by-process", "--json", "--limit", "1", "small", "big", cwd=tmp_path)
+    assert diff.returncode == 0, diff.stderr
+    document = json.loads(diff.stdout)
+    entries = document["processes"]
+    assert document["by_process"] is True and len(entries) == 3
+    roles = [(e["old"]["role"], e["new"]["role"]) for e in entries]
+    assert roles[0] == ("leaker", "leaker")
+    assert sorted(roles[1:]) == [("idle", "idle"), ("named.py 1000", "named.py 5000")]
+    leaker = entries[0]
+    assert leaker["stats"][0]["traceback"][0]["lineno"] == lineno
+    assert leaker["stats"][0]["count_diff"] == 8000
+    # Each entry's totals are its own process's: the idle worker's barely moved.
+    assert abs(leaker["total"]["count_diff"] - 8000) < 100
+    idle = next(e for e in entries if e["old"]["role"] == "idle")
+    assert abs(idle["total"]["count_diff"]) < 100
+    text = cli("diff", "--by-process", "--limit", "1", "small", "big", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    first_header = text.stdout.splitlines()[0]
+    assert re.fullmatch(
+        r"== pid \d+ \(leaker\) in small -> pid \d+ \(leaker\) in big ==", first_header
+    )
+    assert re.search(
+        rf"^#1: named\.py:{lineno}: \+\d+\.\d KiB \(\+8,000 blocks\)", text.stdout, re.M
+    )
+    # Not over single files, not with --peak.
+    one = (tmp_path / "small").glob("*.snap").__next__()
+    refused = cli("diff", "--by-process", str(one), str(one), cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "diff --by-process compares two capture directories" in refused.stderr
+
+
+def fake(pid, ppid, started, argv, name=None):
+    process = _capture.CaptureProcess(
+        {"id": f"{pid}-{started}", "pid": pid, "ppid": ppid, "time": started, "argv": argv}
+    )
+    process.name = name
+    return process
+
+
+def test_processes_are_matched_by_role_not_pid():
+    old = [
+        fake(10, 1, 1.0, ["python", "app.py", "1"]),
+        fake(11, 10, 2.0, ["python", "app.py", "1"]),  # a fork
+        fake(12, 10, 3.0, ["python", "-c", "spawn"], "SpawnPoolWorker-1"),
+        fake(13, 11, 4.0, ["python", "app.py", "1"]),  # the fork's fork
+    ]
+    new = [
+        fake(20, 1, 1.0, ["python", "app.py", "2"]),
+        fake(21, 20, 2.0, ["python", "-c", "spawn"], "SpawnPoolWorker-1"),  # started first here
+        fake(22, 20, 3.0, ["python", "app.py", "2"]),
+        fake(23, 20, 4.0, ["python", "app.py", "2"]),  # a fork the old run did not make
+        fake(24, 23, 5.0, ["python", "app.py", "2"]),
+    ]
+    pairs = _capture.match_processes(old, new)
+    named = [
+        (None if i is None else old[i].pid, None if j is None else new[j].pid) for i, j in pairs
+    ]
+    assert sorted(named, key=str) == sorted(
+        [(10, 20), (11, 22), (12, 21), (13, None), (None, 23), (None, 24)], key=str
+    )

@@ -531,15 +531,11 @@ CAPTURE_POINTS = 400
 def _tree_order(processes) -> list[tuple[Any, int, int | None]]:
     """``(process, depth, parent index)`` in tree order: each process under the latest
     process of its parent's pid that started before it, children in the order they started."""
-    parent_of: dict[int, int | None] = {}
+    from ._capture import parents
+
+    parent_of = parents(processes)
     children: dict[int | None, list[int]] = {}
-    for i, process in enumerate(processes):
-        parent = None
-        for j in range(i - 1, -1, -1):
-            if processes[j].pid == process.ppid and processes[j].started <= process.started:
-                parent = j
-                break
-        parent_of[i] = parent
+    for i, parent in enumerate(parent_of):
         children.setdefault(parent, []).append(i)
     order: list[tuple[Any, int, int | None]] = []
     stack = [(i, 0) for i in reversed(children.get(None, []))]
