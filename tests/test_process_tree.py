@@ -161,8 +161,8 @@ def test_prefork_server_leaking_worker_found_by_process(tmp_path):
     export = cli("export", "cap", "--format", "folded", "-o", "out.folded", cwd=tmp_path)
     assert export.returncode == 0, export.stderr
     folded = (tmp_path / "out.folded").read_text().splitlines()
-    # (Merged snapshots are built from raw traces, which carry no function names.)
-    work = [line for line in folded if line.rsplit(" ", 1)[0].endswith(f"/prefork.py:{lineno}")]
+    # Frames named by function, as in one snapshot's export.
+    work = [line for line in folded if line.rsplit(" ", 1)[0].endswith(f"/prefork.py:{lineno})")]
     assert len(work) == 1 and int(work[0].rsplit(" ", 1)[1]) > 3_000_000, work
     drawn = cli("flamegraph", "cap", "-o", "out.svg", cwd=tmp_path)
     assert drawn.returncode == 0, drawn.stderr
@@ -526,3 +526,42 @@ def test_processes_are_matched_by_role_not_pid():
     assert sorted(named, key=str) == sorted(
         [(10, 20), (11, 22), (12, 21), (13, None), (None, 23), (None, 24)], key=str
     )
+
+
+def test_merged_exports_name_functions(tmp_path):
+    script = write(
+        tmp_path,
+        "named_fn.py",
+        """\
+        import os, sys
+
+        def fill_cache(n):
+            return [bytearray(500) for _ in range(n)]  # FILL
+
+        kept = fill_cache(2000)
+        pid = os.fork()
+        more = fill_cache(1000)
+        if pid == 0:
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        """,
+    )
+    done = cli("run", "-q", "-n", "3", "--capture", "cap", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lineno = line_of(script, "# FILL")
+    folded = cli("export", "--format", "folded", "-o", "-", "cap", cwd=tmp_path)
+    assert folded.returncode == 0, folded.stderr
+    # Both processes' lines of fill_cache, named as a single snapshot's export names them
+    # (merging used to keep file:line only).
+    mine = [line for line in folded.stdout.splitlines() if f"named_fn.py:{lineno})" in line]
+    assert mine, folded.stdout[:2000]
+    # (3.9-3.11 run the comprehension in a frame of its own: fill_cache.<locals>.<listcomp>.)
+    assert all(";fill_cache" in line for line in mine), mine
+    total = sum(int(line.rsplit(" ", 1)[1]) for line in mine)
+    assert total >= 2 * 3000 * 500  # kept and more, in the parent and in the child
+    snapshots = [alloctrace.Snapshot.load(str(p)) for p in (tmp_path / "cap").glob("*.snap")]
+    merged = alloctrace.merge_snapshots(snapshots)
+    assert len(snapshots) == 2 and merged.traceback_limit == 3
+    assert len(merged.traces) == sum(len(s.traces) for s in snapshots)
+    frames, _ = merged._data.flame(1000)
+    assert any(frame is not None and frame[2] == "fill_cache" for frame in frames)

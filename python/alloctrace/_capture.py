@@ -615,11 +615,12 @@ def merge_snapshots(snapshots):
     The snapshots must share their ``traceback_limit`` and their kind (all exact, or all
     sampled at one interval); anything else raises :exc:`ValueError` saying which differ.
     Peak snapshots (per-traceback totals) cannot be merged this way: use
-    :func:`combined_statistics`. The result is built from the raw traces: it has no
-    metadata, peak, object kinds or retention reports, and its frames no function names (an
-    export of it names frames ``file:line``).
+    :func:`combined_statistics`. The result keeps the function names the snapshots recorded
+    (an export of it names frames as an export of one snapshot does; a line that ran in
+    different functions in different processes takes the first one's); it has no metadata,
+    peak, object kinds or retention reports, which belong to one process.
     """
-    from alloctrace._snapshot import Snapshot
+    from alloctrace._snapshot import Snapshot, SnapshotData
 
     snapshots = list(snapshots)
     for index, snapshot in enumerate(snapshots):
@@ -633,11 +634,11 @@ def merge_snapshots(snapshots):
             "peak snapshots hold per-traceback totals and cannot be merged trace by trace; "
             "use combined_statistics() on them"
         )
-    traces = []
-    for snapshot in snapshots:
-        traces.extend(snapshot.traces._traces)
     first = snapshots[0]
-    return Snapshot(traces, first.traceback_limit, sample_interval=first.sample_interval)
+    data = SnapshotData.merge(
+        [s._data for s in snapshots], first.traceback_limit, first.sample_interval
+    )
+    return Snapshot._from_data(data)
 
 
 def _stat_key(stat):

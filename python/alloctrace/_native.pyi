@@ -26,6 +26,10 @@ class SnapshotData:
     def from_raw(
         traces: Iterable[_RawTrace], traceback_limit: int, sample_interval: Optional[int] = None
     ) -> SnapshotData: ...
+    @staticmethod
+    def merge(
+        snapshots: list[SnapshotData], traceback_limit: int, sample_interval: Optional[int] = None
+    ) -> SnapshotData: ...
     @property
     def traceback_limit(self) -> int: ...
     @property
