@@ -4,6 +4,7 @@ big snapshot, and the page itself in a real headless Chromium (tests/browser.py)
 import json
 import os
 import re
+import shutil
 import textwrap
 
 import pytest
@@ -662,3 +663,260 @@ def test_no_peak_controls_without_stored_peaks(page):
     assert data["peaks"] == []
     assert browser.eval("document.getElementById('flame-which').hidden") is True
     assert browser.eval("document.getElementById('peak-section').hidden") is True
+
+
+# --------------------------------------------------------------------------- a capture
+
+# A process tree: a parent allocates a shared block before forking (inherited: alive in every
+# process), one child leaks over several numbered snapshots and exits, one child is SIGKILLed
+# once it wrote a numbered snapshot. Children wait for their numbered snapshots in the
+# manifest, not for a time, so that a loaded machine changes nothing.
+TREE = textwrap.dedent(
+    """\
+    import json, os, signal, sys, time
+
+    def numbered():
+        path = os.path.join(os.environ["ALLOCTRACE_CAPTURE"], "manifest.jsonl")
+        with open(path) as file:
+            records = [json.loads(line) for line in file]
+        return sum(1 for r in records if r["event"] == "snapshot" and r["pid"] == os.getpid()
+                   and r.get("n") is not None)
+
+    def wait_numbered(n):
+        deadline = time.monotonic() + 60
+        while numbered() < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    shared = [bytearray(2000) for _ in range(1000)]  # SHARED
+    r, w = os.pipe()
+    leaker = os.fork()
+    if leaker == 0:
+        kept = []
+        for step in range(3):
+            kept.append([bytearray(1000) for _ in range(300)])  # LEAK
+            wait_numbered(step + 1)
+        sys.exit(0)
+    victim = os.fork()
+    if victim == 0:
+        junk = [bytearray(500) for _ in range(100)]
+        wait_numbered(1)
+        os.write(w, b"x")
+        time.sleep(120)
+    os.read(r, 1)
+    os.kill(victim, signal.SIGKILL)
+    os.waitpid(victim, 0)
+    os.waitpid(leaker, 0)
+    print(leaker, victim)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """A capture of a three-process tree, its script, and the pids of the two children."""
+    directory = tmp_path_factory.mktemp("tree")
+    script = directory / "tree_app.py"
+    script.write_text(TREE)
+    result = alloctrace_cli(
+        "run", "-q", "--interval", "0.1", "--capture", "cap", str(script), cwd=str(directory)
+    )
+    assert result.returncode == 0, result.stderr
+    leaker, victim = map(int, result.stdout.split())
+    return directory, script, leaker, victim
+
+
+def test_capture_report_shows_the_tree_the_merged_lines_and_memory_over_time(tree):
+    directory, script, leaker, victim = tree
+    output = directory / "tree.html"
+    result = alloctrace_cli("report", "cap", "-o", str(output), cwd=str(directory))
+    assert result.returncode == 0, result.stderr
+    page = output.read_text()
+    start = page.index('type="application/json">') + len('type="application/json">')
+    data = json.loads(page[start : page.index("</script>", start)])
+    capture = data["capture"]
+    rows = {p["pid"]: p for p in capture["processes"]}
+    assert len(rows) == 3
+    root = capture["processes"][0]
+    assert root["depth"] == 0 and root["parent"] is None and not root["killed"]
+    assert root["argv"][-1].endswith("tree_app.py")
+    assert rows[leaker]["ppid"] == rows[victim]["ppid"] == root["pid"]
+    assert rows[leaker]["depth"] == rows[victim]["depth"] == 1
+    assert rows[victim]["killed"] and rows[victim]["signal"] == "SIGKILL"
+    assert rows[victim]["ending"] == "killed by SIGKILL, before its exit snapshot"
+    assert rows[victim]["snapshot"] and rows[victim]["numbered"] >= 1
+    assert rows[leaker]["code"] == 0 and not rows[leaker]["killed"]
+    assert rows[leaker]["snapshot"] == f"{rows[leaker]['snapshot'].split('.')[0]}.snap"
+    # Memory over time: the leaker's numbered snapshots and its exit one, growing.
+    points = rows[leaker]["points"]
+    assert len(points) >= 4 and rows[leaker]["numbered"] >= 3
+    assert [t for t, _ in points] == sorted(t for t, _ in points)
+    assert points[-1][1] >= points[0][1] + 300_000  # two more steps of ~310 KB at least
+    assert rows[leaker]["peak"] >= rows[leaker]["size"] == points[-1][1]
+    # The totals: exit snapshots only at exit; peaks summed.
+    assert capture["total_at_exit"] == root["size"] + rows[leaker]["size"]
+    assert capture["peak_sum"] >= capture["total_at_exit"] + rows[victim]["size"]
+    # Merged lines, as 'stats' over the capture sums them.
+    stats = alloctrace_cli("stats", "--json", "--limit", "0", "cap", cwd=str(directory))
+    assert stats.returncode == 0, stats.stderr
+    expected = json.loads(stats.stdout)["stats"]
+    shown = [
+        [data["sites"][site][1], size, count, n] for site, size, count, n in capture["lines"][:2]
+    ]
+    assert shown == [
+        [s["traceback"][0]["lineno"], s["size"], s["count"], s["processes"]] for s in expected[:2]
+    ]
+    assert shown[0][0] == line_of(script, "# SHARED") and shown[0][3] == 3
+    leak = line_of(script, "# LEAK")
+    rows = [[data["sites"][r[0]][1], *r[1:]] for r in capture["lines"]]
+    expected = [
+        [s["traceback"][0]["lineno"], s["size"], s["count"], s["processes"]]
+        for s in json.loads(stats.stdout)["stats"]
+        if s["traceback"][0]["filename"].endswith("tree_app.py")
+    ]
+    assert [r for r in rows if r[0] == leak] == [r for r in expected if r[0] == leak]
+    assert [r[3] for r in rows if r[0] == leak] == [1]
+    assert data["files"][data["sites"][capture["lines"][0][0]][0]].endswith("tree_app.py")
+
+
+def test_capture_page_in_a_browser(tree):
+    executable = chromium_or_skip()
+    directory, script, leaker, victim = tree
+    output = directory / "tree-browser.html"
+    data = _html_report.write_capture_report(str(directory / "cap"), str(output))
+    with Browser(executable) as browser:
+        browser.open(str(output))
+        assert browser.eval("document.documentElement.getAttribute('data-ready')") == "1"
+        assert browser.errors() == []
+        assert browser.eval("document.getElementById('chart-section').hidden") is True
+        pids = browser.eval(
+            "[].map.call(document.querySelectorAll('#processes tbody tr'), "
+            "r => [+r.getAttribute('data-pid'), +r.getAttribute('data-depth'), r.className])"
+        )
+        root = data["capture"]["processes"][0]["pid"]
+        # Children in the order they started tracing, which a busy machine may swap.
+        assert pids[0] == [root, 0, ""]
+        assert sorted(pids[1:]) == sorted([[leaker, 1, ""], [victim, 1, "killed"]])
+        killed_row = texts(browser, "#processes tbody tr.killed td")
+        assert killed_row[0].endswith("killed") and "killed by SIGKILL" in killed_row[5]
+        first = texts(browser, "#merged tbody tr:first-child td")
+        assert first[1].endswith(f"tree_app.py:{line_of(script, '# SHARED')}")
+        assert first[5] == "in 3 processes"
+        # One line per process with numbered snapshots, a point per snapshot.
+        drawn = browser.eval(
+            "[].map.call(document.querySelectorAll('#proc-chart g.proc'), "
+            "g => [+g.getAttribute('data-pid'), g.querySelectorAll('circle.ppt').length])"
+        )
+        by_pid = {p["pid"]: len(p["points"]) for p in data["capture"]["processes"]}
+        assert sorted(drawn) == sorted(
+            [pid, by_pid[pid]]
+            for pid in by_pid
+            if pid != root or data["capture"]["processes"][0]["numbered"]
+        )
+        choose(browser, "#merged-search", "no such file", "input")
+        assert browser.eval("document.querySelectorAll('#merged tbody tr').length") == 0
+
+
+HOSTILE = "</script><script>window.pwned=1</script><img src=x onerror=window.pwned=2>"
+
+
+def test_hostile_capture_is_shown_as_text(tmp_path):
+    """A capture from someone else: every string of its manifest and snapshots is text."""
+    capture = tmp_path / "cap"
+    capture.mkdir()
+    raw_snapshot_file(capture / "11-1.snap", [(0, 4096, ((f"{HOSTILE}.py", 7),))])
+    raw_snapshot_file(capture / "12-2.snap", [(0, 1024, ((f"{HOSTILE}.py", 7),))])
+    records = [
+        {
+            "event": "start",
+            "id": "11-1",
+            "pid": 11,
+            "ppid": 1,
+            "time": 1.0,
+            "argv": ["python3", HOSTILE],
+        },
+        {"event": "start", "id": "12-2", "pid": 12, "ppid": 11, "time": 2.0, "argv": [HOSTILE]},
+        {"event": "snapshot", "id": "11-1", "pid": 11, "time": 3.0, "file": "11-1.snap", "n": None},
+        {
+            "event": "end",
+            "id": "11-1",
+            "pid": 11,
+            "time": 3.0,
+            "how": HOSTILE,
+            "file": "11-1.snap",
+            "name": HOSTILE,
+        },
+        {"event": "snapshot", "id": "12-2", "pid": 12, "time": 2.5, "file": "12-2.snap", "n": 1},
+        {
+            "event": "snapshot",
+            "id": "12-2",
+            "pid": 12,
+            "time": 2.6,
+            "file": "../../etc/passwd",
+            "n": 2,
+        },
+        "not a record",
+    ]
+    (capture / "manifest.jsonl").write_text(
+        "\n".join(r if isinstance(r, str) else json.dumps(r) for r in records) + "\n"
+    )
+    output = tmp_path / "hostile.html"
+    data = _html_report.write_capture_report(str(capture), str(output))
+    page = output.read_text()
+    assert "</script><script>window.pwned" not in page
+    assert "<img src=x" not in page
+    processes = data["capture"]["processes"]
+    assert [p["pid"] for p in processes] == [11, 12]
+    assert processes[0]["role"] == HOSTILE and processes[1]["killed"]
+    assert processes[1]["snapshot"] == "12-2.snap"  # the bad file name was not followed
+    assert data["capture"]["notes"][0] == "2 unreadable manifest line(s)"
+    assert data["capture"]["lines"] == [[0, 5120, 2, 2]]
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    if executable is None:
+        return
+    chromium_or_skip()
+    with Browser(executable) as browser:
+        browser.open(str(output))
+        assert browser.eval("document.documentElement.getAttribute('data-ready')") == "1"
+        assert browser.errors() == []
+        assert browser.eval("window.pwned === undefined") is True
+        assert browser.eval("document.querySelectorAll('img, #processes script').length") == 0
+        cells = texts(browser, "#processes tbody tr td")
+        assert any(HOSTILE in text for text in cells)
+        assert texts(browser, "#merged tbody td.where")[0] == f"{HOSTILE}.py:7"
+
+
+def test_capture_report_errors(tmp_path, series):
+    _, _, paths = series
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "manifest.jsonl").write_text("")
+    with pytest.raises(_html_report.ReportError, match="the manifest names no traced process"):
+        _html_report.build_capture_data(str(empty))
+    result = alloctrace_cli("report", str(empty), paths[0], "-o", str(tmp_path / "x.html"))
+    assert result.returncode == 2
+    assert "is a process-tree capture: report it alone" in result.stderr
+    # Processes traced with different limits cannot be summed.
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    raw_snapshot_file(mixed / "1-1.snap", [(0, 10, (("a.py", 1),))], limit=3)
+    raw_snapshot_file(mixed / "2-2.snap", [(0, 10, (("a.py", 1),))], limit=5)
+    (mixed / "manifest.jsonl").write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for pid in (1, 2)
+            for r in (
+                {"event": "start", "id": f"{pid}-{pid}", "pid": pid, "ppid": 0, "time": pid},
+                {
+                    "event": "end",
+                    "id": f"{pid}-{pid}",
+                    "pid": pid,
+                    "time": pid + 1,
+                    "file": f"{pid}-{pid}.snap",
+                },
+            )
+        )
+    )
+    with pytest.raises(
+        _html_report.ReportError, match=r"traceback_limit=3\) with .*traceback_limit=5"
+    ):
+        _html_report.build_capture_data(str(mixed))

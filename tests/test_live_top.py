@@ -110,6 +110,44 @@ def test_unreadable_dump_is_reported_and_retried(tmp_path):
         term.close()
 
 
+def test_follows_every_process_of_a_capture(tmp_path):
+    """On a capture directory: the newest snapshot of each process, summed per line."""
+    import json
+
+    capture = tmp_path / "cap"
+    capture.mkdir()
+    manifest = capture / "manifest.jsonl"
+
+    def record(**fields):
+        with open(manifest, "a") as file:
+            file.write(json.dumps(fields) + "\n")
+
+    record(event="start", id="1-1", pid=1, ppid=0, time=1.0, argv=["python", "app.py"])
+    record(event="start", id="2-2", pid=2, ppid=1, time=2.0, argv=["python", "app.py"])
+    dump(capture / "1-1.snap.1", [("app.py", 10, 4096)])
+    record(event="snapshot", id="1-1", pid=1, time=3.0, file="1-1.snap.1", n=1)
+    dump(capture / "2-2.snap.1", [("app.py", 10, 1024), ("app.py", 20, 100)])
+    record(event="snapshot", id="2-2", pid=2, time=3.0, file="2-2.snap.1", n=1)
+    term = Terminal(["-m", "alloctrace", "top", "--interval", "0.2", "cap"], tmp_path)
+    try:
+        screen = term.read_until(r"Ctrl-C to quit")
+        assert "Top 2 lines summed over 2 processes of cap (the first look" in screen
+        assert re.search(r"#1: app\.py:10: 5\.0 KiB in 2 blocks .*, in 2 processes", screen)
+        assert re.search(r"#2: app\.py:20: 100 B in 1 block.*, in 1 process\r?$", screen, re.M)
+        assert "2 processes in cap, 2 with a snapshot" in screen
+        # The child writes a newer snapshot: its growth, summed with the parent's lines.
+        dump(capture / "2-2.snap.2", [("app.py", 10, 1024), ("app.py", 20, 100 + 200 * 1024)])
+        record(event="snapshot", id="2-2", pid=2, time=4.0, file="2-2.snap.2", n=2)
+        screen = term.read_until(r"growth since the previous screen[\s\S]*Ctrl-C to quit")
+        lines = screen.splitlines()
+        assert lines[1].startswith("#1: app.py:20: +200.0 KiB (+0 blocks), now 200.1 KiB")
+        assert lines[2].startswith("#2: app.py:10: +0 B (+0 blocks), now 5.0 KiB")
+        term.type("\x03")
+        assert term.proc.wait(timeout=TIMEOUT) == 0
+    finally:
+        term.close()
+
+
 def test_bad_interval():
     result = run_python(["-m", "alloctrace", "top", "--interval", "soon", "x-*.snap"])
     assert result.returncode == 2

@@ -161,8 +161,8 @@ def test_prefork_server_leaking_worker_found_by_process(tmp_path):
     export = cli("export", "cap", "--format", "folded", "-o", "out.folded", cwd=tmp_path)
     assert export.returncode == 0, export.stderr
     folded = (tmp_path / "out.folded").read_text().splitlines()
-    # (Merged snapshots are built from raw traces, which carry no function names.)
-    work = [line for line in folded if line.rsplit(" ", 1)[0].endswith(f"/prefork.py:{lineno}")]
+    # Frames named by function, as in one snapshot's export.
+    work = [line for line in folded if line.rsplit(" ", 1)[0].endswith(f"/prefork.py:{lineno})")]
     assert len(work) == 1 and int(work[0].rsplit(" ", 1)[1]) > 3_000_000, work
     drawn = cli("flamegraph", "cap", "-o", "out.svg", cwd=tmp_path)
     assert drawn.returncode == 0, drawn.stderr
@@ -422,3 +422,146 @@ def test_why_over_a_capture(tmp_path):
     missing = cli("why", "cap", "--line", "pool.py:1", cwd=tmp_path)
     assert missing.returncode == 1
     assert "no snapshot of cap holds a retention report for pool.py:1" in missing.stderr
+
+
+NAMED = """\
+import multiprocessing, sys
+
+def leak(n):
+    global kept
+    kept = [bytearray(100) for _ in range(n)]  # LEAK
+
+def idle(n):
+    pass
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("fork")
+    n = int(sys.argv[1])
+    roles = ((idle, "idle"), (leak, "leaker"))
+    workers = [ctx.Process(target=f, args=(n,), name=name) for f, name in roles]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+"""
+
+
+def test_diff_captures_as_json_and_by_process(tmp_path):
+    script = write(tmp_path, "named.py", NAMED)
+    for name, n in (("small", "1000"), ("big", "5000")):
+        done = cli("run", "-q", "--capture", name, str(script), n, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    lineno = line_of(script, "# LEAK")
+    # Summed per site, as JSON.
+    diff = cli("diff", "--json", "--limit", "1", "small", "big", cwd=tmp_path)
+    assert diff.returncode == 0, diff.stderr
+    document = json.loads(diff.stdout)
+    (first,) = document["stats"]
+    assert (
+        first["traceback"][0]["lineno"] == lineno and first["count_diff"] == 8000
+    )  # an object and its buffer each
+    assert len(document["processes"]["old"]) == len(document["processes"]["new"]) == 3
+    assert document["new"]["path"] == "big" and document["old"]["traceback_limit"] == 1
+    old_pids = {p["pid"] for p in document["processes"]["old"]}
+    new_pids = {p["pid"] for p in document["processes"]["new"]}
+    assert old_pids.isdisjoint(new_pids)
+    # One comparison per process, matched by role whatever the pids and the argument.
+    diff = cli("diff", "--by-process", "--json", "--limit", "1", "small", "big", cwd=tmp_path)
+    assert diff.returncode == 0, diff.stderr
+    document = json.loads(diff.stdout)
+    entries = document["processes"]
+    assert document["by_process"] is True and len(entries) == 3
+    roles = [(e["old"]["role"], e["new"]["role"]) for e in entries]
+    assert roles[0] == ("leaker", "leaker")
+    assert sorted(roles[1:]) == [("idle", "idle"), ("named.py 1000", "named.py 5000")]
+    leaker = entries[0]
+    assert leaker["stats"][0]["traceback"][0]["lineno"] == lineno
+    assert leaker["stats"][0]["count_diff"] == 8000
+    # Each entry's totals are its own process's: the idle worker's barely moved.
+    assert abs(leaker["total"]["count_diff"] - 8000) < 100
+    idle = next(e for e in entries if e["old"]["role"] == "idle")
+    assert abs(idle["total"]["count_diff"]) < 100
+    text = cli("diff", "--by-process", "--limit", "1", "small", "big", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    first_header = text.stdout.splitlines()[0]
+    assert re.fullmatch(
+        r"== pid \d+ \(leaker\) in small -> pid \d+ \(leaker\) in big ==", first_header
+    )
+    assert re.search(
+        rf"^#1: named\.py:{lineno}: \+\d+\.\d KiB \(\+8,000 blocks\)", text.stdout, re.M
+    )
+    # Not over single files, not with --peak.
+    one = (tmp_path / "small").glob("*.snap").__next__()
+    refused = cli("diff", "--by-process", str(one), str(one), cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "diff --by-process compares two capture directories" in refused.stderr
+
+
+def fake(pid, ppid, started, argv, name=None):
+    process = _capture.CaptureProcess(
+        {"id": f"{pid}-{started}", "pid": pid, "ppid": ppid, "time": started, "argv": argv}
+    )
+    process.name = name
+    return process
+
+
+def test_processes_are_matched_by_role_not_pid():
+    old = [
+        fake(10, 1, 1.0, ["python", "app.py", "1"]),
+        fake(11, 10, 2.0, ["python", "app.py", "1"]),  # a fork
+        fake(12, 10, 3.0, ["python", "-c", "spawn"], "SpawnPoolWorker-1"),
+        fake(13, 11, 4.0, ["python", "app.py", "1"]),  # the fork's fork
+    ]
+    new = [
+        fake(20, 1, 1.0, ["python", "app.py", "2"]),
+        fake(21, 20, 2.0, ["python", "-c", "spawn"], "SpawnPoolWorker-1"),  # started first here
+        fake(22, 20, 3.0, ["python", "app.py", "2"]),
+        fake(23, 20, 4.0, ["python", "app.py", "2"]),  # a fork the old run did not make
+        fake(24, 23, 5.0, ["python", "app.py", "2"]),
+    ]
+    pairs = _capture.match_processes(old, new)
+    named = [
+        (None if i is None else old[i].pid, None if j is None else new[j].pid) for i, j in pairs
+    ]
+    assert sorted(named, key=str) == sorted(
+        [(10, 20), (11, 22), (12, 21), (13, None), (None, 23), (None, 24)], key=str
+    )
+
+
+def test_merged_exports_name_functions(tmp_path):
+    script = write(
+        tmp_path,
+        "named_fn.py",
+        """\
+        import os, sys
+
+        def fill_cache(n):
+            return [bytearray(500) for _ in range(n)]  # FILL
+
+        kept = fill_cache(2000)
+        pid = os.fork()
+        more = fill_cache(1000)
+        if pid == 0:
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        """,
+    )
+    done = cli("run", "-q", "-n", "3", "--capture", "cap", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lineno = line_of(script, "# FILL")
+    folded = cli("export", "--format", "folded", "-o", "-", "cap", cwd=tmp_path)
+    assert folded.returncode == 0, folded.stderr
+    # Both processes' lines of fill_cache, named as a single snapshot's export names them
+    # (merging used to keep file:line only).
+    mine = [line for line in folded.stdout.splitlines() if f"named_fn.py:{lineno})" in line]
+    assert mine, folded.stdout[:2000]
+    # (3.9-3.11 run the comprehension in a frame of its own: fill_cache.<locals>.<listcomp>.)
+    assert all(";fill_cache" in line for line in mine), mine
+    total = sum(int(line.rsplit(" ", 1)[1]) for line in mine)
+    assert total >= 2 * 3000 * 500  # kept and more, in the parent and in the child
+    snapshots = [alloctrace.Snapshot.load(str(p)) for p in (tmp_path / "cap").glob("*.snap")]
+    merged = alloctrace.merge_snapshots(snapshots)
+    assert len(snapshots) == 2 and merged.traceback_limit == 3
+    assert len(merged.traces) == sum(len(s.traces) for s in snapshots)
+    frames, _ = merged._data.flame(1000)
+    assert any(frame is not None and frame[2] == "fill_cache" for frame in frames)

@@ -475,6 +475,87 @@ def load_capture(directory: str) -> Capture:
     return Capture(directory, processes, untraced, problems)
 
 
+def parents(processes) -> list[int | None]:
+    """For each of *processes* (in start order, as :attr:`Capture.processes`), the index of
+    its parent among them: the latest process of its parent's pid that started before it;
+    ``None`` for a process whose parent was not traced (the root)."""
+    found: list[int | None] = []
+    for i, process in enumerate(processes):
+        parent = None
+        for j in range(i - 1, -1, -1):
+            if processes[j].pid == process.ppid and processes[j].started <= process.started:
+                parent = j
+                break
+        found.append(parent)
+    return found
+
+
+def _command_and_name(process):
+    return (process.argv, process.name)
+
+
+def _name(process):
+    """A :mod:`multiprocessing` name: a role whatever the command line (a forked worker has
+    its parent's)."""
+    return process.name if process.name and process.name != "MainProcess" else None
+
+
+def match_processes(old, new) -> list[tuple[int | None, int | None]]:
+    """Pair the processes of two captures (lists as :attr:`Capture.processes`) that play
+    the same role, whatever their pids: ``(old index, new index)``, ``None`` on the side of a
+    process that has no counterpart.
+
+    The rule, from the top of the two trees down: the processes whose parents were not traced
+    (the programs run) are matched among themselves, then the children of each matched pair.
+    Among the children of two matched processes, those with the same command line and
+    :mod:`multiprocessing` name are matched first, the first of one side with the first of
+    the other in the order they started; then those with the same multiprocessing name (a
+    forked worker has its parent's command line, which may differ between the runs by an
+    argument); then the children left, in the order they started. The rest, and all below
+    them, are of one side only.
+    """
+
+    def children(processes):
+        kids: dict[int | None, list[int]] = {}
+        for i, parent in enumerate(parents(processes)):
+            kids.setdefault(parent, []).append(i)
+        return kids
+
+    def below(kids, i):
+        found, stack = [], list(kids.get(i, []))
+        while stack:
+            k = stack.pop()
+            found.append(k)
+            stack.extend(kids.get(k, []))
+        return found
+
+    old_kids, new_kids = children(old), children(new)
+    pairs: list[tuple[int | None, int | None]] = []
+    queue: list[tuple[int | None, int | None]] = [(None, None)]
+    while queue:
+        a, b = queue.pop(0)
+        left, right = list(old_kids.get(a, [])), list(new_kids.get(b, []))
+        found = []
+        for role in (_command_and_name, _name):
+            for i in list(left):
+                key = role(old[i])
+                j = next((j for j in right if key is not None and role(new[j]) == key), None)
+                if j is not None:
+                    found.append((i, j))
+                    left.remove(i)
+                    right.remove(j)
+        found.extend(zip(left, right))
+        found.sort(key=lambda pair: pair[0])
+        pairs.extend(found)
+        queue.extend(found)
+        n = min(len(left), len(right))
+        for i in left[n:]:
+            pairs.extend((k, None) for k in (i, *below(old_kids, i)))
+        for j in right[n:]:
+            pairs.extend((None, k) for k in (j, *below(new_kids, j)))
+    return pairs
+
+
 def looks_like_python(argv: list[str]) -> bool:
     """Whether a command line runs a Python interpreter, by its program's name."""
     program = os.path.basename(argv[0]) if argv else ""
@@ -534,13 +615,13 @@ def merge_snapshots(snapshots):
     The snapshots must share their ``traceback_limit`` and their kind (all exact, or all
     sampled at one interval); anything else raises :exc:`ValueError` saying which differ.
     Peak snapshots (per-traceback totals) cannot be merged this way: use
-    :func:`combined_statistics`. The result is built from the raw traces: it has no
-    metadata, peak, object kinds or retention reports, and its frames no function names (an
-    export of it names frames ``file:line``). It keeps the :attr:`~alloctrace.Snapshot.machine`
-    the snapshots share, if they all record the same one.
+    :func:`combined_statistics`. The result keeps the function names the snapshots recorded
+    (an export of it names frames as an export of one snapshot does; a line that ran in
+    different functions in different processes takes the first one's) and the
+    :attr:`~alloctrace.Snapshot.machine` they all share, if they record the same one; it has no
+    metadata, peak, object kinds or retention reports, which belong to one process.
     """
-    from alloctrace._native import SnapshotData
-    from alloctrace._snapshot import Snapshot
+    from alloctrace._snapshot import Snapshot, SnapshotData
 
     snapshots = list(snapshots)
     for index, snapshot in enumerate(snapshots):
@@ -554,15 +635,11 @@ def merge_snapshots(snapshots):
             "peak snapshots hold per-traceback totals and cannot be merged trace by trace; "
             "use combined_statistics() on them"
         )
-    traces = []
-    for snapshot in snapshots:
-        traces.extend(snapshot.traces._traces)
     first = snapshots[0]
-    machines = {snapshot.machine for snapshot in snapshots}
-    machine = machines.pop() if len(machines) == 1 else None
-    return Snapshot._from_data(
-        SnapshotData.from_raw(traces, first.traceback_limit, first.sample_interval, machine)
+    data = SnapshotData.merge(
+        [s._data for s in snapshots], first.traceback_limit, first.sample_interval
     )
+    return Snapshot._from_data(data)
 
 
 def _stat_key(stat):

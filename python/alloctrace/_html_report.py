@@ -522,3 +522,196 @@ def write_report(
         data = _build_from_files(paths, title, allow_pickle)
     _output.write(output, render(data).encode("utf-8"))
     return data
+
+
+# ---------------------------------------------------------------------- a process-tree capture
+
+#: Processes drawn on the capture page's chart of memory over time (those with the largest
+#: peaks among the processes that wrote numbered snapshots); the table lists every process.
+CAPTURE_CHART_PROCESSES = 12
+#: Points kept per process on that chart: a longer series keeps evenly spaced ones and the last.
+CAPTURE_POINTS = 400
+
+
+def _tree_order(processes) -> list[tuple[Any, int, int | None]]:
+    """``(process, depth, parent index)`` in tree order: each process under the latest
+    process of its parent's pid that started before it, children in the order they started."""
+    from ._capture import parents
+
+    parent_of = parents(processes)
+    children: dict[int | None, list[int]] = {}
+    for i, parent in enumerate(parent_of):
+        children.setdefault(parent, []).append(i)
+    order: list[tuple[Any, int, int | None]] = []
+    stack = [(i, 0) for i in reversed(children.get(None, []))]
+    while stack:
+        i, depth = stack.pop()
+        order.append((processes[i], depth, parent_of[i]))
+        stack.extend((j, depth + 1) for j in reversed(children.get(i, [])))
+    return order
+
+
+def _thinned(points: list, limit: int) -> list:
+    if len(points) <= limit:
+        return points
+    step = (len(points) - 1) / (limit - 1)
+    return [points[round(k * step)] for k in range(limit)]
+
+
+def build_capture_data(
+    directory: str, title: str | None = None, allow_pickle: bool = False
+) -> dict[str, Any]:
+    """The JSON document of the page of a process-tree capture (a directory with a manifest,
+    as ``alloctrace run`` writes it; see :mod:`alloctrace._capture`).
+
+    The page shows the process tree (every process the manifest names, killed ones as such),
+    the top lines summed over the processes (each with the number of processes it appears in,
+    as ``alloctrace stats DIR`` prints them) and each process's traced memory over time from
+    its numbered snapshots. Every snapshot file is read once, one at a time: memory holds one
+    snapshot and the per-line sums, whatever the number of processes and files.
+    """
+    from . import _capture
+
+    try:
+        capture = _capture.load_capture(directory)
+    except OSError as exc:
+        raise ReportError(f"cannot read {directory}: {exc.strerror or exc}") from None
+    if not capture.processes:
+        raise ReportError(f"{directory}: the manifest names no traced process")
+    notes: list[str] = []
+    if capture.problems:
+        notes.append(f"{len(capture.problems)} unreadable manifest line(s)")
+    sums: dict[tuple[str, int], list[int]] = {}
+    first = None
+    first_path = None
+    rows = []
+    for process, depth, parent in _tree_order(capture.processes):
+        files = [path for path in process.numbered if os.path.isfile(path)]
+        if process.snapshot is not None and os.path.isfile(process.snapshot):
+            files.append(process.snapshot)
+        last = process.last_snapshot
+        points = []
+        row: dict[str, Any] = {
+            "pid": process.pid,
+            "ppid": process.ppid,
+            "parent": parent,
+            "depth": depth,
+            "role": process.role,
+            "argv": process.argv,
+            "started": process.started,
+            "ended": process.ended,
+            "ending": process.ending,
+            "killed": process.killed,
+            "signal": process.signal,
+            "code": process.code,
+            "snapshot": None,
+            "numbered": len(process.numbered),
+            "size": None,
+            "count": None,
+            "peak": None,
+            "points": points,
+            "problem": None,
+        }
+        for path in files:
+            snapshot = _load(path, allow_pickle)
+            pid = (snapshot.metadata or {}).get("pid")
+            if pid is not None and pid != process.pid:
+                row["problem"] = (
+                    f"{os.path.basename(path)} was written by process {pid}, not {process.pid}: "
+                    "left out"
+                )
+                continue
+            stats = snapshot.statistics("lineno")
+            size = sum(stat.size for stat in stats)
+            points.append([_stamp(path, snapshot), size])
+            if path != last:
+                continue
+            if first is None:
+                first, first_path = snapshot, path
+            else:
+                try:
+                    _capture.check_compatible([first, snapshot], [first_path, path])
+                except ValueError as exc:
+                    raise ReportError(str(exc)) from None
+            row["snapshot"] = os.path.basename(path)
+            row["size"] = size
+            row["count"] = sum(stat.count for stat in stats)
+            peak = snapshot.peak
+            row["peak"] = sum(s.size for s in peak.statistics("lineno")) if peak else None
+            for stat in stats:
+                key = _site_key(stat.traceback)
+                entry = sums.get(key)
+                if entry is None:
+                    sums[key] = [stat.size, stat.count, 1]
+                else:
+                    entry[0] += stat.size
+                    entry[1] += stat.count
+                    entry[2] += 1
+        sizes = [size for _, size in points]
+        if row["peak"] is None and sizes:
+            row["peak"] = max(sizes)
+        elif row["peak"] is not None and sizes:
+            row["peak"] = max(row["peak"], *sizes)
+        points.sort()
+        row["points"] = _thinned(points, CAPTURE_POINTS)
+        rows.append(row)
+    if first is None:
+        raise ReportError(f"{directory}: no process of the capture left a readable snapshot")
+    from ._commands._tree import untraced_lines
+
+    notes.extend(untraced_lines(capture))
+    ranked = sorted(sums.items(), key=lambda item: (-item[1][0], -item[1][1], item[0]))
+    top = ranked[:TABLE_LINES]
+    keys = [key for key, _ in top]
+    shorten = _report.PathShortener({filename for filename, _ in keys})
+    files_table = _Strings()
+    sites = [[files_table(shorten(f)), n, None, _source(f, n)] for f, n in keys]
+    used = [row for row in rows if row["snapshot"] is not None]
+    at_exit = [row for row in used if not row["killed"]]
+    root = capture.processes[0]
+    program = root.role if root.role != "?" else os.path.basename(os.path.abspath(directory))
+    return {
+        "version": DATA_VERSION,
+        "title": title or f"alloctrace report: {program} (process tree)",
+        "generated": time.time(),
+        "pid": root.pid,
+        "argv": root.argv,
+        "python": None,
+        "traceback_limit": first.traceback_limit,
+        "sampled": _report.sampling_note(first),
+        "files": files_table.items,
+        "sites": sites,
+        "names": [],
+        "snapshots": [],
+        "peaks": [],
+        "series": [],
+        "capture": {
+            "directory": directory,
+            "processes": rows,
+            "untraced": len(capture.untraced),
+            "size": sum(size for size, _, _ in sums.values()),
+            "count": sum(count for _, count, _ in sums.values()),
+            "merged": len(used),
+            "total_at_exit": sum(row["size"] for row in at_exit),
+            "peak_sum": sum(row["peak"] or 0 for row in rows),
+            "lines": [[i, s[0], s[1], s[2]] for i, (_, s) in enumerate(top)],
+            "lines_total": len(sums),
+            "notes": notes,
+            "chart": CAPTURE_CHART_PROCESSES,
+        },
+    }
+
+
+def write_capture_report(
+    directory: str,
+    output: str,
+    *,
+    title: str | None = None,
+    allow_pickle: bool = False,
+) -> dict[str, Any]:
+    """The page of a process-tree capture (:func:`build_capture_data`), written to *output*
+    as :func:`write_report` writes; returns the embedded data."""
+    _output.check(output)
+    data = build_capture_data(directory, title, allow_pickle)
+    _output.write(output, render(data).encode("utf-8"))
+    return data

@@ -11,6 +11,9 @@ their growth since the dump before it, until interrupted (Ctrl-C). Dumps are ren
 place whole (their temporary names start with a dot, which a ``*`` does not match), so a file
 that matches is complete; one that still cannot be read is reported on the status line and
 tried again at the next look.
+
+Given a process-tree capture directory instead of a pattern (see :mod:`alloctrace._capture`),
+the view follows every process of the tree at once: :func:`run_capture`.
 """
 
 from __future__ import annotations
@@ -199,6 +202,133 @@ def run_pid(
             )
             _draw(stream, lines)
             previous = (path, snapshot)
+        time.sleep(interval)
+
+
+def _capture_now(directory: str):
+    """The capture in *directory* as its manifest is now, and the newest snapshot file of
+    each process that has written one (its exit snapshot, else its last numbered one)."""
+    from . import _capture
+
+    capture = _capture.load_capture(directory)
+    newest = []
+    for process in capture.processes:
+        path = process.last_snapshot
+        if path is not None and os.path.isfile(path):
+            newest.append(path)
+    return capture, newest
+
+
+def render_capture(
+    directory: str,
+    snapshots: list,
+    previous: list | None,
+    limit: int | None,
+    width: int | None,
+    source: bool = True,
+    full_paths: bool = False,
+) -> list[str]:
+    """The screen of a capture: the top lines summed over the newest snapshot of each of its
+    processes, each with the number of processes it is in, and with their growth since the
+    *previous* screen's snapshots."""
+    from . import _capture
+
+    n = len(snapshots)
+    processes = "1 process" if n == 1 else f"{n} processes"
+    if previous is None:
+        rows = _capture.combined_statistics(snapshots, "lineno")
+        stats = [stat for stat, _ in rows]
+        shown = stats if limit is None else stats[:limit]
+        names = [frame.filename for stat in shown for frame in stat.traceback]
+        renderer = _report.Renderer(
+            width, _report.PathShortener(names, enabled=not full_paths), source=source
+        )
+        return renderer.stats(
+            stats,
+            key_type="lineno",
+            cumulative=False,
+            limit=limit,
+            total_size=sum(stat.size for stat in stats),
+            total_count=sum(stat.count for stat in stats),
+            title=f"Top {_lines(len(shown))} summed over {processes} of {directory} "
+            "(the first look: no growth yet)",
+            notes=[f", in {k} process{'es' if k > 1 else ''}" for _, k in rows[: len(shown)]],
+        )
+    diffs = _capture.combined_diff(snapshots, previous, "lineno")
+    diffs.sort(key=lambda d: (-d.size, -d.size_diff))
+    diffs = [d for d in diffs if d.size or d.size_diff]
+    shown = diffs if limit is None else diffs[:limit]
+    names = [frame.filename for d in shown for frame in d.traceback]
+    renderer = _report.Renderer(
+        width, _report.PathShortener(names, enabled=not full_paths), source=source
+    )
+    total = {
+        "size": sum(d.size for d in diffs),
+        "size_diff": sum(d.size_diff for d in diffs),
+        "count": sum(d.count for d in diffs),
+        "count_diff": sum(d.count_diff for d in diffs),
+    }
+    return renderer.diff(
+        diffs,
+        key_type="lineno",
+        cumulative=False,
+        limit=limit,
+        total=total,
+        title=f"Top {_lines(len(shown))} summed over {processes} of {directory}, growth "
+        "since the previous screen",
+    )
+
+
+def run_capture(
+    directory: str,
+    interval: float,
+    stream,
+    *,
+    limit: int | None = 10,
+    source: bool = True,
+    full_paths: bool = False,
+    load: Callable[[str], Any],
+    width: Callable[[], int | None] | None = None,
+) -> None:
+    """As :func:`run`, over a process-tree capture: every SECONDS, read its manifest and,
+    when a process has written a newer snapshot (or a new process its first), redraw the top
+    lines summed over the newest snapshot of every process (see :func:`render_capture`)."""
+    if width is None:
+
+        def width() -> int | None:
+            return shutil.get_terminal_size().columns
+
+    shown: tuple | None = None
+    previous: list | None = None
+    cache: dict[str, tuple[int, Any]] = {}
+    while True:
+        try:
+            capture, newest = _capture_now(directory)
+            if not newest:
+                _draw(stream, [f"alloctrace top: waiting for a snapshot in {directory}…"])
+            else:
+                stamps = tuple((path, os.stat(path).st_mtime_ns) for path in newest)
+                if stamps != shown:
+                    for path, mtime in stamps:
+                        if path not in cache or cache[path][0] != mtime:
+                            cache[path] = (mtime, load(path))
+                    for stale in set(cache) - set(newest):
+                        del cache[stale]
+                    snapshots = [cache[path][1] for path in newest]
+                    lines = render_capture(
+                        directory, snapshots, previous, limit, width(), source, full_paths
+                    )
+                    clock = time.strftime("%H:%M:%S")
+                    lines.append("")
+                    lines.append(
+                        f"{len(capture.processes)} processes in {directory}, {len(newest)} "
+                        f"with a snapshot; redrawn at {clock}, looking every {interval:g} s; "
+                        "Ctrl-C to quit"
+                    )
+                    _draw(stream, lines)
+                    shown, previous = stamps, snapshots
+        except (OSError, ValueError) as exc:
+            _status(stream, f"alloctrace top: {exc}")
         time.sleep(interval)
 
 

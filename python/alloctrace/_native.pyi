@@ -29,6 +29,10 @@ class SnapshotData:
         sample_interval: Optional[int] = None,
         machine: Optional[tuple[str, str]] = None,
     ) -> SnapshotData: ...
+    @staticmethod
+    def merge(
+        snapshots: list[SnapshotData], traceback_limit: int, sample_interval: Optional[int] = None
+    ) -> SnapshotData: ...
     @property
     def traceback_limit(self) -> int: ...
     @property

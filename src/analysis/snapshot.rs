@@ -463,9 +463,101 @@ impl SnapshotBuilder {
     }
 }
 
+/// One snapshot holding the traces of all `snapshots` (the processes of a capture), so that
+/// its statistics sum them per site and its exports name the functions each one recorded.
+/// Tables are rebuilt through one [`SnapshotBuilder`], so equal file names, frames, functions
+/// and tracebacks from different snapshots become one entry each. The traces keep their
+/// domains; metadata, peaks, object kinds and retention reports are not merged (they belong
+/// to one process). Peak snapshots (aggregates) are the caller's to refuse.
+pub fn merged(
+    snapshots: &[&Snapshot],
+    traceback_limit: u32,
+    sample_interval: Option<u64>,
+) -> crate::error::Result<Snapshot> {
+    let mut b = SnapshotBuilder::new(traceback_limit);
+    b.sample_interval(sample_interval);
+    b.try_reserve_traces(snapshots.iter().map(|s| s.traces.len()).sum())?;
+    let mut frames = Vec::new();
+    for snapshot in snapshots {
+        let mut tb_map = fallible::filled(snapshot.tracebacks.len(), 0)?;
+        for (t, tb) in snapshot.tracebacks.iter().enumerate() {
+            frames.clear();
+            for &f in tb.frames.iter() {
+                let fr = snapshot.frames[f as usize];
+                let name = b.filename(&snapshot.filenames[fr.filename as usize]);
+                frames.push(b.frame(name, fr.lineno));
+            }
+            tb_map[t] = b.try_traceback(&frames, tb.total_nframe)?;
+            if let Some(known) = snapshot
+                .traceback_functions
+                .get(t)
+                .filter(|k| !k.is_empty())
+            {
+                let ids: Vec<_> = known
+                    .iter()
+                    .map(|f| {
+                        f.map(|f| {
+                            let f = &snapshot.functions[f as usize];
+                            b.function(&f.name, f.first_lineno)
+                        })
+                    })
+                    .collect();
+                b.try_traceback_functions(tb_map[t], &ids)?;
+            }
+        }
+        for (tr, domain) in snapshot.traces.iter().zip(snapshot.domains.iter()) {
+            b.trace(domain, tr.size, tb_map[tr.traceback as usize]);
+        }
+    }
+    let mut merged = b.finish();
+    // Snapshots of one machine name files of that machine: the merge keeps it (its source
+    // lines stay shown); inputs from several machines, or none recorded, give none.
+    merged.metadata.machine = snapshots
+        .first()
+        .and_then(|s| s.metadata.machine.clone())
+        .filter(|m| {
+            snapshots
+                .iter()
+                .all(|s| s.metadata.machine.as_ref() == Some(m))
+        });
+    Ok(merged)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merged_keeps_function_names_and_shares_tables() {
+        let mut a = SnapshotBuilder::new(2);
+        let fa = a.filename(b"app.py");
+        let frame = a.frame(fa, 7);
+        let t = a.traceback(&[frame], None);
+        let work = a.function(b"work", 5);
+        a.traceback_functions(t, &[Some(work)]);
+        a.trace(0, 100, t);
+        let a = a.finish();
+        let mut b = SnapshotBuilder::new(2);
+        let other = b.filename(b"other.py");
+        let fb = b.filename(b"app.py");
+        let f1 = b.frame(other, 1);
+        let f2 = b.frame(fb, 7);
+        let t1 = b.traceback(&[f1], None);
+        let t2 = b.traceback(&[f2], None);
+        b.trace(0, 10, t1);
+        b.trace(2, 30, t2);
+        let b = b.finish();
+        let m = merged(&[&a, &b], 2, None).unwrap();
+        assert_eq!(m.filenames.len(), 2);
+        assert_eq!(m.tracebacks.len(), 2);
+        let sizes: Vec<_> = m.traces.iter().map(|t| (t.size, t.traceback)).collect();
+        assert_eq!(sizes, [(100, 0), (10, 1), (30, 0)]);
+        assert_eq!(m.domains.iter().collect::<Vec<_>>(), [0, 0, 2]);
+        // app.py:7 keeps the function its first snapshot recorded; other.py:1 knows none.
+        assert_eq!(m.functions.len(), 1);
+        assert_eq!(&*m.traceback_functions[0], &[Some(0)]);
+        assert!(m.traceback_functions[1].is_empty());
+    }
 
     #[test]
     fn traces_take_twelve_bytes() {

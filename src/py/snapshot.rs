@@ -548,6 +548,25 @@ impl PySnapshotData {
         Ok(Self::new(snapshot))
     }
 
+    /// One snapshot of the traces of all `snapshots`, with the function names they
+    /// recorded (see `analysis::snapshot::merged`); the caller checks that they share their
+    /// limit and kind, and that none is a peak snapshot.
+    #[staticmethod]
+    #[pyo3(signature = (snapshots, traceback_limit, sample_interval=None))]
+    fn merge(
+        py: Python<'_>,
+        snapshots: Vec<PyRef<'_, PySnapshotData>>,
+        traceback_limit: u32,
+        sample_interval: Option<u64>,
+    ) -> PyResult<Self> {
+        let inner: Vec<Arc<Snapshot>> = snapshots.iter().map(|s| s.inner.clone()).collect();
+        let merged = py.detach(|| {
+            let refs: Vec<&Snapshot> = inner.iter().map(|s| &**s).collect();
+            crate::analysis::snapshot::merged(&refs, traceback_limit, sample_interval)
+        })?;
+        Ok(Self::new(merged))
+    }
+
     /// Whether the snapshot records object kinds (taken with `objects=True`).
     #[getter]
     fn has_objects(&self) -> bool {

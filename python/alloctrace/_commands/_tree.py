@@ -237,20 +237,7 @@ def stats_json(paths, sources, snapshots, args: argparse.Namespace) -> dict:
     limit = common.limit(args)
     shown = rows if limit is None else rows[:limit]
     sizes = [common.totals(s) for s in filtered]
-    processes = []
-    for source, (size, count) in zip(sources, sizes):
-        process = source.process
-        processes.append(
-            {
-                "path": source.path,
-                "pid": None if process is None else process.pid,
-                "ppid": None if process is None else process.ppid,
-                "role": None if process is None else process.role,
-                "ending": None if process is None else process.ending,
-                "size": size,
-                "count": count,
-            }
-        )
+    processes = [_process_json(source, size) for source, size in zip(sources, sizes)]
     return {
         "version": _report.JSON_VERSION,
         "command": "stats",
@@ -294,8 +281,9 @@ def _write_notes(notes: Sequence[str]) -> None:
     sys.stderr.flush()
 
 
-def diff_lines(args: argparse.Namespace, stream) -> list[str]:
-    """``diff OLD NEW`` where either side is several snapshots: each side summed per site."""
+def execute_diff(args: argparse.Namespace) -> int:
+    """``diff OLD NEW`` where either side is several snapshots (each side summed per site), or
+    ``--by-process`` over two captures (one comparison per process, matched by role)."""
     old_sources, old, old_notes = load([args.old], args)
     new_sources, new, new_notes = load([args.new], args)
     _write_notes([*old_notes, *new_notes])
@@ -305,22 +293,37 @@ def diff_lines(args: argparse.Namespace, stream) -> list[str]:
         raise CommandError(str(exc)) from None
     old = [common.filtered(s, args, src.path) for s, src in zip(old, old_sources)]
     new = [common.filtered(s, args, src.path) for s, src in zip(new, new_sources)]
+    if args.by_process:
+        return _diff_by_process(args, old_sources, old, new_sources, new)
+    from .diff import changes
+
     with common.Progress("comparing snapshots"):
         every = _capture.combined_diff(new, old, args.key, args.cumulative)
-        new_size = sum(common.totals(s)[0] for s in new)
-        new_count = sum(common.totals(s)[1] for s in new)
-        old_size = sum(common.totals(s)[0] for s in old)
-        old_count = sum(common.totals(s)[1] for s in old)
-    diffs = [stat for stat in every if stat.size_diff or stat.count_diff]
-    total = {
-        "size": new_size,
-        "size_diff": new_size - old_size,
-        "count": new_count,
-        "count_diff": new_count - old_count,
-    }
+        old_totals = [common.totals(s) for s in old]
+        new_totals = [common.totals(s) for s in new]
+        diffs, total = changes(every, _summed(new_totals), _summed(old_totals))
     limit = common.limit(args)
+    if args.json:
+        _, described = common.filters(args)
+        document = _report.diff_json(
+            diffs,
+            old=(args.old, _Side(old)),
+            new=(args.new, _Side(new)),
+            key_type=args.key,
+            cumulative=args.cumulative,
+            limit=limit,
+            filters=described,
+            total=total,
+        )
+        document["rss"] = None
+        document["processes"] = {
+            "old": [_process_json(s, size) for s, size in zip(old_sources, old_totals)],
+            "new": [_process_json(s, size) for s, size in zip(new_sources, new_totals)],
+        }
+        common.write_json(document)
+        return 0
     shown = diffs if limit is None else diffs[:limit]
-    renderer = common.renderer(common.names(shown), args, stream)
+    renderer = common.renderer(common.names(shown), args, sys.stdout)
     what = _report.KEY_SINGULAR[args.key] + (" (cumulative)" if args.cumulative else "")
     count = "All" if limit is None else f"Top {len(shown)}"
     noun = "difference" if len(shown) == 1 else "differences"
@@ -328,9 +331,157 @@ def diff_lines(args: argparse.Namespace, stream) -> list[str]:
         f"{count} {noun} by {what}: {args.new} ({_processes(len(new))}) compared to "
         f"{args.old} ({_processes(len(old))}), summed per site"
     )
-    return renderer.diff(
-        diffs, key_type=args.key, cumulative=args.cumulative, limit=limit, total=total, title=title
+    common.write_lines(
+        renderer.diff(
+            diffs,
+            key_type=args.key,
+            cumulative=args.cumulative,
+            limit=limit,
+            total=total,
+            title=title,
+        )
     )
+    return 0
+
+
+def _summed(totals) -> tuple[int, int]:
+    return sum(size for size, _ in totals), sum(count for _, count in totals)
+
+
+class _Side:
+    """What the JSON of a diff says of one side made of several snapshots."""
+
+    def __init__(self, snapshots):
+        self.traceback_limit = snapshots[0].traceback_limit
+        self.sample_interval = snapshots[0].sample_interval
+        self.is_peak = False
+        self.metadata = None
+
+
+def _process_json(source: Source, totals: tuple[int, int]) -> dict:
+    process = source.process
+    return {
+        "path": source.path,
+        "pid": None if process is None else process.pid,
+        "ppid": None if process is None else process.ppid,
+        "role": None if process is None else process.role,
+        "ending": None if process is None else process.ending,
+        "size": totals[0],
+        "count": totals[1],
+    }
+
+
+def pair_processes(old_dir: str, old_sources, new_dir: str, new_sources):
+    """``(old index, new index)`` pairs of the sources of two captures whose processes play
+    the same role (:func:`alloctrace._capture.match_processes`: never by pid); ``None`` for
+    the side of a process with no counterpart that left a snapshot."""
+    old_capture = _capture.load_capture(old_dir)
+    new_capture = _capture.load_capture(new_dir)
+    old_at = {s.process.id: i for i, s in enumerate(old_sources)}
+    new_at = {s.process.id: j for j, s in enumerate(new_sources)}
+    pairs = []
+    for i, j in _capture.match_processes(old_capture.processes, new_capture.processes):
+        a = old_at.get(old_capture.processes[i].id) if i is not None else None
+        b = new_at.get(new_capture.processes[j].id) if j is not None else None
+        if a is not None or b is not None:
+            pairs.append((a, b))
+    return pairs
+
+
+def _diff_by_process(args, old_sources, old, new_sources, new) -> int:
+    from .._snapshot import Snapshot
+    from .diff import changes
+
+    if not (_capture.is_capture(args.old) and _capture.is_capture(args.new)):
+        raise CommandError(
+            "diff --by-process compares two capture directories (their processes are matched "
+            "by role)",
+            common.USAGE_ERROR,
+        )
+    first = (old or new)[0]
+    empty = Snapshot([], first.traceback_limit, sample_interval=first.sample_interval)
+    compared = []
+    with common.Progress("comparing snapshots"):
+        for i, j in pair_processes(args.old, old_sources, args.new, new_sources):
+            before = old[i] if i is not None else empty
+            after = new[j] if j is not None else empty
+            every = after.compare_to(before, args.key, cumulative=args.cumulative)
+            diffs, total = changes(every, common.totals(after), common.totals(before))
+            compared.append((i, j, diffs, total))
+    # The processes that changed most first.
+    compared.sort(key=lambda item: -abs(item[3]["size_diff"]))
+    limit = common.limit(args)
+    if args.json:
+        _, described = common.filters(args)
+        entries = []
+        for i, j, diffs, total in compared:
+            document = _report.diff_json(
+                diffs,
+                old=("", empty),
+                new=("", empty),
+                key_type=args.key,
+                cumulative=args.cumulative,
+                limit=limit,
+                filters=described,
+                total=total,
+            )
+            entries.append(
+                {
+                    "old": None
+                    if i is None
+                    else _process_json(old_sources[i], common.totals(old[i])),
+                    "new": None
+                    if j is None
+                    else _process_json(new_sources[j], common.totals(new[j])),
+                    "total": document["total"],
+                    "stats": document["stats"],
+                    "other": document["other"],
+                }
+            )
+        common.write_json(
+            {
+                "version": _report.JSON_VERSION,
+                "command": "diff",
+                "by_process": True,
+                "key_type": args.key,
+                "cumulative": args.cumulative,
+                "old": {"path": args.old},
+                "new": {"path": args.new},
+                "filters": described,
+                "processes": entries,
+            }
+        )
+        return 0
+    what = _report.KEY_SINGULAR[args.key] + (" (cumulative)" if args.cumulative else "")
+    lines: list[str] = []
+    for i, j, diffs, total in compared:
+        if lines:
+            lines.append("")
+        if i is not None and j is not None:
+            lines.append(
+                f"== {old_sources[i].label} in {args.old} -> {new_sources[j].label} in "
+                f"{args.new} =="
+            )
+        elif j is not None:
+            lines.append(f"== only in {args.new}: {new_sources[j].label} ==")
+        else:
+            lines.append(f"== only in {args.old}: {old_sources[i].label} ==")
+        shown = diffs if limit is None else diffs[:limit]
+        count = "All" if limit is None else f"Top {len(shown)}"
+        noun = "difference" if len(shown) == 1 else "differences"
+        renderer = common.renderer(common.names(shown), args, sys.stdout)
+        lines.extend(
+            renderer.diff(
+                diffs,
+                key_type=args.key,
+                cumulative=args.cumulative,
+                limit=limit,
+                total=total,
+                title=f"{count} {noun} by {what}",
+            )
+        )
+    common.write_lines(lines)
+    return 0
 
 
 def merged(paths: Sequence[str], args: argparse.Namespace):

@@ -26,6 +26,12 @@ def register(commands) -> None:
         action="store_true",
         help="compare the one snapshot file given to the peak stored in it (peak -> end)",
     )
+    diff.add_argument(
+        "--by-process",
+        action="store_true",
+        help="two captures: one comparison per process, processes matched by their role "
+        "(command line and place in the tree, not pid)",
+    )
     common.add_report_options(diff)
     diff.set_defaults(handler=execute)
 
@@ -44,9 +50,28 @@ def _warn_if_swapped(args: argparse.Namespace, old, new) -> None:
     sys.stderr.flush()
 
 
+def changes(every, new: tuple[int, int], old: tuple[int, int]) -> tuple[list, dict]:
+    """The entries of a comparison that changed, and the totals of ``diff``'s output from
+    the ``(size, count)`` totals of the *new* and *old* sides."""
+    # Unchanged entries tell nothing about growth; compare_to sorts them last anyway.
+    diffs = [stat for stat in every if stat.size_diff or stat.count_diff]
+    total = {
+        "size": new[0],
+        "size_diff": new[0] - old[0],
+        "count": new[1],
+        "count_diff": new[1] - old[1],
+    }
+    return diffs, total
+
+
 def execute(args: argparse.Namespace) -> int:
     common.check_key(args)
     if args.peak:
+        if args.by_process:
+            raise common.CommandError(
+                "diff --peak compares one snapshot file to its peak: not with --by-process",
+                common.USAGE_ERROR,
+            )
         if args.new is not None:
             raise common.CommandError(
                 "diff --peak takes one snapshot file (its peak is compared to it)",
@@ -62,13 +87,8 @@ def execute(args: argparse.Namespace) -> int:
     else:
         from . import _tree
 
-        if _tree.is_many([args.old]) or _tree.is_many([args.new]):
-            if args.json:
-                raise common.CommandError(
-                    "diff --json reads two snapshot files, not captures", common.USAGE_ERROR
-                )
-            common.write_lines(_tree.diff_lines(args, sys.stdout))
-            return 0
+        if _tree.is_many([args.old]) or _tree.is_many([args.new]) or args.by_process:
+            return _tree.execute_diff(args)
         old = common.load(args.old, args.allow_pickle)
         new = common.load(args.new, args.allow_pickle)
     common.check_objects(args.old, old, args)
@@ -81,16 +101,7 @@ def execute(args: argparse.Namespace) -> int:
     new = common.filtered(new, args, args.new)
     with common.Progress("comparing snapshots"):
         every = new.compare_to(old, args.key, cumulative=args.cumulative)
-        new_size, new_count = common.totals(new)
-        old_size, old_count = common.totals(old)
-    # Unchanged entries tell nothing about growth; compare_to sorts them last anyway.
-    diffs = [stat for stat in every if stat.size_diff or stat.count_diff]
-    total = {
-        "size": new_size,
-        "size_diff": new_size - old_size,
-        "count": new_count,
-        "count_diff": new_count - old_count,
-    }
+        diffs, total = changes(every, common.totals(new), common.totals(old))
     limit = common.limit(args)
     if args.json:
         document = _report.diff_json(

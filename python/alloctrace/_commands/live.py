@@ -17,7 +17,8 @@ def add_options(top: argparse.ArgumentParser) -> None:
         "--interval",
         metavar="SECONDS",
         help="keep looking for the newest file matching FILE every SECONDS and redraw its top "
-        "lines with their growth since the dump before it, until Ctrl-C",
+        "lines with their growth since the dump before it, until Ctrl-C; FILE a capture "
+        "directory: the newest snapshot of each of its processes, summed per line",
     )
     top.add_argument(
         "--pid",
@@ -65,6 +66,20 @@ def execute(args: argparse.Namespace) -> int:
                 interval,
                 sys.stdout,
                 request=_requester(interval),
+                limit=common.limit(args),
+                source=not args.no_source,
+                full_paths=args.full_paths,
+                load=load,
+                width=lambda: common._width(sys.stdout),
+            )
+            return 0
+        from .._capture import is_capture
+
+        if is_capture(args.file):
+            _live.run_capture(
+                args.file,
+                interval,
+                sys.stdout,
                 limit=common.limit(args),
                 source=not args.no_source,
                 full_paths=args.full_paths,

@@ -1,5 +1,5 @@
-"""``alloctrace report``: one self-contained HTML page of one or more snapshots of a process
-(the page itself is made by :mod:`alloctrace._html_report`)."""
+"""``alloctrace report``: one self-contained HTML page of one or more snapshots of a process,
+or of a whole process-tree capture (the page itself is made by :mod:`alloctrace._html_report`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def register(commands) -> None:
         nargs="*",
         metavar="FILE",
         help="snapshot files of one process, e.g. an ALLOCTRACE_INTERVAL series (any order); "
-        "a directory stands for its *.snap files, a quoted pattern for its matches",
+        "a directory stands for its *.snap files, a quoted pattern for its matches; a capture "
+        "directory (of 'alloctrace run') gives the page of its process tree",
     )
     report.add_argument(
         "-o",
@@ -46,13 +47,26 @@ def execute(args: argparse.Namespace) -> int:
         raise common.CommandError(
             "no snapshot files given (see 'alloctrace report --help')", common.USAGE_ERROR
         )
-    files = [name for path in args.files for name in files_of(path)]
+    from .._capture import is_capture
+
+    captures = [path for path in args.files if is_capture(path)]
+    if captures and len(args.files) > 1:
+        raise common.CommandError(
+            f"{captures[0]} is a process-tree capture: report it alone (one page per capture)",
+            common.USAGE_ERROR,
+        )
+    files = [] if captures else [name for path in args.files for name in files_of(path)]
     args.output = common.output_or_default(args, args.files[0], ".html")
     try:
         with common.Progress(f"writing {args.output}"):
-            _html_report.write_report(
-                files, args.output, title=args.title, allow_pickle=args.allow_pickle
-            )
+            if captures:
+                _html_report.write_capture_report(
+                    captures[0], args.output, title=args.title, allow_pickle=args.allow_pickle
+                )
+            else:
+                _html_report.write_report(
+                    files, args.output, title=args.title, allow_pickle=args.allow_pickle
+                )
     except (_html_report.ReportError, _output.OutputError) as exc:
         raise common.CommandError(str(exc)) from None
     except OSError as exc:
