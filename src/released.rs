@@ -43,6 +43,15 @@ pub struct Interned {
     pub keep_native: bool,
 }
 
+impl Interned {
+    /// The traceback a block of this domain goes under, or `None` where the trace-time
+    /// filters drop it.
+    fn kept(&self, native: bool) -> Option<TracebackId> {
+        let keep = if native { self.keep_native } else { self.keep };
+        keep.then_some(self.id)
+    }
+}
+
 #[derive(Default)]
 pub struct Pending {
     /// The walk's scratch, `nframe` long.
@@ -176,13 +185,7 @@ pub unsafe fn charge(
         }
     };
     match pending.interned[index as usize] {
-        Some(interned)
-            if (if native {
-                interned.keep_native
-            } else {
-                interned.keep
-            }) =>
-        {
+        Some(interned) if interned.kept(native).is_some() => {
             if record(interned.id) {
                 Charge::Recorded
             } else {
@@ -290,12 +293,7 @@ pub fn finish(
         let Some(found) = interned[index as usize] else {
             return true;
         };
-        let keep = if native {
-            found.keep_native
-        } else {
-            found.keep
-        };
-        settle(key, keep.then_some(found.id));
+        settle(key, found.kept(native));
         false
     });
     WAITING.store(pending.waiting.len(), Relaxed);
@@ -303,12 +301,7 @@ pub fn finish(
         let Some(found) = interned[index as usize] else {
             return true;
         };
-        let keep = if native {
-            found.keep_native
-        } else {
-            found.keep
-        };
-        moved(native, allocated, keep.then_some(found.id));
+        moved(native, allocated, found.kept(native));
         false
     });
     GONE.store(pending.gone.len(), Relaxed);

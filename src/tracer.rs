@@ -1602,24 +1602,28 @@ fn collect_peak(py: Python<'_>) -> Result<Collected> {
     unsafe { deferred::settle() };
     // SAFETY: the GIL is held and no borrow of the cell is live.
     let interned = unsafe { LIVE.get().as_ref().map_or(0, |live| live.interner.len()) };
-    // Domain 0's first, as `Collected::domain` expects.
-    let at_peak = table().at_peak(interned);
+    aggregates(py, &table().at_peak(interned))
+}
+
+/// One aggregate trace per `(domain, traceback, bytes, units)` row, as the table gives them
+/// for the peak and for what was allocated (domain 0's first, as `Collected::domain`
+/// expects), with the blocks each stands for.
+fn aggregates(py: Python<'_>, rows: &[(u32, TracebackId, u64, u64)]) -> Result<Collected> {
     let mut dense = DenseIds::default();
-    let mut traces = fallible::with_capacity(at_peak.len())?;
-    for &(_, traceback, bytes, _) in &at_peak {
+    let mut traces = fallible::with_capacity(rows.len())?;
+    for &(_, traceback, bytes, _) in rows {
         traces.push((bytes as usize, dense.number(traceback)?));
     }
     Ok(Collected {
         traces,
-        tracked_domains: at_peak
+        tracked_domains: rows
             .iter()
             .map(|&(domain, ..)| domain)
             .filter(|&domain| domain != DEFAULT_DOMAIN)
             .collect(),
         addresses: Vec::new(),
         blocks: Some(
-            at_peak
-                .iter()
+            rows.iter()
                 .map(|&(.., units)| count_from_units(units))
                 .collect(),
         ),
@@ -1636,29 +1640,7 @@ fn collect_allocated(py: Python<'_>) -> Result<Collected> {
     unsafe { settle() };
     // SAFETY: the GIL is held and no borrow of the cell is live.
     let interned = unsafe { LIVE.get().as_ref().map_or(0, |live| live.interner.len()) };
-    // Domain 0's first, as `Collected::domain` expects.
-    let allocated = table().take_allocated(interned);
-    let mut dense = DenseIds::default();
-    let mut traces = fallible::with_capacity(allocated.len())?;
-    for &(_, traceback, bytes, _) in &allocated {
-        traces.push((bytes as usize, dense.number(traceback)?));
-    }
-    Ok(Collected {
-        traces,
-        tracked_domains: allocated
-            .iter()
-            .map(|&(domain, ..)| domain)
-            .filter(|&domain| domain != DEFAULT_DOMAIN)
-            .collect(),
-        addresses: Vec::new(),
-        blocks: Some(
-            allocated
-                .iter()
-                .map(|&(.., units)| count_from_units(units))
-                .collect(),
-        ),
-        stacks: resolve_stacks(py, &dense.ids, true)?,
-    })
+    aggregates(py, &table().take_allocated(interned))
 }
 
 /// Starts or stops counting what is allocated per traceback, for the `alloc_*` figures of

@@ -53,47 +53,66 @@ def render(
     """The screen: the newest dump's top lines by size, with their growth since *previous*;
     *limit* ``None`` shows every line."""
     path, snapshot = newest
+    look = (limit, width, source, full_paths)
     if previous is None:
-        stats = snapshot.statistics("lineno")
-        shown = stats if limit is None else stats[:limit]
-        names = [frame.filename for stat in shown for frame in stat.traceback]
-        renderer = _report.Renderer(
-            width, _report.PathShortener(names, enabled=not full_paths), source=source
-        )
-        return renderer.stats(
-            stats,
-            key_type="lineno",
-            cumulative=False,
-            limit=limit,
-            total_size=sum(stat.size for stat in stats),
-            total_count=sum(stat.count for stat in stats),
-            title=f"Top {_lines(len(shown))} of {path} (the first dump: no growth yet)",
+        return _sizes_screen(
+            snapshot.statistics("lineno"),
+            look,
+            lambda shown: f"Top {_lines(shown)} of {path} (the first dump: no growth yet)",
         )
     old_path, old = previous
-    diffs = snapshot.compare_to(old, "lineno")
-    # Top lines by size (what holds the memory now), each with what it gained.
+    return _growth_screen(
+        snapshot.compare_to(old, "lineno"),
+        look,
+        lambda shown: f"Top {_lines(shown)} of {path}, growth since {old_path}",
+    )
+
+
+def _renderer(shown, look) -> _report.Renderer:
+    _, width, source, full_paths = look
+    names = [frame.filename for item in shown for frame in item.traceback]
+    return _report.Renderer(
+        width, _report.PathShortener(names, enabled=not full_paths), source=source
+    )
+
+
+def _sizes_screen(stats, look, title, notes=None) -> list[str]:
+    """The first screen: *stats* by size; *look* is ``(limit, width, source, full_paths)``,
+    *title* a function of the number of lines shown."""
+    limit = look[0]
+    shown = stats if limit is None else stats[:limit]
+    return _renderer(shown, look).stats(
+        stats,
+        key_type="lineno",
+        cumulative=False,
+        limit=limit,
+        total_size=sum(stat.size for stat in stats),
+        total_count=sum(stat.count for stat in stats),
+        title=title(len(shown)),
+        notes=notes,
+    )
+
+
+def _growth_screen(diffs, look, title) -> list[str]:
+    """A later screen: the top lines by size (what holds the memory now), each with what it
+    gained since the previous screen."""
+    limit = look[0]
     diffs.sort(key=lambda d: (-d.size, -d.size_diff))
     diffs = [d for d in diffs if d.size or d.size_diff]
     shown = diffs if limit is None else diffs[:limit]
-    names = [frame.filename for d in shown for frame in d.traceback]
-    renderer = _report.Renderer(
-        width, _report.PathShortener(names, enabled=not full_paths), source=source
-    )
-    size = sum(d.size for d in diffs)
-    count = sum(d.count for d in diffs)
     total = {
-        "size": size,
+        "size": sum(d.size for d in diffs),
         "size_diff": sum(d.size_diff for d in diffs),
-        "count": count,
+        "count": sum(d.count for d in diffs),
         "count_diff": sum(d.count_diff for d in diffs),
     }
-    return renderer.diff(
+    return _renderer(shown, look).diff(
         diffs,
         key_type="lineno",
         cumulative=False,
         limit=limit,
         total=total,
-        title=f"Top {_lines(len(shown))} of {path}, growth since {old_path}",
+        title=title(len(shown)),
     )
 
 
@@ -235,47 +254,25 @@ def render_capture(
 
     n = len(snapshots)
     processes = "1 process" if n == 1 else f"{n} processes"
+    look = (limit, width, source, full_paths)
     if previous is None:
         rows = _capture.combined_statistics(snapshots, "lineno")
-        stats = [stat for stat, _ in rows]
-        shown = stats if limit is None else stats[:limit]
-        names = [frame.filename for stat in shown for frame in stat.traceback]
-        renderer = _report.Renderer(
-            width, _report.PathShortener(names, enabled=not full_paths), source=source
+        return _sizes_screen(
+            [stat for stat, _ in rows],
+            look,
+            lambda shown: (
+                f"Top {_lines(shown)} summed over {processes} of {directory} "
+                "(the first look: no growth yet)"
+            ),
+            notes=[f", in {k} process{'es' if k > 1 else ''}" for _, k in rows],
         )
-        return renderer.stats(
-            stats,
-            key_type="lineno",
-            cumulative=False,
-            limit=limit,
-            total_size=sum(stat.size for stat in stats),
-            total_count=sum(stat.count for stat in stats),
-            title=f"Top {_lines(len(shown))} summed over {processes} of {directory} "
-            "(the first look: no growth yet)",
-            notes=[f", in {k} process{'es' if k > 1 else ''}" for _, k in rows[: len(shown)]],
-        )
-    diffs = _capture.combined_diff(snapshots, previous, "lineno")
-    diffs.sort(key=lambda d: (-d.size, -d.size_diff))
-    diffs = [d for d in diffs if d.size or d.size_diff]
-    shown = diffs if limit is None else diffs[:limit]
-    names = [frame.filename for d in shown for frame in d.traceback]
-    renderer = _report.Renderer(
-        width, _report.PathShortener(names, enabled=not full_paths), source=source
-    )
-    total = {
-        "size": sum(d.size for d in diffs),
-        "size_diff": sum(d.size_diff for d in diffs),
-        "count": sum(d.count for d in diffs),
-        "count_diff": sum(d.count_diff for d in diffs),
-    }
-    return renderer.diff(
-        diffs,
-        key_type="lineno",
-        cumulative=False,
-        limit=limit,
-        total=total,
-        title=f"Top {_lines(len(shown))} summed over {processes} of {directory}, growth "
-        "since the previous screen",
+    return _growth_screen(
+        _capture.combined_diff(snapshots, previous, "lineno"),
+        look,
+        lambda shown: (
+            f"Top {_lines(shown)} summed over {processes} of {directory}, growth "
+            "since the previous screen"
+        ),
     )
 
 

@@ -721,32 +721,9 @@ pub fn compact(snapshot: Snapshot) -> Result<Snapshot> {
     let mut b = SnapshotBuilder::new(snapshot.traceback_limit);
     let mut tb_map = fallible::filled(snapshot.tracebacks.len(), u32::MAX)?;
     let mut frames = Vec::new();
-    for (t, tb) in snapshot.tracebacks.iter().enumerate() {
-        if !used[t] {
-            continue;
-        }
-        frames.clear();
-        for &f in tb.frames.iter() {
-            let fr = snapshot.frames[f as usize];
-            let name = b.filename(&snapshot.filenames[fr.filename as usize]);
-            frames.push(b.frame(name, fr.lineno));
-        }
-        tb_map[t] = b.try_traceback(&frames, tb.total_nframe)?;
-        if let Some(known) = snapshot
-            .traceback_functions
-            .get(t)
-            .filter(|k| !k.is_empty())
-        {
-            let ids: Vec<_> = known
-                .iter()
-                .map(|f| {
-                    f.map(|f| {
-                        let f = &snapshot.functions[f as usize];
-                        b.function(&f.name, f.first_lineno)
-                    })
-                })
-                .collect();
-            b.try_traceback_functions(tb_map[t], &ids)?;
+    for t in 0..snapshot.tracebacks.len() {
+        if used[t] {
+            tb_map[t] = b.try_copy_traceback(&snapshot, t, &mut frames)?;
         }
     }
     b.try_reserve_traces(snapshot.traces.len())?;

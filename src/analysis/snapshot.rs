@@ -390,6 +390,42 @@ impl SnapshotBuilder {
         Ok(())
     }
 
+    /// Copies traceback `t` of `snapshot`, with its frames' file names and lines and the
+    /// function names recorded for it, into this builder; its id here. `frames` is scratch
+    /// space the caller keeps between calls.
+    pub fn try_copy_traceback(
+        &mut self,
+        snapshot: &Snapshot,
+        t: usize,
+        frames: &mut Vec<FrameId>,
+    ) -> crate::error::Result<TracebackId> {
+        let tb = &snapshot.tracebacks[t];
+        frames.clear();
+        for &f in tb.frames.iter() {
+            let fr = snapshot.frames[f as usize];
+            let name = self.filename(&snapshot.filenames[fr.filename as usize]);
+            frames.push(self.frame(name, fr.lineno));
+        }
+        let id = self.try_traceback(frames, tb.total_nframe)?;
+        if let Some(known) = snapshot
+            .traceback_functions
+            .get(t)
+            .filter(|k| !k.is_empty())
+        {
+            let ids: Vec<_> = known
+                .iter()
+                .map(|f| {
+                    f.map(|f| {
+                        let f = &snapshot.functions[f as usize];
+                        self.function(&f.name, f.first_lineno)
+                    })
+                })
+                .collect();
+            self.try_traceback_functions(id, &ids)?;
+        }
+        Ok(id)
+    }
+
     pub fn traceback(&mut self, frames: &[FrameId], total_nframe: Option<u32>) -> TracebackId {
         let traceback = Traceback {
             frames: frames.into(),
@@ -480,30 +516,8 @@ pub fn merged(
     let mut frames = Vec::new();
     for snapshot in snapshots {
         let mut tb_map = fallible::filled(snapshot.tracebacks.len(), 0)?;
-        for (t, tb) in snapshot.tracebacks.iter().enumerate() {
-            frames.clear();
-            for &f in tb.frames.iter() {
-                let fr = snapshot.frames[f as usize];
-                let name = b.filename(&snapshot.filenames[fr.filename as usize]);
-                frames.push(b.frame(name, fr.lineno));
-            }
-            tb_map[t] = b.try_traceback(&frames, tb.total_nframe)?;
-            if let Some(known) = snapshot
-                .traceback_functions
-                .get(t)
-                .filter(|k| !k.is_empty())
-            {
-                let ids: Vec<_> = known
-                    .iter()
-                    .map(|f| {
-                        f.map(|f| {
-                            let f = &snapshot.functions[f as usize];
-                            b.function(&f.name, f.first_lineno)
-                        })
-                    })
-                    .collect();
-                b.try_traceback_functions(tb_map[t], &ids)?;
-            }
+        for (t, id) in tb_map.iter_mut().enumerate() {
+            *id = b.try_copy_traceback(snapshot, t, &mut frames)?;
         }
         for (tr, domain) in snapshot.traces.iter().zip(snapshot.domains.iter()) {
             b.trace(domain, tr.size, tb_map[tr.traceback as usize]);

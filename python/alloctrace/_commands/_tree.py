@@ -322,23 +322,18 @@ def execute_diff(args: argparse.Namespace) -> int:
         }
         common.write_json(document)
         return 0
-    shown = diffs if limit is None else diffs[:limit]
-    renderer = common.renderer(common.names(shown), args, sys.stdout)
-    what = _report.KEY_SINGULAR[args.key] + (" (cumulative)" if args.cumulative else "")
-    count = "All" if limit is None else f"Top {len(shown)}"
-    noun = "difference" if len(shown) == 1 else "differences"
-    title = (
-        f"{count} {noun} by {what}: {args.new} ({_processes(len(new))}) compared to "
-        f"{args.old} ({_processes(len(old))}), summed per site"
-    )
+    from .diff import rendered
+
     common.write_lines(
-        renderer.diff(
+        rendered(
             diffs,
-            key_type=args.key,
-            cumulative=args.cumulative,
-            limit=limit,
-            total=total,
-            title=title,
+            total,
+            args,
+            sys.stdout,
+            lambda heading: (
+                f"{heading}: {args.new} ({_processes(len(new))}) compared to "
+                f"{args.old} ({_processes(len(old))}), summed per site"
+            ),
         )
     )
     return 0
@@ -452,7 +447,8 @@ def _diff_by_process(args, old_sources, old, new_sources, new) -> int:
             }
         )
         return 0
-    what = _report.KEY_SINGULAR[args.key] + (" (cumulative)" if args.cumulative else "")
+    from .diff import rendered
+
     lines: list[str] = []
     for i, j, diffs, total in compared:
         if lines:
@@ -466,20 +462,7 @@ def _diff_by_process(args, old_sources, old, new_sources, new) -> int:
             lines.append(f"== only in {args.new}: {new_sources[j].label} ==")
         else:
             lines.append(f"== only in {args.old}: {old_sources[i].label} ==")
-        shown = diffs if limit is None else diffs[:limit]
-        count = "All" if limit is None else f"Top {len(shown)}"
-        noun = "difference" if len(shown) == 1 else "differences"
-        renderer = common.renderer(common.names(shown), args, sys.stdout)
-        lines.extend(
-            renderer.diff(
-                diffs,
-                key_type=args.key,
-                cumulative=args.cumulative,
-                limit=limit,
-                total=total,
-                title=f"{count} {noun} by {what}",
-            )
-        )
+        lines.extend(rendered(diffs, total, args, sys.stdout, lambda heading: heading))
     common.write_lines(lines)
     return 0
 

@@ -118,20 +118,12 @@ def execute(args: argparse.Namespace) -> int:
         document["rss"] = rss
         common.write_json(document)
         return 0
-    shown = diffs if limit is None else diffs[:limit]
-    renderer = common.renderer(common.names(shown), args, sys.stdout)
-    what = _report.KEY_SINGULAR[args.key] + (" (cumulative)" if args.cumulative else "")
-    shown_count = len(diffs) if limit is None else min(limit, len(diffs))
-    count = "All" if limit is None else f"Top {shown_count}"
-    noun = "difference" if shown_count == 1 else "differences"
-    title = f"{count} {noun} by {what}: {args.new} compared to {args.old}"
-    lines = renderer.diff(
+    lines = rendered(
         diffs,
-        key_type=args.key,
-        cumulative=args.cumulative,
-        limit=limit,
-        total=total,
-        title=title,
+        total,
+        args,
+        sys.stdout,
+        lambda heading: f"{heading}: {args.new} compared to {args.old}",
     )
     notes = [
         f"({name}: {note})"
@@ -139,7 +131,25 @@ def execute(args: argparse.Namespace) -> int:
         if (note := _report.sampling_note(snapshot)) is not None
     ]
     if rss is not None:
-        notes[0:0] = _report.rss_change_lines(rss, renderer.width)
+        notes[0:0] = _report.rss_change_lines(rss, common._width(sys.stdout))
     lines[1:1] = notes
     common.write_lines(lines)
     return 0
+
+
+def rendered(diffs, total, args: argparse.Namespace, stream, title) -> list[str]:
+    """The text of *diffs* as ``diff`` prints them; *title* makes the heading from its start
+    (``"Top 3 differences by line"``)."""
+    limit = common.limit(args)
+    shown = diffs if limit is None else diffs[:limit]
+    what = _report.KEY_SINGULAR[args.key] + (" (cumulative)" if args.cumulative else "")
+    count = "All" if limit is None else f"Top {len(shown)}"
+    noun = "difference" if len(shown) == 1 else "differences"
+    return common.renderer(common.names(shown), args, stream).diff(
+        diffs,
+        key_type=args.key,
+        cumulative=args.cumulative,
+        limit=limit,
+        total=total,
+        title=title(f"{count} {noun} by {what}"),
+    )

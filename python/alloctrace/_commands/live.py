@@ -59,45 +59,24 @@ def execute(args: argparse.Namespace) -> int:
         except common.CommandError as exc:
             raise ValueError(str(exc)) from None
 
+    view = {
+        "limit": common.limit(args),
+        "source": not args.no_source,
+        "full_paths": args.full_paths,
+        "load": load,
+        # Re-read at each redraw: the terminal may be resized while the view runs.
+        "width": lambda: common._width(sys.stdout),
+    }
     try:
         if args.pid is not None:
-            _live.run_pid(
-                args.pid,
-                interval,
-                sys.stdout,
-                request=_requester(interval),
-                limit=common.limit(args),
-                source=not args.no_source,
-                full_paths=args.full_paths,
-                load=load,
-                width=lambda: common._width(sys.stdout),
-            )
+            _live.run_pid(args.pid, interval, sys.stdout, request=_requester(interval), **view)
             return 0
         from .._capture import is_capture
 
         if is_capture(args.file):
-            _live.run_capture(
-                args.file,
-                interval,
-                sys.stdout,
-                limit=common.limit(args),
-                source=not args.no_source,
-                full_paths=args.full_paths,
-                load=load,
-                width=lambda: common._width(sys.stdout),
-            )
+            _live.run_capture(args.file, interval, sys.stdout, **view)
             return 0
-        _live.run(
-            args.file,
-            interval,
-            sys.stdout,
-            limit=common.limit(args),
-            source=not args.no_source,
-            full_paths=args.full_paths,
-            load=load,
-            # Re-read at each redraw: the terminal may be resized while the view runs.
-            width=lambda: common._width(sys.stdout),
-        )
+        _live.run(args.file, interval, sys.stdout, **view)
     except KeyboardInterrupt:
         # Ctrl-C is how the live view ends: not a failure.
         sys.stdout.write("\n")
