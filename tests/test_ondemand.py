@@ -336,15 +336,19 @@ def test_changing_a_handler_under_a_stream_of_signals_prints_nothing(tmp_path):
         "import os, signal, subprocess, time\n"
         "from alloctrace._signals import set_handler\n"
         "def handler(signum, frame): pass\n"
+        # The handler first: the sender's first signal would otherwise end us.
+        "signal.signal(signal.SIGUSR2, handler)\n"
         "sender = subprocess.Popen(['sh', '-c', "
         "f'while kill -USR2 {os.getpid()} 2>/dev/null; do :; done'],\n"
         "    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-        "signal.signal(signal.SIGUSR2, handler)\n"
         "end = time.monotonic() + 2\n"
         "while time.monotonic() < end:\n"
         "    set_handler(signal.SIGUSR2, signal.SIG_IGN)\n"
         "    set_handler(signal.SIGUSR2, handler)\n"
+        # Ignored before the sender goes: a signal still on its way cannot end us.
+        "set_handler(signal.SIGUSR2, signal.SIG_IGN)\n"
         "sender.kill()\n"
+        "sender.wait()\n"
         "print('done', flush=True)\n"
     )
     result = run_python([str(script)], cwd=str(tmp_path))
