@@ -225,6 +225,38 @@ def test_killed_and_exited_children_are_listed(tmp_path):
     assert "2 processes ended without an exit snapshot" in done.stderr
 
 
+def test_children_reaped_with_waitid_are_listed(tmp_path):
+    # os.waitid was not watched: a child killed before its snapshot, reaped that way, was
+    # listed without the signal that ended it.
+    script = write(
+        tmp_path,
+        "waitid.py",
+        """\
+        import os, signal, time
+        r, w = os.pipe()
+        killed = os.fork()
+        if killed == 0:
+            os.write(w, b"x")
+            time.sleep(60)
+        os.read(r, 1)
+        os.kill(killed, signal.SIGKILL)
+        assert os.waitid(os.P_PID, killed, os.WEXITED).si_pid == killed
+        quitter = os.fork()
+        if quitter == 0:
+            os._exit(3)
+        while os.waitid(os.P_PID, quitter, os.WEXITED | os.WNOHANG) is None:
+            time.sleep(0.01)
+        print(killed, quitter)
+        """,
+    )
+    done = cli("run", "--capture", "cap", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    killed, quitter = map(int, done.stdout.split())
+    by_pid = {p.pid: p for p in processes(tmp_path / "cap")}
+    assert by_pid[killed].killed and by_pid[killed].signal == "SIGKILL"
+    assert by_pid[quitter].killed and by_pid[quitter].code == 3
+
+
 def test_many_short_lived_children_stay_readable(tmp_path):
     # A pre-fork server recycling its workers, 4 at a time: 40 of them here (200 take about
     # 30 s on a loaded 2-core machine; docs/process-trees.md gives that capture's size).

@@ -18,8 +18,8 @@ one JSON object a line:
     such as ``"SIGTERM"``, or ``"exec"``) and its :mod:`multiprocessing` process ``name``.
 ``reaped``
     A traced process collected a child's exit status through ``os.wait``, ``os.waitpid``,
-    ``os.wait3`` or ``os.wait4`` (``pid``, ``by``, ``code`` or ``signal``); ``alloctrace run``
-    writes one for the program itself.
+    ``os.wait3``, ``os.wait4`` or ``os.waitid`` (``pid``, ``by``, ``code`` or ``signal``);
+    ``alloctrace run`` writes one for the program itself.
 ``spawn`` / ``exec``
     A traced process started a program with :mod:`subprocess`, or replaced itself with
     ``os.exec*`` (``argv``): a Python program that could not import alloctrace then shows up
@@ -163,6 +163,8 @@ class Recorder:
             original = getattr(os, name, None)
             if original is not None:
                 setattr(os, name, _reaping(original, recorder))
+        if hasattr(os, "waitid"):
+            os.waitid = _reaping_waitid(os.waitid, recorder)
         for name in ("execv", "execve"):
             original = getattr(os, name, None)
             if original is not None:
@@ -185,6 +187,38 @@ def _reaping(original, recorder: Recorder):
             pid, status = result[0], result[1]
             if pid > 0:
                 recorder.write("reaped", pid=pid, by=os.getpid(), **_status_fields(status))
+        except Exception:
+            pass
+        return result
+
+    wrapper.__name__ = original.__name__
+    wrapper.__doc__ = original.__doc__
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _reaping_waitid(original, recorder: Recorder):
+    """``os.waitid``: its result is a ``waitid_result`` (``None`` with ``WNOHANG`` and no child
+    ready); a child it leaves waitable (``WNOWAIT``) or that only stopped or continued is not
+    reaped yet."""
+
+    def wrapper(idtype, ident, options, /):
+        result = original(idtype, ident, options)
+        try:
+            if result is not None and not options & getattr(os, "WNOWAIT", 0):
+                fields = None
+                if result.si_code == os.CLD_EXITED:
+                    fields = {"code": result.si_status}
+                elif result.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+                    # si_status is the signal's number here, not a wait status.
+                    try:
+                        import signal
+
+                        fields = {"signal": signal.Signals(result.si_status).name}
+                    except ValueError:
+                        fields = {"signal": f"signal {result.si_status}"}
+                if fields is not None and result.si_pid > 0:
+                    recorder.write("reaped", pid=result.si_pid, by=os.getpid(), **fields)
         except Exception:
             pass
         return result
