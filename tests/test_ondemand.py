@@ -360,3 +360,32 @@ def test_set_handler_refuses_what_signal_refuses():
 
     with pytest.raises((OSError, ValueError), match="signal 9"):
         set_handler(signal.SIGKILL, signal.SIG_DFL)
+
+
+def test_a_storm_of_requests_does_not_nest_the_handler(tmp_path):
+    # With a thread asking for the GIL, CPython ran the storm's next handler inside the running
+    # one each time it took the GIL back, one level deeper each time, until RecursionError
+    # (seen in CI as "cannot write snapshot ...: maximum recursion depth exceeded" at exit).
+    # A low recursion limit makes it quick.
+    script = tmp_path / "storm.py"
+    script.write_text(
+        "import os, subprocess, sys, threading, time\n"
+        "sys.setrecursionlimit(60)\n"
+        "def spin():\n"
+        "    while True:\n"
+        "        sum(range(1000))\n"
+        "threading.Thread(target=spin, daemon=True).start()\n"
+        "sender = subprocess.Popen(['sh', '-c', "
+        "f'while kill -USR2 {os.getpid()} 2>/dev/null; do :; done'],\n"
+        "    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "end = time.monotonic() + 3\n"
+        "while time.monotonic() < end:\n"
+        "    sum(range(100))\n"
+        "sender.kill()\n"
+        "sender.wait()\n"
+        "print('done', flush=True)\n"
+    )
+    result = run_python(
+        [str(script)], cwd=str(tmp_path), ALLOCTRACE_SIGNAL="SIGUSR2", ALLOCTRACE_DUMP="s-{n}.snap"
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "done\n", "")

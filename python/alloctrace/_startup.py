@@ -658,6 +658,10 @@ class Dumper:
         # handler to the thread that writes the snapshots asked for (read end, write end).
         self._request_signum = None
         self._request_pipe = None
+        # Whether _on_request is running, and whether a request came meanwhile (it runs in
+        # the main thread only).
+        self._in_request = False
+        self._again = False
         self._request_thread = None
         # What _block_own_signals blocked in this thread for the fork under way.
         self._fork_mask = threading.local()
@@ -776,6 +780,10 @@ class Dumper:
         (each request is answered by a snapshot begun after it), at most one every
         :data:`MIN_INTERVAL` seconds, however many signals come.
         """
+        from alloctrace import _native
+
+        # Kept here: the handler may run while the interpreter finalizes, and imports nothing.
+        self._write_request = _native._write_request
         read_end, write_end = os.pipe()
         os.set_blocking(read_end, False)
         os.set_blocking(write_end, False)
@@ -802,11 +810,28 @@ class Dumper:
         pipe = self._request_pipe
         if pipe is None:
             return  # requests stopped (detach) as the signal came
+        if self._in_request:
+            # CPython runs a handler again inside a running one: at each check between two
+            # bytecodes it runs pending handlers before it gives the GIL to a thread asking
+            # for it, and takes it back with the storm's next signal pending, one level
+            # deeper each time, until RecursionError (seen at exit in CI). The running
+            # handler writes once more for this request instead.
+            self._again = True
+            return
+        self._in_request = True
         try:
-            os.write(pipe[1], b"r")
-        except OSError:
-            # The pipe is full: the requests pending already get a snapshot after this one.
-            pass
+            for _ in range(2):
+                self._again = False
+                try:
+                    # Keeps the GIL (os.write gives it up). A full pipe is no error: the
+                    # requests pending get a snapshot after this one.
+                    self._write_request(pipe[1])
+                except OSError:
+                    break  # closed: requests stopped as the signal came
+                if not self._again:
+                    break
+        finally:
+            self._in_request = False
 
     def _serve_requests(self, read_end: int) -> None:
         import select
@@ -989,6 +1014,7 @@ class Dumper:
             self._recorder.begin("fork")
             self.template = _literal(self._recorder.template())
         self._previous = None
+        self._in_request = False
         self._lock = self._threading.RLock()
         self._stop = self._threading.Event()
         self._count = 0

@@ -12,7 +12,15 @@ fn _set_signal_disposition(signum: i32, ignore: bool) -> PyResult<()> {
     Ok(signal_disposition::set(signum, ignore)?)
 }
 
+/// Writes one snapshot request byte to the pipe `fd`, keeping the GIL (see
+/// [`signal_disposition::write_request`]).
+#[pyfunction]
+fn _write_request(fd: i32) -> PyResult<()> {
+    Ok(signal_disposition::write_request(fd)?)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_set_signal_disposition, m)?)?;
+    m.add_function(wrap_pyfunction!(_write_request, m)?)?;
     Ok(())
 }
