@@ -310,6 +310,15 @@ class _Resolver:
         import socket
         import threading
 
+        try:
+            import ipaddress
+
+            ipaddress.ip_address(host)
+        except ValueError:
+            pass
+        else:
+            # An address: nothing to look up, no thread needed.
+            return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         key = (host, port)
         entry = self._pending.get(key)
         if entry is not None and not entry[0].is_alive() and not entry[1]:
@@ -324,7 +333,15 @@ class _Resolver:
                     box["error"] = exc
 
             thread = threading.Thread(target=lookup, name="alloctrace-push-resolve", daemon=True)
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError:
+                # No new thread once the interpreter shuts down (3.12+), as for the exit
+                # push: the lookup runs here, bounded by the resolver's own delays only.
+                lookup()
+                if "error" in box:
+                    raise PushError(f"cannot resolve {host}", retry=True) from None
+                return box["found"]
             entry = self._pending[key] = (thread, box)
         thread, box = entry
         thread.join(timeout)
