@@ -79,15 +79,18 @@ def _cut_argv(argv) -> list[str]:
     return out
 
 
+def _signal_name(number: int) -> str:
+    try:
+        import signal
+
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _status_fields(status: int) -> dict:
     if os.WIFSIGNALED(status):
-        try:
-            import signal
-
-            name = signal.Signals(os.WTERMSIG(status)).name
-        except ValueError:
-            name = f"signal {os.WTERMSIG(status)}"
-        return {"signal": name}
+        return {"signal": _signal_name(os.WTERMSIG(status))}
     if os.WIFEXITED(status):
         return {"code": os.WEXITSTATUS(status)}
     return {}
@@ -211,12 +214,7 @@ def _reaping_waitid(original, recorder: Recorder):
                     fields = {"code": result.si_status}
                 elif result.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
                     # si_status is the signal's number here, not a wait status.
-                    try:
-                        import signal
-
-                        fields = {"signal": signal.Signals(result.si_status).name}
-                    except ValueError:
-                        fields = {"signal": f"signal {result.si_status}"}
+                    fields = {"signal": _signal_name(result.si_status)}
                 if fields is not None and result.si_pid > 0:
                     recorder.write("reaped", pid=result.si_pid, by=os.getpid(), **fields)
         except Exception:
