@@ -29,13 +29,16 @@ def clean_env(**extra):
     return env
 
 
-def run_python(args, cwd=None, *, timeout=TIMEOUT, preexec_fn=None, **env):
+def run_python(args, cwd=None, *, timeout=None, preexec_fn=None, **env):
     """Runs ``python ARGS`` with :func:`clean_env` plus *env*; output captured as text.
     *preexec_fn* runs in the child before Python starts (say, to set a resource limit).
+    *timeout* defaults to :data:`TIMEOUT` as it is when called (tests lower it).
 
     The child leads a process group of its own, and a timeout kills the whole group: a hung
     grandchild (a forked child of a fork test) would otherwise keep the output pipes open, and
     ``subprocess.run`` would wait for them for ever after killing only the child."""
+    if timeout is None:
+        timeout = TIMEOUT
     with subprocess.Popen(
         [sys.executable, *args],
         env=clean_env(**env),
