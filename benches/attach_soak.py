@@ -11,9 +11,8 @@ first round and after the last (each round: attach, one snapshot, detach), it re
 resident memory, threads and open file descriptors; a round also times the attach and the
 detach. Exit status 1 if a round fails, the target stops answering, or it ends with more
 threads or descriptors than it started with, or its resident memory is more than
---rss-slack-kib above where it was (the allocator may keep some pages, and each attach leaves
-one 4 KiB page of queued code mapped). The RSS after each round is printed, to tell a level
-from a drift.
+--rss-slack-kib above where it was (the first attach imports alloctrace, and the allocator may
+keep some pages). The RSS after each round is printed, to tell a level from a drift.
 """
 
 import argparse

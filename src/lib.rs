@@ -14,6 +14,7 @@
 //! - [`machine`]: the (hashed) machine id snapshots record, so readers know where they came from.
 //! - [`process_memory`]: the process's RSS as the kernel splits it, beside the traced total.
 //! - [`sigterm_retry`]: sends SIGTERM again until the exit-dump handler has run.
+//! - [`bootstrap_page`]: unmaps the page `alloctrace attach` ran its lines from.
 //! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
 //! - [`heap`]: the live object graph behind object kinds and retention paths.
 //! - [`allocator`]: the global allocator; a failed small allocation becomes `MemoryError`.
@@ -24,6 +25,7 @@
 pub mod allocator;
 pub mod alongside;
 pub mod analysis;
+pub mod bootstrap_page;
 pub mod capture;
 pub mod error;
 pub mod fallible;

@@ -17,6 +17,7 @@ import time
 import pytest
 
 import alloctrace
+from alloctrace import _attach
 from subproc import TIMEOUT, clean_env, run_python
 
 needs_lldb = pytest.mark.skipif(
@@ -113,6 +114,29 @@ class Target:
         traced, tracemalloc, threads, fds = self.ask("status")
         return traced == "True", tracemalloc == "True", int(threads), int(fds)
 
+    def debugger_leftovers(self):
+        """What attach/detach sessions may leave mapped in the process: anonymous executable
+        mappings (lldb runs expressions from such pages), and pages that start with the
+        bootstrap lines (read through /proc/PID/mem: the test may trace its own child)."""
+        executable, bootstraps = 0, 0
+        prefix = _attach.BOOTSTRAP_PREFIX.encode()
+        with open(f"/proc/{self.pid}/maps") as maps, open(f"/proc/{self.pid}/mem", "rb") as mem:
+            for line in maps:
+                fields = line.split()
+                if len(fields) != 5:
+                    continue
+                executable += "x" in fields[1]
+                if not fields[1].startswith("rw"):
+                    continue
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                for page in range(low, high, 4096):
+                    try:
+                        mem.seek(page)
+                        bootstraps += mem.read(len(prefix)) == prefix
+                    except OSError:
+                        pass
+        return executable, bootstraps
+
     def alive(self):
         """The process answers (it is neither dead nor stopped)."""
         return self.proc.poll() is None and len(self.ask("status")) == 4
@@ -193,6 +217,10 @@ def test_attach_snapshots_diff_detach_and_attach_again(target, tmp_path):
     assert result.stdout == f"stopped tracing process {proc.pid}\n"
     traced, _, threads, fds = proc.status()
     assert not traced and threads == base_threads and fds == base_fds
+    # lldb's pages and the bootstrap pages are given back: nothing new after the first round
+    # (alloctrace itself keeps one executable page) and no bootstrap page at all.
+    leftovers = proc.debugger_leftovers()
+    assert leftovers[1] == 0
     gone = cli("snapshot", proc.pid, "--timeout", "1")
     assert gone.returncode == 1 and "not traced by 'alloctrace attach'" in gone.stderr
 
@@ -202,6 +230,8 @@ def test_attach_snapshots_diff_detach_and_attach_again(target, tmp_path):
     # The numbering goes on: the first attach's files are kept.
     assert snap.stdout.strip() == str(tmp_path / f"alloctrace-{proc.pid}-3.snap"), snap.stderr
     assert proc.line_size(first_path) >= 200_000
+    assert cli("detach", proc.pid).returncode == 0
+    assert proc.debugger_leftovers() == leftovers
     assert proc.alive()
 
 

@@ -23,13 +23,16 @@ import abc
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
 from . import _attach_target as _target
+from . import _debugger_pages
 
 #: Interpreters whose pending-call queue and bootstrap alloctrace knows.
 SUPPORTED = ((3, 9), (3, 10), (3, 11), (3, 12), (3, 13))
@@ -196,13 +199,25 @@ class Lldb(Method):
         return None
 
     def schedule(self, target: Target, bootstrap: str, directory: str) -> None:
+        size = (len(bootstrap) + 1 + 4095) // 4096 * 4096
+        # The page's size goes into the lines now, its address once it is mapped (below): with
+        # both, the lines unmap the page when they run.
+        fields = f"{PAGE_ADDRESS_FIELD}, {PAGE_SIZE_FIELD}"
+        address_at = bootstrap.index(fields) + 2
+        filled = f"{PAGE_ADDRESS_FIELD}, {size:#0{len(PAGE_SIZE_FIELD)}x}"
+        bootstrap = bootstrap.replace(fields, filled, 1)
         code = bootstrap.encode() + b"\0"
-        size = (len(code) + 4095) // 4096 * 4096
         page = os.path.join(directory, "bootstrap")
         with open(page, "wb") as stream:
             stream.write(code)
+        # lldb's own pages are given back before it detaches (see _debugger_pages).
+        pages = [shlex.quote(sys.executable), shlex.quote(_debugger_pages.__file__)]
+        maps = shlex.quote(os.path.join(directory, "maps"))
+        release = shlex.quote(os.path.join(directory, "release.lldb"))
+        shell = "platform shell -h -t 20 -- "
         commands = [
             f"process attach --pid {target.pid}",
+            shell + " ".join([*pages, "save", str(target.pid), maps]),
             # mmap(NULL, size, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) as a
             # raw system call (9), safe wherever the threads were stopped. Not through the
             # name "mmap": Rust's standard library, loaded with alloctrace, has a function of
@@ -215,6 +230,15 @@ class Lldb(Method):
             # Other threads are let run if the queue's lock is held by one of them.
             "expr -a true -t 5000000 -- (int)((int (*)(void *, void *))Py_AddPendingCall)"
             "($alloctrace_run, $alloctrace_page)",
+            # The page's address, into the hex digits of PAGE_ADDRESS_FIELD. After queueing, so
+            # that if this failed the attach would not; the target is stopped until the detach.
+            f"expr -- char *alloctrace_at = (char *)$alloctrace_page + {address_at}; "
+            "unsigned long alloctrace_v = (unsigned long)$alloctrace_page; "
+            "for (int alloctrace_i = 15; alloctrace_i >= 0; alloctrace_i--) { "
+            'alloctrace_at[alloctrace_i] = "0123456789abcdef"[alloctrace_v & 15]; '
+            "alloctrace_v >>= 4; } (int)0",
+            shell + " ".join([*pages, "release", str(target.pid), maps, release]),
+            f"command source -s true {release}",
             "process detach",
         ]
         argv = ["lldb", "--batch", "--no-lldbinit"]
@@ -332,10 +356,21 @@ def choose_method(target: Target) -> Method:
     raise AttachError("; ".join(reasons))
 
 
+#: The bootstrap lines start with this; the page they were queued from is unmapped only if
+#: it starts with it too.
+BOOTSTRAP_PREFIX = "__import__('builtins').exec("
+
+#: Fields of the bootstrap lines a method fills in, at the same width, when it knows the page
+#: the lines run from: its address (16 hex digits) and size. Left at zero, nothing is unmapped.
+PAGE_ADDRESS_FIELD = "0x0000000000000000"
+PAGE_SIZE_FIELD = "0x00000000"
+
+
 def _bootstrap(directory: str) -> str:
     """The lines the target runs: claim the request, import alloctrace from its own
-    sys.path, hand over. They run in a namespace of their own, never in ``__main__``'s, and
-    let no exception out (it would surface in the program's code)."""
+    sys.path, hand over, then unmap the page the lines were queued from (CPython compiled
+    them before running them). They run in a namespace of their own, never in ``__main__``'s,
+    and let no exception out (it would surface in the program's code)."""
     body = f"""\
 import os, sys
 d = {directory!r}
@@ -355,10 +390,15 @@ else:
             os.replace(os.path.join(d, ".status.json"), os.path.join(d, "status.json"))
         else:
             _attach_target.handle(d)
+            if __page__[0]:
+                from alloctrace import _native
+                _native._release_bootstrap_page(*__page__, {BOOTSTRAP_PREFIX.encode()!r})
     except BaseException:
         pass
 """
-    return f"__import__('builtins').exec({body!r}, {{'__name__': '__alloctrace_attach__'}})"
+    page = f"({PAGE_ADDRESS_FIELD}, {PAGE_SIZE_FIELD})"
+    namespace = f"{{'__name__': '__alloctrace_attach__', '__page__': {page}}}"
+    return f"{BOOTSTRAP_PREFIX}{body!r}, {namespace})"
 
 
 def request(pid: int, action: str, options: dict, timeout: float) -> dict:

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 use crate::error::Error;
 
+pub mod bootstrap_page;
 pub mod heap_walk;
 pub mod memory_limit;
 pub mod objects;
@@ -173,6 +174,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sigterm_retry::register(m)?;
     signal_disposition::register(m)?;
     memory_limit::register(m)?;
+    bootstrap_page::register(m)?;
     Ok(())
 }
 
