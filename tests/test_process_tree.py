@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 import alloctrace
-from alloctrace import _capture
+from alloctrace import _capture, _startup
 from subproc import clean_env
 
 TIMEOUT = 120
@@ -291,6 +291,142 @@ def test_many_short_lived_children_stay_readable(tmp_path):
     assert len(document["processes"]) == 41
     top = [s for s in document["stats"] if s["traceback"][-1]["lineno"] == 8]
     assert top and top[0]["processes"] == 40 and top[0]["count"] >= 40 * 100
+
+
+RECYCLED = """\
+import multiprocessing
+
+_seen = []
+
+def work(task):
+    _seen.append([bytearray(4000) for _ in range(1000)])  # LEAK
+    return task
+
+if __name__ == "__main__":
+    pool = multiprocessing.get_context("fork").Pool(4, maxtasksperchild=1)
+    print(sum(pool.map(work, range(40), chunksize=1)))
+    pool.close()
+    pool.join()
+"""
+
+
+def test_recycled_workers_keep_the_capture_bounded(tmp_path):
+    # A pool whose workers each run one task (gunicorn's max_requests, maxtasksperchild):
+    # at least 40 processes, each leaking 4 MB, under a bound of 6 snapshot files.
+    script = write(tmp_path, "recycled.py", RECYCLED)
+    done = cli("run", "--capture", "cap", "--capture-keep", "6", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{sum(range(40))}\n"
+    cap = tmp_path / "cap"
+    capture = _capture.load_capture(str(cap))
+    workers = [p for p in capture.processes if p.name and "PoolWorker" in p.name]
+    assert len(workers) >= 40, done.stderr
+    # Every process is listed, ended normally, with its figures at exit.
+    assert all(not p.killed and p.code == 0 and p.size is not None for p in capture.processes)
+    dropped = [p for p in capture.processes if p.dropped]
+    assert len(dropped) == len(capture.processes) - 6
+    assert capture.processes[0] not in dropped  # the program itself is never dropped
+    # The directory holds the 6 kept snapshots and the manifest, nothing else.
+    names = sorted(os.listdir(cap))
+    snaps = [name for name in names if name.endswith(".snap")]
+    assert names == sorted([*snaps, "manifest.jsonl"]) and len(snaps) == 6, names
+    assert {os.path.basename(p.snapshot) for p in capture.processes if p.snapshot} == set(snaps)
+    manifest = (cap / "manifest.jsonl").stat().st_size
+    assert manifest < 1200 * len(capture.processes), manifest
+    # Every task's leak is counted at exit, 1000 blocks of 4000 bytes in its worker (the
+    # pool may start a worker or two more, which run no task).
+    leaked = [p for p in workers if p.size >= 1000 * 4000 and p.count >= 1000]
+    assert len(leaked) == 40, [(p.pid, p.size) for p in workers]
+    # The summary counts every process, folds the dropped ones into one line per parent,
+    # and still puts the leak first.
+    n = len(capture.processes)
+    assert f"{n} processes traced into cap (6 processes with their snapshots):" in done.stderr
+    root = capture.processes[0].pid
+    assert re.search(
+        rf"^ +{len(dropped)} +{root} .* exit 0 \({len(dropped)}\); children of {root} whose "
+        "snapshots were dropped",
+        done.stderr,
+        re.M,
+    ), done.stderr
+    assert f"{len(dropped)} processes had their snapshot files dropped" in done.stderr
+    lineno = line_of(script, "# LEAK")
+    first = re.search(r"^#1: (.*)$", done.stderr, re.M).group(1)
+    # In each kept worker that ran a task (the last ones to end may have run none).
+    kept = len([p for p in leaked if p.snapshot])
+    assert kept >= 1
+    assert first.startswith(f"recycled.py:{lineno}: ") and first.endswith(f" in {kept} processes")
+    stats = cli("stats", "--json", "cap", cwd=tmp_path)
+    assert stats.returncode == 0, stats.stderr
+    document = json.loads(stats.stdout)
+    assert len(document["processes"]) == 6 and len(document["dropped"]) == len(dropped)
+    assert document["stats"][0]["traceback"][-1]["lineno"] == lineno
+    stats = cli("stats", "--limit", "1", "cap", cwd=tmp_path)
+    assert stats.returncode == 0, stats.stderr
+    assert f"{len(dropped)} processes had their snapshot files dropped" in stats.stderr
+    assert re.search(rf"^#1: recycled\.py:{lineno}: .*, in {kept} processes$", stats.stdout, re.M)
+
+
+def _ended_child(directory, pid, ppid, started):
+    """Manifest records and an exit snapshot file for a child that ended at *started* + 1."""
+    ident = f"{pid}-{int(started * 1000)}"
+    (directory / f"{ident}.snap").write_bytes(b"x")
+    return [
+        {"event": "start", "id": ident, "pid": pid, "ppid": ppid, "time": started, "argv": []},
+        {"event": "end", "id": ident, "pid": pid, "time": started + 1, "file": f"{ident}.snap"},
+    ]
+
+
+def test_prune_drops_the_busiest_parents_oldest_children_once(tmp_path):
+    # 1 root, a server (pid 2) with 24 recycled workers, a one-off child, and a killed one;
+    # eight processes prune at once with a bound of 5.
+    records = _ended_child(tmp_path, 1, 0, 0.0)
+    records += _ended_child(tmp_path, 2, 1, 1.0)
+    records += _ended_child(tmp_path, 3, 1, 2.0)
+    for index in range(24):
+        records += _ended_child(tmp_path, 100 + index, 2, 10.0 + index)
+    records.append({"event": "start", "id": "9-1", "pid": 9, "ppid": 1, "time": 3.0})
+    (tmp_path / "9-1.1.snap").write_bytes(b"x")
+    records.append({"event": "snapshot", "id": "9-1", "pid": 9, "file": "9-1.1.snap", "n": 1})
+    (tmp_path / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    pids = []
+    for _ in range(8):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _capture.Recorder(str(tmp_path), keep=5).prune()
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    lines = [json.loads(line) for line in (tmp_path / "manifest.jsonl").read_text().splitlines()]
+    drops = [r["id"] for r in lines if r["event"] == "dropped"]
+    assert len(drops) == len(set(drops)) == 27 - 5  # each process dropped once, by one pruner
+    capture = _capture.load_capture(str(tmp_path))
+    kept = sorted(p.pid for p in capture.processes if p.snapshot)
+    # The root, the one-off child and the server outlive the busiest parent's workers, of
+    # which the two that ended last are kept; the killed child keeps its numbered snapshot.
+    assert kept == [1, 2, 3, 122, 123], kept
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["manifest.jsonl", "9-1.1.snap", *(f"{p.id}.snap" for p in capture.processes if p.snapshot)]
+    )
+    assert [p.pid for p in capture.processes if p.killed] == [9]
+
+
+def test_capture_keep_is_checked(tmp_path):
+    with pytest.raises(_startup.ConfigError, match="ALLOCTRACE_CAPTURE_KEEP is set but "):
+        _startup.read_config({"ALLOCTRACE": "1", "ALLOCTRACE_CAPTURE_KEEP": "5"}, {}, False)
+    with pytest.raises(_startup.ConfigError, match=r"ALLOCTRACE_CAPTURE_KEEP='1e3' is invalid"):
+        _startup.read_config({"ALLOCTRACE_CAPTURE": "c", "ALLOCTRACE_CAPTURE_KEEP": "1e3"}, {}, 0)
+    config = _startup.read_config(
+        {"ALLOCTRACE_CAPTURE": "c", "ALLOCTRACE_CAPTURE_KEEP": " 0 "}, {}, False
+    )
+    assert config.capture_keep == 0
+    done = cli("run", "--capture-keep", "-1", "x.py", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "--capture-keep '-1' is invalid: expected a number of processes" in done.stderr
+    done = cli("run", "--no-capture", "--capture-keep", "5", "x.py", cwd=tmp_path)
+    assert done.returncode == 2 and "--capture-keep bounds a capture" in done.stderr
 
 
 def test_diff_between_two_captures(tmp_path):

@@ -24,9 +24,20 @@ one JSON object a line:
     A traced process started a program with :mod:`subprocess`, or replaced itself with
     ``os.exec*`` (``argv``): a Python program that could not import alloctrace then shows up
     as one that never started tracing, and is named as such.
+``dropped``
+    The snapshot files of an ended process (``id``) were removed to keep the capture bounded
+    (``files``; ``by``, the pid of the process that removed them; ``keep``, the bound): see
+    :meth:`Recorder.prune`. Its ``end`` record still gives its figures.
+
+The ``end`` record carries the process's figures at exit (``size`` and ``count``, traced
+memory and blocks in its exit snapshot, and ``peak``, the traced total at its peak, as
+``alloctrace stats`` computes them), so that a process whose snapshot files were dropped is
+still counted in the summary.
 
 Each record is one ``write`` on a file opened with ``O_APPEND``, short enough (argv is cut
-to fit) that concurrent writers never interleave within a line. A process with a ``start``
+to fit) that concurrent writers never interleave within a line. Removing files takes an
+exclusive :func:`fcntl.flock` on the manifest, so that two processes ending at once never
+choose from the same count. A process with a ``start``
 record and no ``end`` record was killed (SIGKILL, the OOM killer), left through ``os._exit``
 or crashed before it could write its exit snapshot: :func:`load_capture` lists it as such,
 with the status its parent saw when that parent was traced, and with its last numbered
@@ -38,12 +49,16 @@ snapshot if it wrote any.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
 #: The manifest's name inside a capture directory.
 MANIFEST = "manifest.jsonl"
 ENV_CAPTURE = "ALLOCTRACE_CAPTURE"
+#: How many ended processes keep their snapshot files in a capture, unless
+#: ``ALLOCTRACE_CAPTURE_KEEP`` (``run --capture-keep``) says otherwise (see :meth:`Recorder.prune`).
+DEFAULT_KEEP = 100
 #: Records are cut to stay below this size, well under the 4 KiB a single append keeps whole.
 _RECORD_MAX = 3000
 _ARGV_ITEM_MAX = 200
@@ -79,6 +94,10 @@ def _cut_argv(argv) -> list[str]:
     return out
 
 
+#: An exit snapshot's name in a capture: ``PID-MILLIS.snap`` (numbered ones have ``.N``).
+_EXIT_FILE = re.compile(r"[0-9]+-[0-9]+\.snap\Z")
+
+
 def _signal_name(number: int) -> str:
     try:
         import signal
@@ -97,11 +116,16 @@ def _status_fields(status: int) -> dict:
 
 
 class Recorder:
-    """Writes this process's records into a capture directory, and names its snapshot files."""
+    """Writes this process's records into a capture directory, and names its snapshot files.
 
-    def __init__(self, directory: str):
+    *keep* bounds the capture: at most that many ended processes keep their snapshot files
+    (``0``: no bound; see :meth:`prune`).
+    """
+
+    def __init__(self, directory: str, keep: int = DEFAULT_KEEP):
         self.directory = os.path.abspath(directory)
         self.manifest = os.path.join(self.directory, MANIFEST)
+        self.keep = keep
         self.id = ""
         self._wrapped = False
 
@@ -126,7 +150,8 @@ class Recorder:
     def write(self, event: str, **fields) -> None:
         import json
 
-        record = {"event": event, "id": self.id, "pid": os.getpid(), "time": _now(), **fields}
+        record = {"event": event, "id": self.id, "pid": os.getpid(), "time": _now()}
+        record.update(fields)
         data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         try:
             fd = os.open(
@@ -144,7 +169,10 @@ class Recorder:
     def snapshot_written(self, path: str, n: int | None) -> None:
         self.write("snapshot", file=os.path.basename(path), n=n)
 
-    def ended(self, how: str, path: str | None) -> None:
+    def ended(self, how: str, path: str | None, figures: dict | None = None) -> None:
+        """The exit snapshot is in place (*path*, ``None`` if it could not be written);
+        *figures* (``size``, ``count``, ``peak``) go into the record. Then the capture is
+        trimmed to its bound (:meth:`prune`)."""
         name = None
         process = sys.modules.get("multiprocessing.process")
         if process is not None:
@@ -152,7 +180,85 @@ class Recorder:
                 name = process.current_process().name
             except Exception:
                 name = None
-        self.write("end", how=how, file=None if path is None else os.path.basename(path), name=name)
+        self.write(
+            "end",
+            how=how,
+            file=None if path is None else os.path.basename(path),
+            name=name,
+            **(figures or {}),
+        )
+        if self.keep:
+            try:
+                self.prune()
+            except Exception as exc:
+                from alloctrace._startup import _warn
+
+                _warn(f"cannot trim the capture {self.directory}: {exc}")
+
+    def prune(self) -> list[str]:
+        """Keep the capture bounded: while more than :attr:`keep` ended processes have their
+        snapshot files in the directory, remove the files of the earliest-ended child of the
+        traced parent that has the most such children (a server's recycled workers go first,
+        one-off children last); return the ids of the processes whose files went.
+
+        Never removed: the files of the processes at the top of the tree (whose parent was not
+        traced), of processes still running, and of processes that ended without their exit
+        snapshot (killed: their last numbered snapshot is the only evidence). A ``dropped``
+        record is written before the files go; the process's ``end`` record keeps its
+        figures. An exclusive :func:`fcntl.flock` on the manifest serialises processes ending
+        at once; records are still appended without it.
+        """
+        if not self.keep:
+            return []
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return []
+        # Cheap test first, without the lock: exit snapshots are named ID.snap.
+        if sum(1 for name in names if _EXIT_FILE.match(name)) <= self.keep:
+            return []
+        import fcntl
+
+        fd = os.open(self.manifest, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            capture = load_capture(self.directory)
+            return self._drop(capture.processes)
+        finally:
+            os.close(fd)
+
+    def _drop(self, processes: list) -> list[str]:
+        above = parents(processes)
+        ended = [
+            (i, p)
+            for i, p in enumerate(processes)
+            if not p.dropped and p.ended is not None and p.snapshot is not None
+        ]
+        excess = len(ended) - self.keep
+        groups: dict[int, list] = {}
+        for i, process in ended:
+            if above[i] is not None:
+                groups.setdefault(above[i], []).append(process)
+        for members in groups.values():
+            members.sort(key=lambda p: p.ended)
+        dropped = []
+        while excess > 0 and groups:
+            # The parent with the most ended children; of equals, the one that ended one first.
+            parent = max(groups, key=lambda k: (len(groups[k]), -groups[k][0].ended))
+            process = groups[parent].pop(0)
+            if not groups[parent]:
+                del groups[parent]
+            files = [path for path in (*process.numbered, process.snapshot) if path]
+            record = {"id": process.id, "by": os.getpid(), "keep": self.keep}
+            self.write("dropped", files=[os.path.basename(f) for f in files], **record)
+            for path in files:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+            dropped.append(process.id)
+            excess -= 1
+        return dropped
 
     # ------------------------------------------------------------------ children
 
@@ -288,6 +394,10 @@ class CaptureProcess:
         "snapshot",
         "numbered",
         "exec_argv",
+        "dropped",
+        "size",
+        "count",
+        "peak",
     )
 
     def __init__(self, record: dict):
@@ -308,6 +418,13 @@ class CaptureProcess:
         #: Paths of the numbered snapshots, oldest first.
         self.numbered: list[str] = []
         self.exec_argv: list[str] | None = None
+        #: Whether its snapshot files were removed to keep the capture bounded.
+        self.dropped = False
+        #: Traced memory and blocks in its exit snapshot, and its peak traced total, as its
+        #: ``end`` record gives them (``None`` where it does not: older captures).
+        self.size: int | None = None
+        self.count: int | None = None
+        self.peak: int | None = None
 
     @property
     def killed(self) -> bool:
@@ -357,8 +474,8 @@ class CaptureProcess:
                 return "no exit snapshot (killed, os._exit, or still running)"
             return f"{status}, before its exit snapshot"
         if status is None:
-            return self.end_how if self.end_how not in (None, "exit") else "exit"
-        return status
+            status = self.end_how if self.end_how not in (None, "exit") else "exit"
+        return status + ("; snapshot dropped (capture bound)" if self.dropped else "")
 
     def __repr__(self) -> str:
         return f"<CaptureProcess pid={self.pid} role={self.role!r} {self.ending}>"
@@ -387,6 +504,10 @@ class Capture:
 
 def _int(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _size(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _float(value) -> float:
@@ -464,6 +585,8 @@ def load_capture(directory: str) -> Capture:
             path = _safe_name(directory, record.get("file"))
             if path is None:
                 problems.append(f"line {number}: bad file name")
+            elif process.dropped:
+                pass
             elif record.get("n") is None:
                 process.snapshot = path
             else:
@@ -475,8 +598,15 @@ def load_capture(directory: str) -> Capture:
             name = record.get("name")
             process.name = name if isinstance(name, str) else None
             path = _safe_name(directory, record.get("file"))
-            if path is not None:
+            if path is not None and not process.dropped:
                 process.snapshot = path
+            process.size = _size(record.get("size"))
+            process.count = _size(record.get("count"))
+            process.peak = _size(record.get("peak"))
+        elif event == "dropped":
+            process.dropped = True
+            process.snapshot = None
+            process.numbered = []
         elif event == "exec":
             argv = record.get("argv")
             process.exec_argv = [str(a) for a in argv] if isinstance(argv, list) else []
