@@ -312,7 +312,7 @@ if __name__ == "__main__":
 
 def test_recycled_workers_keep_the_capture_bounded(tmp_path):
     # A pool whose workers each run one task (gunicorn's max_requests, maxtasksperchild):
-    # at least 40 processes, each leaking 4 MB, under a bound of 6 snapshot files.
+    # at least 40 processes, each leaking 4 MB, under a bound of 6.
     script = write(tmp_path, "recycled.py", RECYCLED)
     done = cli("run", "--capture", "cap", "--capture-keep", "6", str(script), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -324,12 +324,12 @@ def test_recycled_workers_keep_the_capture_bounded(tmp_path):
     # Every process is listed, ended normally, with its figures at exit.
     assert all(not p.killed and p.code == 0 and p.size is not None for p in capture.processes)
     dropped = [p for p in capture.processes if p.dropped]
-    assert len(dropped) == len(capture.processes) - 6
-    assert capture.processes[0] not in dropped  # the program itself is never dropped
-    # The directory holds the 6 kept snapshots and the manifest, nothing else.
+    # 6 ended workers keep their snapshots, and the program itself, which is never dropped.
+    assert len(dropped) == len(capture.processes) - 7
+    assert capture.processes[0] not in dropped
     names = sorted(os.listdir(cap))
     snaps = [name for name in names if name.endswith(".snap")]
-    assert names == sorted([*snaps, "manifest.jsonl"]) and len(snaps) == 6, names
+    assert names == sorted([*snaps, "manifest.jsonl", _capture.KEPT]) and len(snaps) == 7, names
     assert {os.path.basename(p.snapshot) for p in capture.processes if p.snapshot} == set(snaps)
     manifest = (cap / "manifest.jsonl").stat().st_size
     assert manifest < 1200 * len(capture.processes), manifest
@@ -340,7 +340,7 @@ def test_recycled_workers_keep_the_capture_bounded(tmp_path):
     # The summary counts every process, folds the dropped ones into one line per parent,
     # and still puts the leak first.
     n = len(capture.processes)
-    assert f"{n} processes traced into cap (6 processes with their snapshots):" in done.stderr
+    assert f"{n} processes traced into cap (7 processes with their snapshots):" in done.stderr
     root = capture.processes[0].pid
     assert re.search(
         rf"^ +{len(dropped)} +{root} .* exit 0 \({len(dropped)}\); children of {root} whose "
@@ -358,7 +358,7 @@ def test_recycled_workers_keep_the_capture_bounded(tmp_path):
     stats = cli("stats", "--json", "cap", cwd=tmp_path)
     assert stats.returncode == 0, stats.stderr
     document = json.loads(stats.stdout)
-    assert len(document["processes"]) == 6 and len(document["dropped"]) == len(dropped)
+    assert len(document["processes"]) == 7 and len(document["dropped"]) == len(dropped)
     assert document["stats"][0]["traceback"][-1]["lineno"] == lineno
     stats = cli("stats", "--limit", "1", "cap", cwd=tmp_path)
     assert stats.returncode == 0, stats.stderr
@@ -366,51 +366,81 @@ def test_recycled_workers_keep_the_capture_bounded(tmp_path):
     assert re.search(rf"^#1: recycled\.py:{lineno}: .*, in {kept} processes$", stats.stdout, re.M)
 
 
-def _ended_child(directory, pid, ppid, started):
-    """Manifest records and an exit snapshot file for a child that ended at *started* + 1."""
-    ident = f"{pid}-{int(started * 1000)}"
-    (directory / f"{ident}.snap").write_bytes(b"x")
-    return [
-        {"event": "start", "id": ident, "pid": pid, "ppid": ppid, "time": started, "argv": []},
-        {"event": "end", "id": ident, "pid": pid, "time": started + 1, "file": f"{ident}.snap"},
-    ]
-
-
-def test_prune_drops_the_busiest_parents_oldest_children_once(tmp_path):
-    # 1 root, a server (pid 2) with 24 recycled workers, a one-off child, and a killed one;
-    # eight processes prune at once with a bound of 5.
-    records = _ended_child(tmp_path, 1, 0, 0.0)
-    records += _ended_child(tmp_path, 2, 1, 1.0)
-    records += _ended_child(tmp_path, 3, 1, 2.0)
-    for index in range(24):
-        records += _ended_child(tmp_path, 100 + index, 2, 10.0 + index)
+def _fake_capture(directory, workers):
+    """A capture's manifest and files: the root (pid 1), a server (pid 2) and a one-off child
+    (pid 3) of it, *workers* children of the server (pids 100...), and a killed child (pid 9)
+    with a numbered snapshot; the ``prune`` entries of the ended children, in end order."""
+    records, entries = [], []
+    for pid, ppid, started in [
+        (1, 0, 0.0),
+        (2, 1, 1.0),
+        (3, 1, 2.0),
+        *((100 + i, 2, 10.0 + i) for i in range(workers)),
+    ]:
+        ident = f"{pid}-{int(started * 1000)}"
+        (directory / f"{ident}.snap").write_bytes(b"x")
+        records.append({"event": "start", "id": ident, "pid": pid, "ppid": ppid, "time": started})
+        records.append({"event": "end", "id": ident, "time": started + 1, "file": f"{ident}.snap"})
+        if pid != 1:
+            entries.append(
+                {"id": ident, "ppid": ppid, "ended": started + 1, "files": [f"{ident}.snap"]}
+            )
     records.append({"event": "start", "id": "9-1", "pid": 9, "ppid": 1, "time": 3.0})
-    (tmp_path / "9-1.1.snap").write_bytes(b"x")
+    (directory / "9-1.1.snap").write_bytes(b"x")
     records.append({"event": "snapshot", "id": "9-1", "pid": 9, "file": "9-1.1.snap", "n": 1})
-    (tmp_path / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (directory / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return entries
+
+
+def _pruned(directory):
+    """The ids dropped (each once), and the snapshot files left."""
+    lines = (directory / "manifest.jsonl").read_text().splitlines()
+    drops = [r["id"] for r in map(json.loads, lines) if r["event"] == "dropped"]
+    assert len(drops) == len(set(drops)), drops
+    return drops, sorted(name for name in os.listdir(directory) if name.endswith(".snap"))
+
+
+def test_prune_drops_the_busiest_parents_oldest_children(tmp_path):
+    entries = _fake_capture(tmp_path, 24)
+    for entry in entries:
+        _capture.Recorder(str(tmp_path), keep=5).prune(entry)
+    drops, left = _pruned(tmp_path)
+    assert len(drops) == 26 - 5
+    # The root and the killed child keep theirs; of the ended children, the server, the
+    # one-off child and the server's three last workers.
+    assert left == sorted(
+        ["1-0.snap", "2-1000.snap", "3-2000.snap", "9-1.1.snap"]
+        + [f"{pid}-{(pid - 90) * 1000}.snap" for pid in (121, 122, 123)]
+    )
+    capture = _capture.load_capture(str(tmp_path))
+    assert sorted(p.pid for p in capture.processes if p.dropped) == list(range(100, 121))
+    assert all(p.snapshot is None and "dropped" in p.ending for p in capture.processes if p.dropped)
+    assert [p.pid for p in capture.processes if p.killed] == [9]
+
+
+def test_processes_ending_at_once_drop_each_file_once(tmp_path):
+    # Eight processes end three workers each, all at once, with a bound of 5.
+    entries = _fake_capture(tmp_path, 24)[2:]
     pids = []
-    for _ in range(8):
+    for share in range(8):
         pid = os.fork()
         if pid == 0:
             try:
-                _capture.Recorder(str(tmp_path), keep=5).prune()
+                for entry in entries[share::8]:
+                    _capture.Recorder(str(tmp_path), keep=5).prune(entry)
             finally:
                 os._exit(0)
         pids.append(pid)
     for pid in pids:
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-    lines = [json.loads(line) for line in (tmp_path / "manifest.jsonl").read_text().splitlines()]
-    drops = [r["id"] for r in lines if r["event"] == "dropped"]
-    assert len(drops) == len(set(drops)) == 27 - 5  # each process dropped once, by one pruner
-    capture = _capture.load_capture(str(tmp_path))
-    kept = sorted(p.pid for p in capture.processes if p.snapshot)
-    # The root, the one-off child and the server outlive the busiest parent's workers, of
-    # which the two that ended last are kept; the killed child keeps its numbered snapshot.
-    assert kept == [1, 2, 3, 122, 123], kept
-    assert sorted(os.listdir(tmp_path)) == sorted(
-        ["manifest.jsonl", "9-1.1.snap", *(f"{p.id}.snap" for p in capture.processes if p.snapshot)]
+    drops, left = _pruned(tmp_path)
+    assert len(drops) == 24 - 5
+    kept = json.loads((tmp_path / _capture.KEPT).read_text())
+    assert len(kept) == 5
+    assert left == sorted(
+        ["1-0.snap", "2-1000.snap", "3-2000.snap", "9-1.1.snap", *(e["files"][0] for e in kept)]
     )
-    assert [p.pid for p in capture.processes if p.killed] == [9]
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
 
 
 def test_capture_keep_is_checked(tmp_path):

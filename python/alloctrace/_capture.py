@@ -49,12 +49,18 @@ snapshot if it wrote any.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 
 #: The manifest's name inside a capture directory.
 MANIFEST = "manifest.jsonl"
+#: The ended processes that keep their snapshot files, in a capture bounded by
+#: ``ALLOCTRACE_CAPTURE_KEEP``: a JSON list of ``{"id", "ppid", "ended", "files"}``, rewritten
+#: (write and rename) under the manifest's lock by each process as it ends.
+KEPT = ".kept.json"
+#: ``PID DIR``: set by the first process that traces into capture DIR, inherited by the
+#: processes it starts, so that each knows whether it is the top of the tree.
+ENV_ROOT = "ALLOCTRACE_CAPTURE_ROOT"
 ENV_CAPTURE = "ALLOCTRACE_CAPTURE"
 #: How many ended processes keep their snapshot files in a capture, unless
 #: ``ALLOCTRACE_CAPTURE_KEEP`` (``run --capture-keep``) says otherwise (see :meth:`Recorder.prune`).
@@ -94,8 +100,20 @@ def _cut_argv(argv) -> list[str]:
     return out
 
 
-#: An exit snapshot's name in a capture: ``PID-MILLIS.snap`` (numbered ones have ``.N``).
-_EXIT_FILE = re.compile(r"[0-9]+-[0-9]+\.snap\Z")
+def _victim(kept: list) -> dict:
+    """The entry of :data:`KEPT` whose files go next: the earliest-ended child of the parent
+    with the most entries (of equal parents, the one whose first child ended first)."""
+    groups: dict = {}
+    for entry in kept:
+        groups.setdefault(entry.get("ppid"), []).append(entry)
+
+    def ended(entry) -> float:
+        return _float(entry.get("ended"))
+
+    for members in groups.values():
+        members.sort(key=ended)
+    busiest = max(groups.values(), key=lambda members: (len(members), -ended(members[0])))
+    return busiest[0]
 
 
 def _signal_name(number: int) -> str:
@@ -134,6 +152,15 @@ class Recorder:
         started = time.time()
         self.pid = os.getpid()
         self.id = f"{self.pid}-{int(started * 1000)}"
+        #: This process's numbered snapshot files so far (names).
+        self.files: list[str] = []
+        root = os.environ.get(ENV_ROOT, "").partition(" ")
+        if how == "start" and root[2] != self.directory:
+            # The first traced process of this capture: the top of its tree.
+            os.environ[ENV_ROOT] = f"{self.pid} {self.directory}"
+            root = (str(self.pid), "", self.directory)
+        #: The pid of the process at the top of the tree, whose files are never dropped.
+        self.root = int(root[0]) if root[0].isdigit() else None
         self.write(
             "start",
             ppid=os.getppid(),
@@ -168,6 +195,8 @@ class Recorder:
 
     def snapshot_written(self, path: str, n: int | None) -> None:
         self.write("snapshot", file=os.path.basename(path), n=n)
+        if n is not None:
+            self.files.append(os.path.basename(path))
 
     def ended(self, how: str, path: str | None, figures: dict | None = None) -> None:
         """The exit snapshot is in place (*path*, ``None`` if it could not be written);
@@ -187,78 +216,77 @@ class Recorder:
             name=name,
             **(figures or {}),
         )
-        if self.keep:
+        if self.keep and path is not None and self.pid != self.root:
+            entry = {
+                "id": self.id,
+                "ppid": os.getppid(),
+                "ended": _now(),
+                "files": [*self.files, os.path.basename(path)],
+            }
             try:
-                self.prune()
+                self.prune(entry)
             except Exception as exc:
                 from alloctrace._startup import _warn
 
                 _warn(f"cannot trim the capture {self.directory}: {exc}")
 
-    def prune(self) -> list[str]:
-        """Keep the capture bounded: while more than :attr:`keep` ended processes have their
-        snapshot files in the directory, remove the files of the earliest-ended child of the
-        traced parent that has the most such children (a server's recycled workers go first,
-        one-off children last); return the ids of the processes whose files went.
+    def prune(self, entry: dict | None = None) -> list[str]:
+        """Keep the capture bounded: add *entry* (this process, just ended: see
+        :meth:`ended`) to the ended processes that keep their files, then, while there are
+        more than :attr:`keep` of them, remove the files of the earliest-ended child of the
+        parent with the most such children (a server's recycled workers go first, one-off
+        children last); return the ids of the processes whose files went.
 
-        Never removed: the files of the processes at the top of the tree (whose parent was not
-        traced), of processes still running, and of processes that ended without their exit
-        snapshot (killed: their last numbered snapshot is the only evidence). A ``dropped``
-        record is written before the files go; the process's ``end`` record keeps its
-        figures. An exclusive :func:`fcntl.flock` on the manifest serialises processes ending
-        at once; records are still appended without it.
+        Never removed: the files of the process at the top of the tree (the program the
+        capture was made for; :data:`ENV_ROOT`), of processes still running, and of processes
+        that ended without their exit snapshot (killed: their last numbered snapshot is the
+        only evidence). A ``dropped`` record is written before the files go; the process's
+        ``end`` record keeps its figures.
+
+        Processes ending at once take turns: an exclusive :func:`fcntl.flock` on the
+        manifest guards :data:`KEPT`, the list of the ended processes that keep their files
+        (at most *keep* entries, so the work per exit is bounded whatever the number of
+        processes the capture has seen; the manifest is never read here). Records are still
+        appended without the lock.
         """
+        import fcntl
+        import json
+
         if not self.keep:
             return []
-        try:
-            names = os.listdir(self.directory)
-        except OSError:
-            return []
-        # Cheap test first, without the lock: exit snapshots are named ID.snap.
-        if sum(1 for name in names if _EXIT_FILE.match(name)) <= self.keep:
-            return []
-        import fcntl
-
         fd = os.open(self.manifest, os.O_RDONLY | os.O_CLOEXEC)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            capture = load_capture(self.directory)
-            return self._drop(capture.processes)
+            path = os.path.join(self.directory, KEPT)
+            try:
+                with open(path, "rb") as file:
+                    kept = [e for e in json.loads(file.read()) if isinstance(e, dict)]
+            except (OSError, ValueError, TypeError):
+                kept = []
+            if entry is not None:
+                kept.append(entry)
+            dropped = []
+            while len(kept) > self.keep:
+                victim = _victim(kept)
+                kept.remove(victim)
+                files = [f for f in victim.get("files", ()) if _safe_name(self.directory, f)]
+                self.write(
+                    "dropped", id=str(victim.get("id")), files=files, by=os.getpid(), keep=self.keep
+                )
+                for name in files:
+                    try:
+                        os.unlink(os.path.join(self.directory, name))
+                    except FileNotFoundError:
+                        pass
+                dropped.append(str(victim.get("id")))
+            temporary = f"{path}.{os.getpid()}.tmp"
+            out = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with open(out, "w") as file:
+                file.write(json.dumps(kept, separators=(",", ":")))
+            os.replace(temporary, path)
+            return dropped
         finally:
             os.close(fd)
-
-    def _drop(self, processes: list) -> list[str]:
-        above = parents(processes)
-        ended = [
-            (i, p)
-            for i, p in enumerate(processes)
-            if not p.dropped and p.ended is not None and p.snapshot is not None
-        ]
-        excess = len(ended) - self.keep
-        groups: dict[int, list] = {}
-        for i, process in ended:
-            if above[i] is not None:
-                groups.setdefault(above[i], []).append(process)
-        for members in groups.values():
-            members.sort(key=lambda p: p.ended)
-        dropped = []
-        while excess > 0 and groups:
-            # The parent with the most ended children; of equals, the one that ended one first.
-            parent = max(groups, key=lambda k: (len(groups[k]), -groups[k][0].ended))
-            process = groups[parent].pop(0)
-            if not groups[parent]:
-                del groups[parent]
-            files = [path for path in (*process.numbered, process.snapshot) if path]
-            record = {"id": process.id, "by": os.getpid(), "keep": self.keep}
-            self.write("dropped", files=[os.path.basename(f) for f in files], **record)
-            for path in files:
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-            dropped.append(process.id)
-            excess -= 1
-        return dropped
 
     # ------------------------------------------------------------------ children
 

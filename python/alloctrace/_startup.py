@@ -25,12 +25,13 @@ set; otherwise this module is never imported and costs nothing.
     settings below that need ``ALLOCTRACE_DUMP`` work with it too. Implies ``ALLOCTRACE=1``
     when tracing is not otherwise configured; setting both is a configuration error.
 ``ALLOCTRACE_CAPTURE_KEEP=N``
-    With ``ALLOCTRACE_CAPTURE``: at most N ended processes keep their snapshot files in the
-    capture (default :data:`alloctrace._capture.DEFAULT_KEEP`, 100; ``0``: no bound). Beyond
-    that, as each process ends, the files of the earliest-ended worker of the parent with the
-    most ended children are removed; the manifest keeps that process's line and figures at
-    exit (see :meth:`alloctrace._capture.Recorder.prune`), so a server that recycles its
-    workers leaves a capture of bounded size.
+    With ``ALLOCTRACE_CAPTURE``: at most N ended processes (besides the first, the top of the
+    tree) keep their snapshot files in the capture (default
+    :data:`alloctrace._capture.DEFAULT_KEEP`, 100; ``0``: no bound). Beyond that, as each
+    process ends, the files of the earliest-ended child of the parent with the most ended
+    children are removed; the manifest keeps that process's line and figures at exit (see
+    :meth:`alloctrace._capture.Recorder.prune`), so a server that recycles its workers
+    leaves a capture of bounded size.
 ``ALLOCTRACE_INTERVAL=SECONDS``
     With ``ALLOCTRACE_DUMP``, also write numbered snapshots every SECONDS (at least
     :data:`MIN_INTERVAL`, 0.1) from a daemon thread. Each numbered snapshot (these, and those

@@ -661,8 +661,9 @@ def add_run_options(parser) -> None:
     parser.add_argument(
         "--capture-keep",
         metavar="N",
-        help="at most N ended processes keep their snapshot files in the capture: beyond that, "
-        "the earliest-ended workers of the busiest parent have theirs removed, and the "
+        help="at most N ended processes (besides the program itself) keep their snapshot "
+        "files in the capture: beyond that, the earliest-ended workers of the busiest parent "
+        "have theirs removed, and the "
         "manifest keeps their line and figures at exit (default 100; 0: keep all; see "
         "ALLOCTRACE_CAPTURE_KEEP)",
     )
