@@ -284,7 +284,9 @@ def test_many_short_lived_children_stay_readable(tmp_path):
     assert len(found) == 41
     assert all(p.code == 0 and p.snapshot and not p.killed for p in found)
     files = os.listdir(tmp_path / "cap")
-    assert len(files) == 42  # a snapshot per process and the manifest
+    # A snapshot per process (under the default bound, 100), the manifest and the list of
+    # the ended processes that keep their files.
+    assert len(files) == 43 and _capture.KEPT in files
     stats = cli("stats", "--json", "cap", cwd=tmp_path)
     assert stats.returncode == 0, stats.stderr
     document = json.loads(stats.stdout)

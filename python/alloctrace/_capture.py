@@ -269,7 +269,12 @@ class Recorder:
             while len(kept) > self.keep:
                 victim = _victim(kept)
                 kept.remove(victim)
-                files = [f for f in victim.get("files", ()) if _safe_name(self.directory, f)]
+                # Only snapshot files, and only inside the capture, whatever the list says.
+                files = [
+                    name
+                    for name in victim.get("files", ())
+                    if _safe_name(self.directory, name) and name.endswith(".snap")
+                ]
                 self.write(
                     "dropped", id=str(victim.get("id")), files=files, by=os.getpid(), keep=self.keep
                 )
