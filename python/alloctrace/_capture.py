@@ -35,10 +35,10 @@ memory and blocks in its exit snapshot, and ``peak``, the traced total at its pe
 still counted in the summary.
 
 Each record is one ``write`` on a file opened with ``O_APPEND``, short enough (argv is cut
-to fit) that concurrent writers never interleave within a line. Removing files takes an
-exclusive :func:`fcntl.flock` on the manifest, so that two processes ending at once never
-choose from the same count. A process with a ``start``
-record and no ``end`` record was killed (SIGKILL, the OOM killer), left through ``os._exit``
+to fit) that concurrent writers never interleave within a line. Removing files to keep the
+capture bounded takes an exclusive :func:`fcntl.flock` on the manifest, so that processes
+ending at once take turns (:meth:`Recorder.prune`). A process with a ``start`` record and no
+``end`` record was killed (SIGKILL, the OOM killer), left through ``os._exit``
 or crashed before it could write its exit snapshot: :func:`load_capture` lists it as such,
 with the status its parent saw when that parent was traced, and with its last numbered
 snapshot if it wrote any.
