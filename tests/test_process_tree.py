@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 import alloctrace
-from alloctrace import _capture
+from alloctrace import _capture, _startup
 from subproc import clean_env
 
 TIMEOUT = 120
@@ -284,13 +284,181 @@ def test_many_short_lived_children_stay_readable(tmp_path):
     assert len(found) == 41
     assert all(p.code == 0 and p.snapshot and not p.killed for p in found)
     files = os.listdir(tmp_path / "cap")
-    assert len(files) == 42  # a snapshot per process and the manifest
+    # A snapshot per process (under the default bound, 100), the manifest and the list of
+    # the ended processes that keep their files.
+    assert len(files) == 43 and _capture.KEPT in files
     stats = cli("stats", "--json", "cap", cwd=tmp_path)
     assert stats.returncode == 0, stats.stderr
     document = json.loads(stats.stdout)
     assert len(document["processes"]) == 41
     top = [s for s in document["stats"] if s["traceback"][-1]["lineno"] == 8]
     assert top and top[0]["processes"] == 40 and top[0]["count"] >= 40 * 100
+
+
+RECYCLED = """\
+import multiprocessing
+
+_seen = []
+
+def work(task):
+    _seen.append([bytearray(4000) for _ in range(1000)])  # LEAK
+    return task
+
+if __name__ == "__main__":
+    pool = multiprocessing.get_context("fork").Pool(4, maxtasksperchild=1)
+    print(sum(pool.map(work, range(40), chunksize=1)))
+    pool.close()
+    pool.join()
+"""
+
+
+def test_recycled_workers_keep_the_capture_bounded(tmp_path):
+    # A pool whose workers each run one task (gunicorn's max_requests, maxtasksperchild):
+    # at least 40 processes, each leaking 4 MB, under a bound of 6.
+    script = write(tmp_path, "recycled.py", RECYCLED)
+    done = cli("run", "--capture", "cap", "--capture-keep", "6", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{sum(range(40))}\n"
+    cap = tmp_path / "cap"
+    capture = _capture.load_capture(str(cap))
+    workers = [p for p in capture.processes if p.name and "PoolWorker" in p.name]
+    assert len(workers) >= 40, done.stderr
+    # Every process is listed, ended normally, with its figures at exit.
+    assert all(not p.killed and p.code == 0 and p.size is not None for p in capture.processes)
+    dropped = [p for p in capture.processes if p.dropped]
+    # 6 ended workers keep their snapshots, and the program itself, which is never dropped.
+    assert len(dropped) == len(capture.processes) - 7
+    assert capture.processes[0] not in dropped
+    names = sorted(os.listdir(cap))
+    snaps = [name for name in names if name.endswith(".snap")]
+    assert names == sorted([*snaps, "manifest.jsonl", _capture.KEPT]) and len(snaps) == 7, names
+    assert {os.path.basename(p.snapshot) for p in capture.processes if p.snapshot} == set(snaps)
+    manifest = (cap / "manifest.jsonl").stat().st_size
+    assert manifest < 1200 * len(capture.processes), manifest
+    # Every task's leak is counted at exit, 1000 blocks of 4000 bytes in its worker (the
+    # pool may start a worker or two more, which run no task).
+    leaked = [p for p in workers if p.size >= 1000 * 4000 and p.count >= 1000]
+    assert len(leaked) == 40, [(p.pid, p.size) for p in workers]
+    # The summary counts every process, folds the dropped ones into one line per parent,
+    # and still puts the leak first.
+    n = len(capture.processes)
+    assert f"{n} processes traced into cap (7 processes with their snapshots):" in done.stderr
+    root = capture.processes[0].pid
+    assert re.search(
+        rf"^ +{len(dropped)} +{root} .* exit 0 \({len(dropped)}\); children of {root} whose "
+        "snapshots were dropped",
+        done.stderr,
+        re.M,
+    ), done.stderr
+    assert f"{len(dropped)} processes had their snapshot files dropped" in done.stderr
+    lineno = line_of(script, "# LEAK")
+    first = re.search(r"^#1: (.*)$", done.stderr, re.M).group(1)
+    # In each kept worker that ran a task (the last ones to end may have run none).
+    kept = len([p for p in leaked if p.snapshot])
+    assert kept >= 1
+    assert first.startswith(f"recycled.py:{lineno}: ") and first.endswith(f" in {kept} processes")
+    stats = cli("stats", "--json", "cap", cwd=tmp_path)
+    assert stats.returncode == 0, stats.stderr
+    document = json.loads(stats.stdout)
+    assert len(document["processes"]) == 7 and len(document["dropped"]) == len(dropped)
+    assert document["stats"][0]["traceback"][-1]["lineno"] == lineno
+    stats = cli("stats", "--limit", "1", "cap", cwd=tmp_path)
+    assert stats.returncode == 0, stats.stderr
+    assert f"{len(dropped)} processes had their snapshot files dropped" in stats.stderr
+    assert re.search(rf"^#1: recycled\.py:{lineno}: .*, in {kept} processes$", stats.stdout, re.M)
+
+
+def _fake_capture(directory, workers):
+    """A capture's manifest and files: the root (pid 1), a server (pid 2) and a one-off child
+    (pid 3) of it, *workers* children of the server (pids 100...), and a killed child (pid 9)
+    with a numbered snapshot; the ``prune`` entries of the ended children, in end order."""
+    records, entries = [], []
+    for pid, ppid, started in [
+        (1, 0, 0.0),
+        (2, 1, 1.0),
+        (3, 1, 2.0),
+        *((100 + i, 2, 10.0 + i) for i in range(workers)),
+    ]:
+        ident = f"{pid}-{int(started * 1000)}"
+        (directory / f"{ident}.snap").write_bytes(b"x")
+        records.append({"event": "start", "id": ident, "pid": pid, "ppid": ppid, "time": started})
+        records.append({"event": "end", "id": ident, "time": started + 1, "file": f"{ident}.snap"})
+        if pid != 1:
+            entries.append(
+                {"id": ident, "ppid": ppid, "ended": started + 1, "files": [f"{ident}.snap"]}
+            )
+    records.append({"event": "start", "id": "9-1", "pid": 9, "ppid": 1, "time": 3.0})
+    (directory / "9-1.1.snap").write_bytes(b"x")
+    records.append({"event": "snapshot", "id": "9-1", "pid": 9, "file": "9-1.1.snap", "n": 1})
+    (directory / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return entries
+
+
+def _pruned(directory):
+    """The ids dropped (each once), and the snapshot files left."""
+    lines = (directory / "manifest.jsonl").read_text().splitlines()
+    drops = [r["id"] for r in map(json.loads, lines) if r["event"] == "dropped"]
+    assert len(drops) == len(set(drops)), drops
+    return drops, sorted(name for name in os.listdir(directory) if name.endswith(".snap"))
+
+
+def test_prune_drops_the_busiest_parents_oldest_children(tmp_path):
+    entries = _fake_capture(tmp_path, 24)
+    for entry in entries:
+        _capture.Recorder(str(tmp_path), keep=5).prune(entry)
+    drops, left = _pruned(tmp_path)
+    assert len(drops) == 26 - 5
+    # The root and the killed child keep theirs; of the ended children, the server, the
+    # one-off child and the server's three last workers.
+    assert left == sorted(
+        ["1-0.snap", "2-1000.snap", "3-2000.snap", "9-1.1.snap"]
+        + [f"{pid}-{(pid - 90) * 1000}.snap" for pid in (121, 122, 123)]
+    )
+    capture = _capture.load_capture(str(tmp_path))
+    assert sorted(p.pid for p in capture.processes if p.dropped) == list(range(100, 121))
+    assert all(p.snapshot is None and "dropped" in p.ending for p in capture.processes if p.dropped)
+    assert [p.pid for p in capture.processes if p.killed] == [9]
+
+
+def test_processes_ending_at_once_drop_each_file_once(tmp_path):
+    # Eight processes end three workers each, all at once, with a bound of 5.
+    entries = _fake_capture(tmp_path, 24)[2:]
+    pids = []
+    for share in range(8):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for entry in entries[share::8]:
+                    _capture.Recorder(str(tmp_path), keep=5).prune(entry)
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    drops, left = _pruned(tmp_path)
+    assert len(drops) == 24 - 5
+    kept = json.loads((tmp_path / _capture.KEPT).read_text())
+    assert len(kept) == 5
+    assert left == sorted(
+        ["1-0.snap", "2-1000.snap", "3-2000.snap", "9-1.1.snap", *(e["files"][0] for e in kept)]
+    )
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def test_capture_keep_is_checked(tmp_path):
+    with pytest.raises(_startup.ConfigError, match="ALLOCTRACE_CAPTURE_KEEP is set but "):
+        _startup.read_config({"ALLOCTRACE": "1", "ALLOCTRACE_CAPTURE_KEEP": "5"}, {}, False)
+    with pytest.raises(_startup.ConfigError, match=r"ALLOCTRACE_CAPTURE_KEEP='1e3' is invalid"):
+        _startup.read_config({"ALLOCTRACE_CAPTURE": "c", "ALLOCTRACE_CAPTURE_KEEP": "1e3"}, {}, 0)
+    config = _startup.read_config(
+        {"ALLOCTRACE_CAPTURE": "c", "ALLOCTRACE_CAPTURE_KEEP": " 0 "}, {}, False
+    )
+    assert config.capture_keep == 0
+    done = cli("run", "--capture-keep", "-1", "x.py", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "--capture-keep '-1' is invalid: expected a number of processes" in done.stderr
+    done = cli("run", "--no-capture", "--capture-keep", "5", "x.py", cwd=tmp_path)
+    assert done.returncode == 2 and "--capture-keep bounds a capture" in done.stderr
 
 
 def test_diff_between_two_captures(tmp_path):

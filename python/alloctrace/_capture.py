@@ -24,10 +24,21 @@ one JSON object a line:
     A traced process started a program with :mod:`subprocess`, or replaced itself with
     ``os.exec*`` (``argv``): a Python program that could not import alloctrace then shows up
     as one that never started tracing, and is named as such.
+``dropped``
+    The snapshot files of an ended process (``id``) were removed to keep the capture bounded
+    (``files``; ``by``, the pid of the process that removed them; ``keep``, the bound): see
+    :meth:`Recorder.prune`. Its ``end`` record still gives its figures.
+
+The ``end`` record carries the process's figures at exit (``size`` and ``count``, traced
+memory and blocks in its exit snapshot, and ``peak``, the traced total at its peak, as
+``alloctrace stats`` computes them), so that a process whose snapshot files were dropped is
+still counted in the summary.
 
 Each record is one ``write`` on a file opened with ``O_APPEND``, short enough (argv is cut
-to fit) that concurrent writers never interleave within a line. A process with a ``start``
-record and no ``end`` record was killed (SIGKILL, the OOM killer), left through ``os._exit``
+to fit) that concurrent writers never interleave within a line. Removing files to keep the
+capture bounded takes an exclusive :func:`fcntl.flock` on the manifest, so that processes
+ending at once take turns (:meth:`Recorder.prune`). A process with a ``start`` record and no
+``end`` record was killed (SIGKILL, the OOM killer), left through ``os._exit``
 or crashed before it could write its exit snapshot: :func:`load_capture` lists it as such,
 with the status its parent saw when that parent was traced, and with its last numbered
 snapshot if it wrote any.
@@ -43,7 +54,17 @@ import time
 
 #: The manifest's name inside a capture directory.
 MANIFEST = "manifest.jsonl"
+#: The ended processes that keep their snapshot files, in a capture bounded by
+#: ``ALLOCTRACE_CAPTURE_KEEP``: a JSON list of ``{"id", "ppid", "ended", "files"}``, rewritten
+#: (write and rename) under the manifest's lock by each process as it ends.
+KEPT = ".kept.json"
+#: ``PID DIR``: set by the first process that traces into capture DIR, inherited by the
+#: processes it starts, so that each knows whether it is the top of the tree.
+ENV_ROOT = "ALLOCTRACE_CAPTURE_ROOT"
 ENV_CAPTURE = "ALLOCTRACE_CAPTURE"
+#: How many ended processes keep their snapshot files in a capture, unless
+#: ``ALLOCTRACE_CAPTURE_KEEP`` (``run --capture-keep``) says otherwise (see :meth:`Recorder.prune`).
+DEFAULT_KEEP = 100
 #: Records are cut to stay below this size, well under the 4 KiB a single append keeps whole.
 _RECORD_MAX = 3000
 _ARGV_ITEM_MAX = 200
@@ -79,6 +100,22 @@ def _cut_argv(argv) -> list[str]:
     return out
 
 
+def _victim(kept: list) -> dict:
+    """The entry of :data:`KEPT` whose files go next: the earliest-ended child of the parent
+    with the most entries (of equal parents, the one whose first child ended first)."""
+    groups: dict = {}
+    for entry in kept:
+        groups.setdefault(entry.get("ppid"), []).append(entry)
+
+    def ended(entry) -> float:
+        return _float(entry.get("ended"))
+
+    for members in groups.values():
+        members.sort(key=ended)
+    busiest = max(groups.values(), key=lambda members: (len(members), -ended(members[0])))
+    return busiest[0]
+
+
 def _signal_name(number: int) -> str:
     try:
         import signal
@@ -97,11 +134,16 @@ def _status_fields(status: int) -> dict:
 
 
 class Recorder:
-    """Writes this process's records into a capture directory, and names its snapshot files."""
+    """Writes this process's records into a capture directory, and names its snapshot files.
 
-    def __init__(self, directory: str):
+    *keep* bounds the capture: at most that many ended processes keep their snapshot files
+    (``0``: no bound; see :meth:`prune`).
+    """
+
+    def __init__(self, directory: str, keep: int = DEFAULT_KEEP):
         self.directory = os.path.abspath(directory)
         self.manifest = os.path.join(self.directory, MANIFEST)
+        self.keep = keep
         self.id = ""
         self._wrapped = False
 
@@ -110,6 +152,15 @@ class Recorder:
         started = time.time()
         self.pid = os.getpid()
         self.id = f"{self.pid}-{int(started * 1000)}"
+        #: This process's numbered snapshot files so far (names).
+        self.files: list[str] = []
+        root = os.environ.get(ENV_ROOT, "").partition(" ")
+        if how == "start" and root[2] != self.directory:
+            # The first traced process of this capture: the top of its tree.
+            os.environ[ENV_ROOT] = f"{self.pid} {self.directory}"
+            root = (str(self.pid), "", self.directory)
+        #: The pid of the process at the top of the tree, whose files are never dropped.
+        self.root = int(root[0]) if root[0].isdigit() else None
         self.write(
             "start",
             ppid=os.getppid(),
@@ -126,7 +177,8 @@ class Recorder:
     def write(self, event: str, **fields) -> None:
         import json
 
-        record = {"event": event, "id": self.id, "pid": os.getpid(), "time": _now(), **fields}
+        record = {"event": event, "id": self.id, "pid": os.getpid(), "time": _now()}
+        record.update(fields)
         data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         try:
             fd = os.open(
@@ -143,8 +195,13 @@ class Recorder:
 
     def snapshot_written(self, path: str, n: int | None) -> None:
         self.write("snapshot", file=os.path.basename(path), n=n)
+        if n is not None:
+            self.files.append(os.path.basename(path))
 
-    def ended(self, how: str, path: str | None) -> None:
+    def ended(self, how: str, path: str | None, figures: dict | None = None) -> None:
+        """The exit snapshot is in place (*path*, ``None`` if it could not be written);
+        *figures* (``size``, ``count``, ``peak``) go into the record. Then the capture is
+        trimmed to its bound (:meth:`prune`)."""
         name = None
         process = sys.modules.get("multiprocessing.process")
         if process is not None:
@@ -152,7 +209,89 @@ class Recorder:
                 name = process.current_process().name
             except Exception:
                 name = None
-        self.write("end", how=how, file=None if path is None else os.path.basename(path), name=name)
+        self.write(
+            "end",
+            how=how,
+            file=None if path is None else os.path.basename(path),
+            name=name,
+            **(figures or {}),
+        )
+        if self.keep and path is not None and self.pid != self.root:
+            entry = {
+                "id": self.id,
+                "ppid": os.getppid(),
+                "ended": _now(),
+                "files": [*self.files, os.path.basename(path)],
+            }
+            try:
+                self.prune(entry)
+            except Exception as exc:
+                from alloctrace._startup import _warn
+
+                _warn(f"cannot trim the capture {self.directory}: {exc}")
+
+    def prune(self, entry: dict | None = None) -> list[str]:
+        """Keep the capture bounded: add *entry* (this process, just ended: see
+        :meth:`ended`) to the ended processes that keep their files, then, while there are
+        more than :attr:`keep` of them, remove the files of the earliest-ended child of the
+        parent with the most such children (a server's recycled workers go first, one-off
+        children last); return the ids of the processes whose files went.
+
+        Never removed: the files of the process at the top of the tree (the program the
+        capture was made for; :data:`ENV_ROOT`), of processes still running, and of processes
+        that ended without their exit snapshot (killed: their last numbered snapshot is the
+        only evidence). A ``dropped`` record is written before the files go; the process's
+        ``end`` record keeps its figures.
+
+        Processes ending at once take turns: an exclusive :func:`fcntl.flock` on the
+        manifest guards :data:`KEPT`, the list of the ended processes that keep their files
+        (at most *keep* entries, so the work per exit is bounded whatever the number of
+        processes the capture has seen; the manifest is never read here). Records are still
+        appended without the lock.
+        """
+        import fcntl
+        import json
+
+        if not self.keep:
+            return []
+        fd = os.open(self.manifest, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            path = os.path.join(self.directory, KEPT)
+            try:
+                with open(path, "rb") as file:
+                    kept = [e for e in json.loads(file.read()) if isinstance(e, dict)]
+            except (OSError, ValueError, TypeError):
+                kept = []
+            if entry is not None:
+                kept.append(entry)
+            dropped = []
+            while len(kept) > self.keep:
+                victim = _victim(kept)
+                kept.remove(victim)
+                # Only snapshot files, and only inside the capture, whatever the list says.
+                files = [
+                    name
+                    for name in victim.get("files", ())
+                    if _safe_name(self.directory, name) and name.endswith(".snap")
+                ]
+                self.write(
+                    "dropped", id=str(victim.get("id")), files=files, by=os.getpid(), keep=self.keep
+                )
+                for name in files:
+                    try:
+                        os.unlink(os.path.join(self.directory, name))
+                    except FileNotFoundError:
+                        pass
+                dropped.append(str(victim.get("id")))
+            temporary = f"{path}.{os.getpid()}.tmp"
+            out = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with open(out, "w") as file:
+                file.write(json.dumps(kept, separators=(",", ":")))
+            os.replace(temporary, path)
+            return dropped
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ children
 
@@ -288,6 +427,10 @@ class CaptureProcess:
         "snapshot",
         "numbered",
         "exec_argv",
+        "dropped",
+        "size",
+        "count",
+        "peak",
     )
 
     def __init__(self, record: dict):
@@ -308,6 +451,13 @@ class CaptureProcess:
         #: Paths of the numbered snapshots, oldest first.
         self.numbered: list[str] = []
         self.exec_argv: list[str] | None = None
+        #: Whether its snapshot files were removed to keep the capture bounded.
+        self.dropped = False
+        #: Traced memory and blocks in its exit snapshot, and its peak traced total, as its
+        #: ``end`` record gives them (``None`` where it does not: older captures).
+        self.size: int | None = None
+        self.count: int | None = None
+        self.peak: int | None = None
 
     @property
     def killed(self) -> bool:
@@ -357,8 +507,8 @@ class CaptureProcess:
                 return "no exit snapshot (killed, os._exit, or still running)"
             return f"{status}, before its exit snapshot"
         if status is None:
-            return self.end_how if self.end_how not in (None, "exit") else "exit"
-        return status
+            status = self.end_how if self.end_how not in (None, "exit") else "exit"
+        return status + ("; snapshot dropped (capture bound)" if self.dropped else "")
 
     def __repr__(self) -> str:
         return f"<CaptureProcess pid={self.pid} role={self.role!r} {self.ending}>"
@@ -387,6 +537,10 @@ class Capture:
 
 def _int(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _size(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _float(value) -> float:
@@ -464,6 +618,8 @@ def load_capture(directory: str) -> Capture:
             path = _safe_name(directory, record.get("file"))
             if path is None:
                 problems.append(f"line {number}: bad file name")
+            elif process.dropped:
+                pass
             elif record.get("n") is None:
                 process.snapshot = path
             else:
@@ -475,8 +631,15 @@ def load_capture(directory: str) -> Capture:
             name = record.get("name")
             process.name = name if isinstance(name, str) else None
             path = _safe_name(directory, record.get("file"))
-            if path is not None:
+            if path is not None and not process.dropped:
                 process.snapshot = path
+            process.size = _size(record.get("size"))
+            process.count = _size(record.get("count"))
+            process.peak = _size(record.get("peak"))
+        elif event == "dropped":
+            process.dropped = True
+            process.snapshot = None
+            process.numbered = []
         elif event == "exec":
             argv = record.get("argv")
             process.exec_argv = [str(a) for a in argv] if isinstance(argv, list) else []

@@ -647,6 +647,10 @@ def build_capture_data(
                     entry[0] += stat.size
                     entry[1] += stat.count
                     entry[2] += 1
+        if process.dropped:
+            # Its files were removed to keep the capture bounded: the manifest's figures.
+            row.update(size=process.size, count=process.count, peak=process.peak)
+            row["problem"] = "its figures at exit are the manifest's"
         sizes = [size for _, size in points]
         if row["peak"] is None and sizes:
             row["peak"] = max(sizes)
@@ -660,6 +664,11 @@ def build_capture_data(
     from ._commands._tree import untraced_lines
 
     notes.extend(untraced_lines(capture))
+    dropped = [p for p in capture.processes if p.dropped]
+    if dropped:
+        from ._commands._tree import dropped_note
+
+        notes.append(dropped_note(dropped))
     ranked = sorted(sums.items(), key=lambda item: (-item[1][0], -item[1][1], item[0]))
     top = ranked[:TABLE_LINES]
     keys = [key for key, _ in top]
@@ -692,7 +701,8 @@ def build_capture_data(
             "size": sum(size for size, _, _ in sums.values()),
             "count": sum(count for _, count, _ in sums.values()),
             "merged": len(used),
-            "total_at_exit": sum(row["size"] for row in at_exit),
+            "total_at_exit": sum(row["size"] for row in at_exit)
+            + sum(p.size or 0 for p in dropped),
             "peak_sum": sum(row["peak"] or 0 for row in rows),
             "lines": [[i, s[0], s[1], s[2]] for i, (_, s) in enumerate(top)],
             "lines_total": len(sums),

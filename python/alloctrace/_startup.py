@@ -24,6 +24,14 @@ set; otherwise this module is never imported and costs nothing.
     children it reaps in ``DIR/manifest.jsonl`` (see :mod:`alloctrace._capture`). The
     settings below that need ``ALLOCTRACE_DUMP`` work with it too. Implies ``ALLOCTRACE=1``
     when tracing is not otherwise configured; setting both is a configuration error.
+``ALLOCTRACE_CAPTURE_KEEP=N``
+    With ``ALLOCTRACE_CAPTURE``: at most N ended processes (besides the first, the top of the
+    tree) keep their snapshot files in the capture (default
+    :data:`alloctrace._capture.DEFAULT_KEEP`, 100; ``0``: no bound). Beyond that, as each
+    process ends, the files of the earliest-ended child of the parent with the most ended
+    children are removed; the manifest keeps that process's line and figures at exit (see
+    :meth:`alloctrace._capture.Recorder.prune`), so a server that recycles its workers
+    leaves a capture of bounded size.
 ``ALLOCTRACE_INTERVAL=SECONDS``
     With ``ALLOCTRACE_DUMP``, also write numbered snapshots every SECONDS (at least
     :data:`MIN_INTERVAL`, 0.1) from a daemon thread. Each numbered snapshot (these, and those
@@ -114,6 +122,9 @@ ENV_SIGNAL = "ALLOCTRACE_SIGNAL"
 ENV_MEMORY_LIMIT = "ALLOCTRACE_MEMORY_LIMIT"
 ENV_PUSH = "ALLOCTRACE_PUSH"
 ENV_CAPTURE = "ALLOCTRACE_CAPTURE"
+ENV_CAPTURE_KEEP = "ALLOCTRACE_CAPTURE_KEEP"
+#: The largest ``ALLOCTRACE_CAPTURE_KEEP`` accepted.
+MAX_CAPTURE_KEEP = 1_000_000
 #: Sites that get a retention report in each dump written with ``ALLOCTRACE_OBJECTS=1``, unless
 #: ``ALLOCTRACE_RETENTION`` says otherwise.
 RETENTION_SITES = 5
@@ -191,6 +202,7 @@ class Config:
         "native",
         "reattribute",
         "capture",
+        "capture_keep",
     )
 
     def __init__(
@@ -205,6 +217,7 @@ class Config:
         native: bool = False,
         reattribute: bool = True,
         capture: str | None = None,
+        capture_keep: int | None = None,
     ):
         self.nframe = nframe
         self.dump = dump
@@ -217,13 +230,16 @@ class Config:
         self.reattribute = reattribute
         #: The capture directory (``ALLOCTRACE_CAPTURE``); *dump* is then inside it.
         self.capture = capture
+        #: How many ended processes keep their files in the capture (0: all).
+        self.capture_keep = capture_keep
 
     def __repr__(self) -> str:
         return (
             f"Config(nframe={self.nframe!r}, dump={self.dump!r}, interval={self.interval!r}, "
             f"sample_interval={self.sample_interval!r}, sample_seed={self.sample_seed!r}, "
             f"objects={self.objects!r}, retention={self.retention!r}, native={self.native!r}, "
-            f"reattribute={self.reattribute!r}, capture={self.capture!r})"
+            f"reattribute={self.reattribute!r}, capture={self.capture!r}, "
+            f"capture_keep={self.capture_keep!r})"
         )
 
 
@@ -278,6 +294,19 @@ def parse_retention(value: str, source: str = ENV_RETENTION) -> int:
             f"{shown} is invalid: expected a number of sites from 0 to {MAX_RETENTION_SITES}"
         )
     return sites
+
+
+def parse_capture_keep(value: str, source: str = ENV_CAPTURE_KEEP) -> int:
+    """Parse ``ALLOCTRACE_CAPTURE_KEEP``: how many ended processes keep their snapshot files
+    in a capture (``0``: all of them)."""
+    keep = _decimal(value)
+    if keep is None or keep > MAX_CAPTURE_KEEP:
+        shown = f"{source}={value!r}" if source.isupper() else f"{source} {value!r}"
+        raise ConfigError(
+            f"{shown} is invalid: expected a number of processes from 0 (keep all) to "
+            f"{MAX_CAPTURE_KEEP:,}"
+        )
+    return keep
 
 
 #: Signals ALLOCTRACE_SIGNAL refuses: uncatchable, used by Python or by alloctrace's exit dump,
@@ -503,6 +532,14 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
             )
         # Only for the checks below, which need to know that snapshots will be written.
         dump = os.path.join(capture, "{pid}.snap")
+    capture_keep = None
+    env_keep = environ.get(ENV_CAPTURE_KEEP, "")
+    if env_keep:
+        capture_keep = parse_capture_keep(env_keep)
+        if capture is None:
+            raise ConfigError(
+                f"{ENV_CAPTURE_KEEP} is set but {ENV_CAPTURE} is not: it bounds a capture"
+            )
     if dump is not None and "ALLOCTRACE_FILE_MODE" in environ:
         from ._output import OutputError, file_mode
 
@@ -583,6 +620,7 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
         native,
         reattribute,
         capture,
+        capture_keep,
     )
 
 
@@ -665,6 +703,8 @@ class Dumper:
         self._request_thread = None
         # What _block_own_signals blocked in this thread for the fork under way.
         self._fork_mask = threading.local()
+        # The exit snapshot's figures for the capture's manifest (see _figures).
+        self._figures = None
 
     def install(self) -> None:
         self._atexit.register(self.dump_at_exit)
@@ -920,7 +960,8 @@ class Dumper:
                 path = expand_path(self.template, pid=os.getpid(), n=n)
                 written = self._write(path)
                 if self._recorder is not None:
-                    self._recorder.ended(how, path if written else None)
+                    figures, self._figures = self._figures, None
+                    self._recorder.ended(how, path if written else None, figures)
         finally:
             self._ignore_requests()
             self._release_signals(held)
@@ -957,7 +998,8 @@ class Dumper:
             elif self._run_peak is not None and self._run_peak[0] > peak_total:
                 peak = self._run_peak[1]
             if not self.objects:
-                alloctrace.take_snapshot().filter_traces(own)._with_peak(peak).dump(path)
+                snapshot = alloctrace.take_snapshot().filter_traces(own)
+                snapshot._with_peak(peak).dump(path)
             else:
                 from alloctrace._retention import without_user_code
 
@@ -971,6 +1013,8 @@ class Dumper:
                 self._previous = snapshot
             if self._recorder is not None:
                 self._recorder.snapshot_written(path, self._count if numbered else None)
+                if not numbered:
+                    self._figures = _figures(snapshot, peak)
             return True
         except BaseException as exc:
             # Never let a failed dump change how the program ends.
@@ -1042,6 +1086,17 @@ class Dumper:
     def _register_multiprocessing_exit(self) -> None:
         mp_util = sys.modules["multiprocessing.util"]
         mp_util.Finalize(None, self.dump_at_exit, exitpriority=-1000)
+
+
+def _figures(snapshot, peak) -> dict:
+    """What a capture's ``end`` record says of the exit snapshot: traced memory and blocks,
+    and the peak traced total, computed as ``alloctrace stats`` does (grouped by file, so each
+    block counts once, estimates for a sampled snapshot); they stand for the process once its
+    files are dropped to bound the capture."""
+    stats = snapshot.statistics("filename")
+    size = sum(stat.size for stat in stats)
+    peak_size = sum(stat.size for stat in peak.statistics("filename"))
+    return {"size": size, "count": sum(stat.count for stat in stats), "peak": max(peak_size, size)}
 
 
 def _literal(path: str) -> str:
@@ -1133,8 +1188,9 @@ def forward_xoption() -> None:
         _forward_in(util)
 
 
-def _start_capture(directory: str):
-    """This process's :class:`alloctrace._capture.Recorder`, its ``start`` record written."""
+def _start_capture(directory: str, keep: int | None = None):
+    """This process's :class:`alloctrace._capture.Recorder`, its ``start`` record written;
+    *keep* ended processes keep their files (``None``: the default)."""
     from alloctrace import _capture
 
     try:
@@ -1143,7 +1199,7 @@ def _start_capture(directory: str):
         raise ConfigError(
             f"{ENV_CAPTURE}={_shown(directory)}: cannot create the directory: {exc.strerror or exc}"
         ) from None
-    recorder = _capture.Recorder(directory)
+    recorder = _capture.Recorder(directory, _capture.DEFAULT_KEEP if keep is None else keep)
     # Children inherit the variable: absolute, it names this directory wherever they start.
     os.environ[ENV_CAPTURE] = recorder.directory
     recorder.begin("start")
@@ -1177,7 +1233,11 @@ def install() -> None:
                 _push.settings(push)
             except ValueError as exc:
                 raise ConfigError(f"{ENV_PUSH}: {exc}") from None
-        recorder = _start_capture(config.capture) if config.capture is not None else None
+        recorder = (
+            _start_capture(config.capture, config.capture_keep)
+            if config.capture is not None
+            else None
+        )
     except ConfigError as exc:
         _warn(str(exc))
         # site.py swallows exceptions from .pth lines and would run the program untraced.

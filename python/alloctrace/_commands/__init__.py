@@ -53,6 +53,7 @@ traced; run's options set them for you):
   ALLOCTRACE_MEMORY_LIMIT=LIMIT  a snapshot before memory reaches LIMIT (e.g. 2GiB, rss:80%)
   ALLOCTRACE_SIGNAL=SIGNAME      a snapshot each time the process gets SIGNAME ('snapshot')
   ALLOCTRACE_CAPTURE=DIR         every process of the tree writes its snapshot into DIR
+  ALLOCTRACE_CAPTURE_KEEP=N      at most N ended processes keep their files there (100; 0: all)
   ALLOCTRACE_FILE_MODE=0644      the mode of snapshots, exports and reports (default 0600)
   ALLOCTRACE_SOURCE_PATH=DIR:DIR source lines only from Python files under these directories
   ALLOCTRACE_PUSH=URL            push memory profiles to a Pyroscope server (sampled, 512KiB)

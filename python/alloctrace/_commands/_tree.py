@@ -56,7 +56,12 @@ def resolve(paths: Sequence[str]) -> tuple[list[Source], list[str]]:
                 capture = _capture.load_capture(path)
             except OSError as exc:
                 raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
+            dropped = [p for p in capture.processes if p.dropped]
+            if dropped:
+                notes.append(dropped_note(dropped))
             for process in capture.processes:
+                if process.dropped:
+                    continue
                 chosen = process.last_snapshot
                 if chosen is None or not os.path.isfile(chosen):
                     notes.append(
@@ -94,6 +99,17 @@ def files_of(path: str) -> list[str]:
             raise CommandError(f"{path} matches no file")
         return found
     return [path]
+
+
+def dropped_note(dropped) -> str:
+    """What the sums over a capture leave out: the processes whose files were removed to
+    keep it bounded (``ALLOCTRACE_CAPTURE_KEEP``), with their total at exit."""
+    size = sum(p.size or 0 for p in dropped)
+    return (
+        f"{_processes(len(dropped))} had their snapshot files dropped to keep the capture "
+        f"bounded (ALLOCTRACE_CAPTURE_KEEP, run --capture-keep): their lines are not in these "
+        f"sums; they held {_report.format_size(size)} at exit in all (figures from the manifest)"
+    )
 
 
 #: Python children that were not traced named one by one, at most.
@@ -238,6 +254,12 @@ def stats_json(paths, sources, snapshots, args: argparse.Namespace) -> dict:
     shown = rows if limit is None else rows[:limit]
     sizes = [common.totals(s) for s in filtered]
     processes = [_process_json(source, size) for source, size in zip(sources, sizes)]
+    dropped = []
+    for path in paths:
+        if _capture.is_capture(path):
+            dropped.extend(
+                _dropped_json(p) for p in _capture.load_capture(path).processes if p.dropped
+            )
     return {
         "version": _report.JSON_VERSION,
         "command": "stats",
@@ -245,6 +267,8 @@ def stats_json(paths, sources, snapshots, args: argparse.Namespace) -> dict:
         "cumulative": args.cumulative,
         "inputs": list(paths),
         "processes": processes,
+        # Processes whose files were dropped to keep a capture bounded: not in the sums.
+        "dropped": dropped,
         "filters": described,
         "total": {"size": sum(s for s, _ in sizes), "count": sum(c for _, c in sizes)},
         "stats": [
@@ -363,6 +387,18 @@ def _process_json(source: Source, totals: tuple[int, int]) -> dict:
         "ending": None if process is None else process.ending,
         "size": totals[0],
         "count": totals[1],
+    }
+
+
+def _dropped_json(process) -> dict:
+    return {
+        "pid": process.pid,
+        "ppid": process.ppid,
+        "role": process.role,
+        "ending": process.ending,
+        "size": process.size,
+        "count": process.count,
+        "peak": process.peak,
     }
 
 
@@ -494,7 +530,10 @@ def summarise_capture(directory: str, shown: str, stream, limit: int = common.DE
     rows = []
     snapshots = []
     unreadable = []
+    dropped = [p for p in capture.processes if p.dropped]
     for process in capture.processes:
+        if process.dropped:
+            continue
         path = process.last_snapshot
         snapshot = None
         if path is not None and os.path.isfile(path):
@@ -506,6 +545,11 @@ def summarise_capture(directory: str, shown: str, stream, limit: int = common.DE
         if snapshot is not None:
             snapshots.append(snapshot)
     lines = [f"{_processes(len(capture.processes))} traced into {shown}:"]
+    if dropped:
+        lines[0] = (
+            f"{_processes(len(capture.processes))} traced into {shown} ("
+            f"{_processes(len(capture.processes) - len(dropped))} with their snapshots):"
+        )
     header = f"  {'PID':>7} {'PARENT':>7}  {'AT EXIT':>10} {'PEAK':>10}  ENDED / ROLE"
     lines.append(header)
     total = 0
@@ -527,6 +571,17 @@ def summarise_capture(directory: str, shown: str, stream, limit: int = common.DE
         lines.append(
             f"  {process.pid:>7} {process.ppid:>7}  {figures}  {process.ending}; {process.role}"
         )
+    for parent, group in _by_parent(dropped):
+        size = sum(p.size or 0 for p in group)
+        total += size
+        peak_sum += sum(max(p.peak or 0, p.size or 0) for p in group)
+        peak = max(max(p.peak or 0, p.size or 0) for p in group)
+        endings = _counted(p.ending.split(";")[0] for p in group)
+        lines.append(
+            f"  {len(group):>7} {parent:>7}  {_report.format_size(size):>10} "
+            f"{_report.format_size(peak):>10}  {endings}; children of {parent} whose "
+            "snapshots were dropped (capture bound): their sum at exit, the largest peak"
+        )
     lines.append(
         f"Traced at exit, all processes: {_report.format_size(total)}; combined peak at most "
         f"{_report.format_size(peak_sum)} (the sum of each process's own peak: an upper "
@@ -540,6 +595,8 @@ def summarise_capture(directory: str, shown: str, stream, limit: int = common.DE
         )
     lines.extend(untraced_lines(capture))
     lines.extend(f"Unreadable: {text}" for text in unreadable)
+    if dropped:
+        lines.append(dropped_note(dropped).replace("these sums", "the lines below"))
     if snapshots:
         args = argparse.Namespace(
             key="lineno",
@@ -567,6 +624,22 @@ def summarise_capture(directory: str, shown: str, stream, limit: int = common.DE
     stream.flush()
 
 
+def _by_parent(processes) -> list:
+    """``(parent pid, processes)`` groups, in the order their first member started."""
+    groups: dict[int, list] = {}
+    for process in processes:
+        groups.setdefault(process.ppid, []).append(process)
+    return list(groups.items())
+
+
+def _counted(texts) -> str:
+    """``exit 0 (38), killed by SIGTERM (2)``: each text once, with how often it came."""
+    counts: dict[str, int] = {}
+    for text in texts:
+        counts[text] = counts.get(text, 0) + 1
+    return ", ".join(f"{text} ({n})" for text, n in counts.items())
+
+
 # ---------------------------------------------------------------------- 'run'
 
 
@@ -584,6 +657,15 @@ def add_run_options(parser) -> None:
         action="store_true",
         help="no capture directory: each process writes its own snapshot file (as -o) and "
         "the summary covers the program's own process only",
+    )
+    parser.add_argument(
+        "--capture-keep",
+        metavar="N",
+        help="at most N ended processes (besides the program itself) keep their snapshot "
+        "files in the capture: beyond that, the earliest-ended workers of the busiest parent "
+        "have theirs removed, and the "
+        "manifest keeps their line and figures at exit (default 100; 0: keep all; see "
+        "ALLOCTRACE_CAPTURE_KEEP)",
     )
 
 

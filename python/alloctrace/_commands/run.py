@@ -48,6 +48,7 @@ _RUN_VALUE_OPTIONS = {
     "--signal",
     "--push",
     "--capture",
+    "--capture-keep",
 }
 _RUN_FLAG_OPTIONS = {"-q", "--quiet", "-h", "--help", "--objects", "--native", "--no-capture"}
 
@@ -98,7 +99,7 @@ def _run_parser() -> common.Parser:
         usage=f"{PROG} run [-n NFRAME] [--interval SECONDS] "
         "[--sample-interval BYTES [--sample-seed N]] [--objects [--retention N]] [--native] "
         "[--no-reattribute] [--memory-limit LIMIT] [--signal SIG] [--push URL] "
-        "[--capture DIR | --no-capture | -o FILE] [-q] "
+        "[--capture DIR [--capture-keep N] | --no-capture | -o FILE] [-q] "
         "(script.py | -m module | -c command) [args ...]",
     )
     common.add_nframe_option(parser)
@@ -224,6 +225,12 @@ def main(argv: Sequence[str]) -> int:
                 _push.settings(args.push)
             except ValueError as exc:
                 raise _startup.ConfigError(f"--push: {exc}") from None
+        if args.capture_keep is not None:
+            _startup.parse_capture_keep(args.capture_keep, "--capture-keep")
+            if args.no_capture or (args.output is not None and args.capture is None):
+                raise _startup.ConfigError(
+                    "--capture-keep bounds a capture: not with --no-capture or -o"
+                )
         if args.retention is not None:
             _startup.parse_retention(args.retention, "--retention")
             if not args.objects:
@@ -258,6 +265,7 @@ def main(argv: Sequence[str]) -> int:
         ("1" if args.native else None, _startup.ENV_NATIVE),
         ("0" if args.no_reattribute else None, _startup.ENV_REATTRIBUTE),
         (args.signal, _startup.ENV_SIGNAL),
+        (args.capture_keep if capture is not None else None, _startup.ENV_CAPTURE_KEEP),
     ):
         if option is not None:
             env[name] = option
