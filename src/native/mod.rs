@@ -12,6 +12,18 @@
 //! lazily bound stub that would resolve to it) are rewritten, so an object bound to another
 //! allocator keeps it: a block is always freed by the allocator that made it.
 //!
+//! The same rules rewrite the pointer variables that the loader filled with these functions'
+//! addresses (data relocations, see [`crate::tracked::got`]): a library that keeps its
+//! allocator in variables (libxml2's `xmlMalloc`/`xmlRealloc`/`xmlFree`, linked statically
+//! into lxml's wheel) never calls `malloc` through its import table, and would be invisible
+//! otherwise. Only words still holding the process's function are rewritten, and `stop()`
+//! restores only words still holding our hook: a library that installed its own allocator in
+//! between keeps it. A block may thus cross the switch (allocated by the real function and
+//! freed through a hook, or the reverse): the first is a harmless miss like any block from
+//! before `start()`, the second leaves the table, which `stop()` clears anyway. The same
+//! pointer read through the import table and through a variable stays equal, since both
+//! change together.
+//!
 //! Each hook calls the real function (through alloctrace's own, never rewritten, slots), then
 //! records the block in the main trace table under [`crate::tracer::native_key`] (its address
 //! with the low bit set): the same shard locks, totals, peak and snapshots as the PEP 445
@@ -344,6 +356,7 @@ pub fn redirect() {
             to: *hook,
             skip,
             lazy: true,
+            data: true,
         })
         .collect();
     // SAFETY: each hook has the ABI of the function it replaces and calls that function.
@@ -367,6 +380,7 @@ pub fn restore() {
             to: real,
             skip: &ours,
             lazy: false,
+            data: true,
         })
         .collect();
     // SAFETY: each rule writes back the real function's address.
@@ -386,6 +400,7 @@ pub fn redirected_slots() -> usize {
             to: hook,
             skip: &ours,
             lazy: false,
+            data: true,
         })
         .collect();
     // A rule whose `to` equals `from` rewrites a slot with its own value: this only counts.
