@@ -527,6 +527,56 @@ def test_many_forks_while_threads_wait_for_the_table(tmp_path):
     assert int(result.stdout.split()[-1]) > 0
 
 
+def jemalloc():
+    """The path of a jemalloc library to preload, or None."""
+    import glob
+
+    for pattern in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so*", "/usr/lib*/libjemalloc.so*"):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+@pytest.mark.skipif(jemalloc() is None, reason="no libjemalloc to preload (Debian: libjemalloc2)")
+def test_preloaded_jemalloc(tmp_path):
+    """With jemalloc preloaded, the process's malloc is jemalloc's: the extension's calls and
+    data pointers reach it through the hooks, and jemalloc's own mmap calls (its arenas, whose
+    blocks the malloc hooks count) are not counted a second time. Stop/start cycles and a
+    thread churning through the hooks meanwhile."""
+    path = build(tmp_path, "nativeext_jemalloc")
+    script = child_script(
+        path,
+        "nativeext_jemalloc",
+        """
+        import threading
+        before = ext.data_pointers()
+        alloctrace.start(1, native=True)
+        native = lambda: sum(t[1] for t in alloctrace._get_traces()
+                             if t[0] == alloctrace.NATIVE_DOMAIN)
+        base = native()
+        blocks = [ext.malloc(1 << 20) for _ in range(24)]
+        blocks += [ext.data_malloc(1 << 20) for _ in range(24)]
+        grown = native() - base
+        assert 48 << 20 <= grown < 52 << 20, grown
+        for b in blocks:
+            ext.free(b)
+        t = threading.Thread(target=ext.churn, args=(0.5,)); t.start()
+        for k in range(20):
+            alloctrace.stop()
+            alloctrace.start(1, native=k % 2 == 0)
+        t.join()
+        alloctrace.stop()
+        assert ext.data_pointers() == before
+        assert alloctrace._native._native_redirected_slots() == 0
+        print("ok", grown)
+        """,
+    )
+    proc = run_python(["-c", script], LD_PRELOAD=jemalloc())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ok"), proc.stdout
+
+
 def test_startup_variable(tmp_path):
     path = build(tmp_path, "nativeext_env")
     script = child_script(

@@ -5,7 +5,8 @@
 //! The calls are redirected the way [`crate::tracked`] redirects `PyTraceMalloc_Track`: by
 //! rewriting import-table slots ([`crate::tracked::got`]), in every loaded object but four:
 //! alloctrace itself (its own allocations are the tracer's), the definer of each function
-//! (libc), the interpreter (libpython, or the executable when it is linked statically: the
+//! (libc, and a preloaded `malloc` such as jemalloc, whose `mmap` calls are its arenas), the
+//! interpreter (libpython, or the executable when it is linked statically: the
 //! PEP 445 hooks already see what it allocates, so counting its `malloc` calls too would count
 //! blocks twice) and the dynamic loader. Libraries loaded later are rewritten by the `dlopen`
 //! redirection before their code runs. Only slots that hold the process's own function (or a
@@ -297,7 +298,8 @@ fn resolve(symbol: &CStr) -> usize {
 }
 
 /// An address inside each object whose calls are never redirected (besides the definer of
-/// each function): alloctrace, the interpreter, the executable and the dynamic loader.
+/// each function and the process's allocator): alloctrace, the interpreter, the executable
+/// and the dynamic loader.
 fn never_redirected() -> [usize; 4] {
     extern "C" {
         fn PyTraceMalloc_Track(domain: std::ffi::c_uint, ptr: usize, size: usize) -> c_int;
@@ -341,11 +343,17 @@ fn bindings(symbol: &CStr, entry: usize) -> Vec<usize> {
 pub fn redirect() {
     let never = never_redirected();
     let entry = never[2];
-    let mut plan: Vec<(&CStr, usize, usize, [usize; 5])> = Vec::new();
+    // The process's `malloc` may come from a preloaded allocator (jemalloc, tcmalloc) whose
+    // own `mmap` calls are its arenas: the blocks it hands out from them are counted by the
+    // malloc hooks already, so its object is left alone for every function, as libc is.
+    let allocator = bindings(c"malloc", entry);
+    let mut plan: Vec<(&CStr, usize, usize, Vec<usize>)> = Vec::new();
     for (symbol, hook) in hooks() {
         for bound in bindings(symbol, entry) {
-            let [a, b, c, d] = never;
-            plan.push((symbol, hook, bound, [a, b, c, d, bound]));
+            let mut skip = never.to_vec();
+            skip.extend(&allocator);
+            skip.push(bound);
+            plan.push((symbol, hook, bound, skip));
         }
     }
     let rules: Vec<got::Rule> = plan
