@@ -98,3 +98,46 @@ def test_traced_total_accounts_for_the_rss_growth(tmp_path, workload, mode):
     (filename, lineno, size), *_ = traced["top"]
     assert (filename, lineno) == (script, WORK[workload])
     assert size > 0.9 * traced["traced"]
+
+
+STRESS = """
+import threading
+import alloctrace
+from lxml import etree
+
+doc = ("<r>%s</r>" % "".join("<i a='%d'>t%d</i>" % (i, i) for i in range(2000))).encode()
+done = threading.Event()
+
+def parse():
+    n = 0
+    while not done.is_set():
+        tree = etree.fromstring(doc)
+        assert len(tree) == 2000
+        del tree
+        n += 1
+
+threads = [threading.Thread(target=parse) for _ in range(2)]
+for t in threads:
+    t.start()
+keep = etree.fromstring(doc)  # allocated before any session, freed during one
+for k in range(40):
+    alloctrace.start(1, native=k % 3 != 2)
+    if k == 20:
+        del keep
+    alloctrace.stop()
+done.set()
+for t in threads:
+    t.join()
+assert alloctrace._native._native_redirected_slots() == 0
+print("ok")
+"""
+
+
+def test_lxml_threads_while_native_sessions_start_and_stop(tmp_path):
+    """Threads parse while the allocator pointers are switched back and forth: blocks cross
+    the switch in both directions (allocated through the real malloc and freed through the
+    hook, and the reverse), and a pointer may change while a parse calls through it."""
+    pytest.importorskip("lxml", reason="lxml does not install on this interpreter")
+    proc = run_python(["-c", STRESS])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "ok\n"
