@@ -63,20 +63,27 @@ enum Word {
 }
 
 /// Which relocations name a word a rule may rewrite: `kind` and `addend` are the
-/// relocation's, `defined` whether its symbol is defined in the object itself, `aligned`
-/// whether the word is 8-byte aligned and `writable` whether it lies whole in one of the
-/// object's writable segments. `None` for every other relocation.
-fn select(kind: u32, addend: i64, defined: bool, aligned: bool, writable: bool) -> Option<Word> {
-    if defined || !aligned || !writable {
-        // A defined symbol is the object's own function, not an import; the other two are
-        // words that cannot be stored safely.
-        return None;
-    }
-    match kind {
-        R_X86_64_JUMP_SLOT | R_X86_64_GLOB_DAT => Some(Word::Import),
-        R_X86_64_64 if addend == 0 => Some(Word::Data),
-        _ => None,
-    }
+/// relocation's, `defined` whether its symbol is defined in the object itself, `data` whether
+/// data words are wanted at all, `aligned` whether the word is 8-byte aligned and `writable`
+/// whether it lies whole in one of the object's writable segments (asked last: it walks the
+/// program headers, and most data relocations fail sooner, such as the interpreter's
+/// thousands against its own type objects). `None` for every other relocation.
+fn select(
+    kind: u32,
+    addend: i64,
+    defined: bool,
+    data: bool,
+    aligned: bool,
+    writable: impl FnOnce() -> bool,
+) -> Option<Word> {
+    let word = match kind {
+        R_X86_64_JUMP_SLOT | R_X86_64_GLOB_DAT => Word::Import,
+        R_X86_64_64 if data && addend == 0 => Word::Data,
+        _ => return None,
+    };
+    // A defined symbol is the object's own function, not an import; the other two are words
+    // that cannot be stored safely.
+    (!defined && aligned && writable()).then_some(word)
 }
 
 #[repr(C)]
@@ -208,7 +215,8 @@ impl<'a> Object<'a> {
     /// Calls `each` with the name, slot and kind of every word [`select`] picks: the
     /// `JUMP_SLOT`/`GLOB_DAT` relocations of undefined symbols (imports), and the data words
     /// relocated against them.
-    unsafe fn imports(&self, mut each: impl FnMut(&CStr, &AtomicUsize, Word)) {
+    /// `data` says whether data words are wanted.
+    unsafe fn imports(&self, data: bool, mut each: impl FnMut(&CStr, &AtomicUsize, Word)) {
         let base = self.base;
         // The loader rewrites the dynamic section's pointers to absolute addresses in place on
         // x86-64; a value below the base is still relative (objects it did not relocate).
@@ -258,15 +266,19 @@ impl<'a> Object<'a> {
                 let index = (r.info >> 32) as usize;
                 if index == 0
                     || !matches!(kind, R_X86_64_JUMP_SLOT | R_X86_64_GLOB_DAT | R_X86_64_64)
+                    || (kind == R_X86_64_64 && (!data || r.addend != 0))
                 {
-                    continue; // no symbol (RELATIVE), or a kind no rule rewrites
+                    // No symbol (RELATIVE), a kind no rule rewrites, or a data word `select`
+                    // refuses anyway: skipped before reading the symbol (the interpreter has
+                    // thousands of data relocations against its own objects).
+                    continue;
                 }
                 let sym = &*(symtab as *const Sym).add(index);
                 let slot = base.wrapping_add(r.offset as usize);
                 let aligned = slot % std::mem::align_of::<AtomicUsize>() == 0;
-                let Some(word) =
-                    select(kind, r.addend, sym.shndx != 0, aligned, self.writable(slot))
-                else {
+                let defined = sym.shndx != 0;
+                let writable = || self.writable(slot);
+                let Some(word) = select(kind, r.addend, defined, data, aligned, writable) else {
                     continue;
                 };
                 let name = CStr::from_ptr((strtab + sym.name as usize) as *const libc::c_char);
@@ -296,7 +308,8 @@ unsafe extern "C" fn visit(
     let relro = object.relro(walk.page);
     let page = walk.page;
     let mut rewritten = 0;
-    object.imports(|name, cell, word| {
+    let data = rules.iter().any(|rule| rule.data);
+    object.imports(data, |name, cell, word| {
         for rule in &rules {
             if rule.symbol != name || (word == Word::Data && !rule.data) {
                 continue;
@@ -339,8 +352,8 @@ pub unsafe fn import_value(symbol: &CStr, within: usize) -> Option<usize> {
         if !object.contains(lookup.within) {
             return 0;
         }
-        object.imports(|name, cell, word| {
-            if lookup.found.is_none() && word == Word::Import && name == lookup.symbol {
+        object.imports(false, |name, cell, _| {
+            if lookup.found.is_none() && name == lookup.symbol {
                 lookup.found = Some(cell.load(Ordering::Acquire));
             }
         });
@@ -386,31 +399,40 @@ mod tests {
         const RELATIVE: u32 = 8;
         const PC32: u32 = 2;
         let (imp, data) = (Some(Word::Import), Some(Word::Data));
-        // (kind, addend, defined, aligned, writable, expected)
+        // (kind, addend, defined, data wanted, aligned, writable, expected)
         let cases = [
-            (R_X86_64_JUMP_SLOT, 0, false, true, true, imp),
-            (R_X86_64_GLOB_DAT, 0, false, true, true, imp),
-            (R_X86_64_64, 0, false, true, true, data),
+            (R_X86_64_JUMP_SLOT, 0, false, true, true, true, imp),
+            (R_X86_64_GLOB_DAT, 0, false, true, true, true, imp),
+            (R_X86_64_64, 0, false, true, true, true, data),
+            // Import slots only (tracked domains' rules, the executable's binding).
+            (R_X86_64_64, 0, false, false, true, true, None),
+            (R_X86_64_GLOB_DAT, 0, false, false, true, true, imp),
             // An address computed from the function's, not a pointer to it.
-            (R_X86_64_64, 16, false, true, true, None),
-            (R_X86_64_64, -8, false, true, true, None),
+            (R_X86_64_64, 16, false, true, true, true, None),
+            (R_X86_64_64, -8, false, true, true, true, None),
             // The object's own definition.
-            (R_X86_64_64, 0, true, true, true, None),
-            (R_X86_64_GLOB_DAT, 0, true, true, true, None),
+            (R_X86_64_64, 0, true, true, true, true, None),
+            (R_X86_64_GLOB_DAT, 0, true, true, true, true, None),
             // A packed field, a text relocation.
-            (R_X86_64_64, 0, false, false, true, None),
-            (R_X86_64_64, 0, false, true, false, None),
-            (R_X86_64_JUMP_SLOT, 0, false, true, false, None),
+            (R_X86_64_64, 0, false, true, false, true, None),
+            (R_X86_64_64, 0, false, true, true, false, None),
+            (R_X86_64_JUMP_SLOT, 0, false, true, true, false, None),
             // Kinds that name no pointer-sized word holding the symbol.
-            (RELATIVE, 0, false, true, true, None),
-            (PC32, 0, false, true, true, None),
+            (RELATIVE, 0, false, true, true, true, None),
+            (PC32, 0, false, true, true, true, None),
         ];
-        for (kind, addend, defined, aligned, writable, want) in cases {
-            assert_eq!(
-                select(kind, addend, defined, aligned, writable),
-                want,
-                "{kind} {addend} {defined} {aligned} {writable}"
-            );
+        for (kind, addend, defined, wanted, aligned, writable, want) in cases {
+            let asked = std::cell::Cell::new(false);
+            let got = select(kind, addend, defined, wanted, aligned, || {
+                asked.set(true);
+                writable
+            });
+            let case = format!("{kind} {addend} {defined} {wanted} {aligned} {writable}");
+            assert_eq!(got, want, "{case}");
+            // The segment walk only for a word every other test selected.
+            let candidate = matches!(kind, R_X86_64_JUMP_SLOT | R_X86_64_GLOB_DAT)
+                || (kind == R_X86_64_64 && wanted && addend == 0);
+            assert_eq!(asked.get(), candidate && !defined && aligned, "{case}");
         }
     }
 
