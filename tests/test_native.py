@@ -296,6 +296,90 @@ def test_trace_time_domain_filter_drops_native_blocks(stopped_tracer, ext):
     ext.free(c)
 
 
+# Pointers to the allocator kept in a library's data, filled by the loader (R_X86_64_64
+# relocations), as libxml2's xmlMalloc/xmlFree: nativeext.c's data_* (writable) and ro_*
+# (under RELRO) pointers, and offset_malloc (malloc's address + 16: never rewritten).
+REWRITTEN = ("malloc", "calloc", "realloc", "free", "ro_malloc", "ro_free")
+
+
+def test_allocator_pointers_in_library_data_are_redirected(stopped_tracer, ext):
+    before = ext.data_pointers()
+    alloctrace.start(1, native=True)
+    during = ext.data_pointers()
+    for name in REWRITTEN:
+        assert during[name] != before[name], name
+    assert during["offset_malloc"] == before["offset_malloc"]
+    assert during["malloc"] == during["ro_malloc"]  # the same hook: comparisons still hold
+    line = here() + 1
+    a, b, c = ext.data_malloc(31001), ext.data_malloc(31002, True), ext.data_calloc(3, 10001)
+    traced = {t[1]: t[2][0][1] for t in native_traces() if 30000 < t[1] < 31003}
+    assert traced == {31001: line, 31002: line, 30003: line}
+    line = here() + 1
+    a = ext.data_realloc(a, 31007)
+    assert {t[1]: t[2][0][1] for t in native_traces() if t[1] in (31001, 31007)} == {31007: line}
+    ext.data_free(a)
+    ext.data_free(b, True)
+    ext.data_free(c)
+    assert [t for t in native_traces() if 30000 < t[1] < 31010] == []
+    assert consistent()
+    alloctrace.stop()
+    assert ext.data_pointers() == before
+    assert alloctrace._native._native_redirected_slots() == 0
+
+
+def test_blocks_crossing_the_switch_of_a_data_pointer(stopped_tracer, ext):
+    """A block allocated through the real function and freed through the hook (and the
+    reverse, across stop()) is harmless: an unknown free is a miss, and stop() cleared the
+    table before the real free sees a block the hook recorded."""
+    old = ext.data_malloc(32001)
+    alloctrace.start(1, native=True)
+    ext.data_free(old)  # unknown to the tracer: ignored
+    ptr = ext.data_malloc(32002)
+    moved = ext.data_realloc(ext.data_malloc(10), 32003)
+    assert {32002, 32003} <= set(sizes())
+    alloctrace.stop()
+    ext.data_free(ptr)  # the real free, of a block the hook recorded
+    alloctrace.start(1, native=True)
+    assert 32002 not in sizes()
+    ext.data_free(moved)
+    assert 32003 not in sizes()
+    assert consistent()
+    alloctrace.stop()
+
+
+def test_a_pointer_the_library_changed_is_left_alone(stopped_tracer, ext):
+    before = ext.data_pointers()
+    alloctrace.start(1, native=True)
+    hook = ext.set_data_malloc(0)  # the library installs its own allocator meanwhile
+    assert hook != before["malloc"]
+    alloctrace.stop()
+    after = ext.data_pointers()
+    assert after["malloc"] == before["own_malloc"]  # not put back
+    assert {name: after[name] for name in REWRITTEN[1:]} == {
+        name: before[name] for name in REWRITTEN[1:]
+    }
+    assert alloctrace._native._native_redirected_slots() == 0
+    # A pointer the library set to something else is not the process's allocator: never
+    # rewritten either.
+    alloctrace.start(1, native=True)
+    assert ext.data_pointers()["malloc"] == before["own_malloc"]
+    alloctrace.stop()
+    ext.set_data_malloc(before["malloc"])
+    assert ext.data_pointers() == before
+
+
+def test_data_pointers_of_a_library_loaded_after_start(stopped_tracer, tmp_path):
+    path = build(tmp_path, "nativeext_late_data")
+    alloctrace.start(1, native=True)
+    late = load(path, "nativeext_late_data")
+    line = here() + 1
+    ptr = late.data_malloc(33001, True)
+    assert [t[2][0][1] for t in native_traces() if t[1] == 33001] == [line]
+    alloctrace.stop()
+    late.data_free(ptr, True)
+    assert alloctrace._native._native_redirected_slots() == 0
+
+
 def test_extension_loaded_after_start_is_redirected(stopped_tracer, tmp_path):
     alloctrace.start(1, native=True)
     late = load(build(tmp_path, "nativeext_late", ["-Wl,-z,lazy"]), "nativeext_late")
@@ -441,6 +525,56 @@ def test_many_forks_while_threads_wait_for_the_table(tmp_path):
     result = run_python(["-W", "ignore::DeprecationWarning", "-c", script])
     assert result.returncode == 0, result.stdout + result.stderr
     assert int(result.stdout.split()[-1]) > 0
+
+
+def jemalloc():
+    """The path of a jemalloc library to preload, or None."""
+    import glob
+
+    for pattern in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so*", "/usr/lib*/libjemalloc.so*"):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+@pytest.mark.skipif(jemalloc() is None, reason="no libjemalloc to preload (Debian: libjemalloc2)")
+def test_preloaded_jemalloc(tmp_path):
+    """With jemalloc preloaded, the process's malloc is jemalloc's: the extension's calls and
+    data pointers reach it through the hooks, and jemalloc's own mmap calls (its arenas, whose
+    blocks the malloc hooks count) are not counted a second time. Stop/start cycles and a
+    thread churning through the hooks meanwhile."""
+    path = build(tmp_path, "nativeext_jemalloc")
+    script = child_script(
+        path,
+        "nativeext_jemalloc",
+        """
+        import threading
+        before = ext.data_pointers()
+        alloctrace.start(1, native=True)
+        native = lambda: sum(t[1] for t in alloctrace._get_traces()
+                             if t[0] == alloctrace.NATIVE_DOMAIN)
+        base = native()
+        blocks = [ext.malloc(1 << 20) for _ in range(24)]
+        blocks += [ext.data_malloc(1 << 20) for _ in range(24)]
+        grown = native() - base
+        assert 48 << 20 <= grown < 52 << 20, grown
+        for b in blocks:
+            ext.free(b)
+        t = threading.Thread(target=ext.churn, args=(0.5,)); t.start()
+        for k in range(20):
+            alloctrace.stop()
+            alloctrace.start(1, native=k % 2 == 0)
+        t.join()
+        alloctrace.stop()
+        assert ext.data_pointers() == before
+        assert alloctrace._native._native_redirected_slots() == 0
+        print("ok", grown)
+        """,
+    )
+    proc = run_python(["-c", script], LD_PRELOAD=jemalloc())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ok"), proc.stdout
 
 
 def test_startup_variable(tmp_path):

@@ -161,7 +161,9 @@ def start(
 
     With *native* true, the ``malloc`` family and anonymous ``mmap`` calls
     that extension modules (and the shared libraries they load) make
-    themselves are traced too, in their own domain, :data:`NATIVE_DOMAIN`
+    themselves, directly or through allocator pointers the loader stored in
+    their data (libxml2's ``xmlMalloc`` in lxml), are traced too, in their
+    own domain, :data:`NATIVE_DOMAIN`
     (``DomainFilter(True, "native")`` selects them). The interpreter's own
     allocations are not counted twice. ``None`` means off, or whatever is
     running when already tracing; asking for the other mode while tracing

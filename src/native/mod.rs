@@ -5,12 +5,25 @@
 //! The calls are redirected the way [`crate::tracked`] redirects `PyTraceMalloc_Track`: by
 //! rewriting import-table slots ([`crate::tracked::got`]), in every loaded object but four:
 //! alloctrace itself (its own allocations are the tracer's), the definer of each function
-//! (libc), the interpreter (libpython, or the executable when it is linked statically: the
+//! (libc, and a preloaded `malloc` such as jemalloc, whose `mmap` calls are its arenas), the
+//! interpreter (libpython, or the executable when it is linked statically: the
 //! PEP 445 hooks already see what it allocates, so counting its `malloc` calls too would count
 //! blocks twice) and the dynamic loader. Libraries loaded later are rewritten by the `dlopen`
 //! redirection before their code runs. Only slots that hold the process's own function (or a
 //! lazily bound stub that would resolve to it) are rewritten, so an object bound to another
 //! allocator keeps it: a block is always freed by the allocator that made it.
+//!
+//! The same rules rewrite the pointer variables that the loader filled with these functions'
+//! addresses (data relocations, see [`crate::tracked::got`]): a library that keeps its
+//! allocator in variables (libxml2's `xmlMalloc`/`xmlRealloc`/`xmlFree`, linked statically
+//! into lxml's wheel) never calls `malloc` through its import table, and would be invisible
+//! otherwise. Only words still holding the process's function are rewritten, and `stop()`
+//! restores only words still holding our hook: a library that installed its own allocator in
+//! between keeps it. A block may thus cross the switch (allocated by the real function and
+//! freed through a hook, or the reverse): the first is a harmless miss like any block from
+//! before `start()`, the second leaves the table, which `stop()` clears anyway. The same
+//! pointer read through the import table and through a variable stays equal, since both
+//! change together.
 //!
 //! Each hook calls the real function (through alloctrace's own, never rewritten, slots), then
 //! records the block in the main trace table under [`crate::tracer::native_key`] (its address
@@ -285,7 +298,8 @@ fn resolve(symbol: &CStr) -> usize {
 }
 
 /// An address inside each object whose calls are never redirected (besides the definer of
-/// each function): alloctrace, the interpreter, the executable and the dynamic loader.
+/// each function and the process's allocator): alloctrace, the interpreter, the executable
+/// and the dynamic loader.
 fn never_redirected() -> [usize; 4] {
     extern "C" {
         fn PyTraceMalloc_Track(domain: std::ffi::c_uint, ptr: usize, size: usize) -> c_int;
@@ -329,11 +343,17 @@ fn bindings(symbol: &CStr, entry: usize) -> Vec<usize> {
 pub fn redirect() {
     let never = never_redirected();
     let entry = never[2];
-    let mut plan: Vec<(&CStr, usize, usize, [usize; 5])> = Vec::new();
+    // The process's `malloc` may come from a preloaded allocator (jemalloc, tcmalloc) whose
+    // own `mmap` calls are its arenas: the blocks it hands out from them are counted by the
+    // malloc hooks already, so its object is left alone for every function, as libc is.
+    let allocator = bindings(c"malloc", entry);
+    let mut plan: Vec<(&CStr, usize, usize, Vec<usize>)> = Vec::new();
     for (symbol, hook) in hooks() {
         for bound in bindings(symbol, entry) {
-            let [a, b, c, d] = never;
-            plan.push((symbol, hook, bound, [a, b, c, d, bound]));
+            let mut skip = never.to_vec();
+            skip.extend(&allocator);
+            skip.push(bound);
+            plan.push((symbol, hook, bound, skip));
         }
     }
     let rules: Vec<got::Rule> = plan
@@ -344,6 +364,7 @@ pub fn redirect() {
             to: *hook,
             skip,
             lazy: true,
+            data: true,
         })
         .collect();
     // SAFETY: each hook has the ABI of the function it replaces and calls that function.
@@ -367,6 +388,7 @@ pub fn restore() {
             to: real,
             skip: &ours,
             lazy: false,
+            data: true,
         })
         .collect();
     // SAFETY: each rule writes back the real function's address.
@@ -386,6 +408,7 @@ pub fn redirected_slots() -> usize {
             to: hook,
             skip: &ours,
             lazy: false,
+            data: true,
         })
         .collect();
     // A rule whose `to` equals `from` rewrites a slot with its own value: this only counts.

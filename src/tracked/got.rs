@@ -8,6 +8,16 @@
 //! calls, `DT_RELA` for address loads with `-fno-plt`), and each `JUMP_SLOT`/`GLOB_DAT`
 //! relocation names its symbol.
 //!
+//! A rule may also reach a function's address stored in an object's *data*: an `R_X86_64_64`
+//! relocation in `DT_RELA` against the symbol, addend 0, is a pointer variable the loader
+//! filled with the function's address (libxml2's `xmlMalloc = malloc`, statically linked
+//! into lxml, or any table of allocator hooks). Such a word is rewritten like a slot, with
+//! three more conditions, each because a word that fails it is not a plain pointer to the
+//! function: a non-zero addend (an address computed from the function's), a word outside the
+//! object's writable segments (a text relocation: its page is code) and a word not 8-byte
+//! aligned (a packed structure's field; it could not be stored atomically). Symbol-less
+//! relocations (`R_X86_64_RELATIVE`) name no function and are never touched.
+//!
 //! Every rewrite runs inside a `dl_iterate_phdr` callback, which holds the loader's lock: an
 //! object cannot be unloaded (`dlclose`) while its slots are read or written, and an object
 //! no longer listed is never touched. No record of patched objects is kept: undoing scans
@@ -27,15 +37,53 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// `from`, when given) gets `to`, in every object that contains none of `skip` (the
 /// addresses of code whose own calls must not be redirected: ours, and the symbol's definer).
 ///
-/// With `lazy`, a slot that still points into its own object also counts as holding `from`:
-/// a lazily bound import not called yet holds the address of its PLT stub, which would
-/// resolve to `from` on the first call.
+/// With `lazy`, an import slot that still points into its own object also counts as holding
+/// `from`: a lazily bound import not called yet holds the address of its PLT stub, which
+/// would resolve to `from` on the first call. Data words are bound at load time: `lazy` never
+/// applies to them.
+///
+/// With `data`, the rule also applies to data words relocated against `symbol` (see the
+/// module docs), not only to import slots.
 pub struct Rule<'a> {
     pub symbol: &'a CStr,
     pub from: Option<usize>,
     pub to: usize,
     pub skip: &'a [usize],
     pub lazy: bool,
+    pub data: bool,
+}
+
+/// What a symbol-named relocation's word is, for a rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Word {
+    /// A `JUMP_SLOT` or `GLOB_DAT` slot of the import table.
+    Import,
+    /// A pointer variable the loader filled with the symbol's address (`R_X86_64_64`).
+    Data,
+}
+
+/// Which relocations name a word a rule may rewrite: `kind` and `addend` are the
+/// relocation's, `defined` whether its symbol is defined in the object itself, `data` whether
+/// data words are wanted at all, `aligned` whether the word is 8-byte aligned and `writable`
+/// whether it lies whole in one of the object's writable segments (asked last: it walks the
+/// program headers, and most data relocations fail sooner, such as the interpreter's
+/// thousands against its own type objects). `None` for every other relocation.
+fn select(
+    kind: u32,
+    addend: i64,
+    defined: bool,
+    data: bool,
+    aligned: bool,
+    writable: impl FnOnce() -> bool,
+) -> Option<Word> {
+    let word = match kind {
+        R_X86_64_JUMP_SLOT | R_X86_64_GLOB_DAT => Word::Import,
+        R_X86_64_64 if data && addend == 0 => Word::Data,
+        _ => return None,
+    };
+    // A defined symbol is the object's own function, not an import; the other two are words
+    // that cannot be stored safely.
+    (!defined && aligned && writable()).then_some(word)
 }
 
 #[repr(C)]
@@ -69,11 +117,13 @@ const DT_RELA: i64 = 7;
 const DT_RELASZ: i64 = 8;
 const DT_PLTREL: i64 = 20;
 const DT_JMPREL: i64 = 23;
+const R_X86_64_64: u32 = 1;
 const R_X86_64_GLOB_DAT: u32 = 6;
 const R_X86_64_JUMP_SLOT: u32 = 7;
 const PT_LOAD: u32 = 1;
 const PT_DYNAMIC: u32 = 2;
 const PT_GNU_RELRO: u32 = 0x6474_e552;
+const PF_W: u32 = 2;
 
 struct Walk<'a> {
     rules: &'a [Rule<'a>],
@@ -138,6 +188,18 @@ impl<'a> Object<'a> {
         })
     }
 
+    /// Whether the 8-byte word at `address` lies whole in one of the object's writable
+    /// segments (a RELRO range is part of one: the loader wrote it there).
+    fn writable(&self, address: usize) -> bool {
+        self.phdrs.iter().any(|p| {
+            let start = self.base.wrapping_add(p.p_vaddr as usize);
+            p.p_type == PT_LOAD
+                && p.p_flags & PF_W != 0
+                && address >= start
+                && address.saturating_add(8) <= start + p.p_memsz as usize
+        })
+    }
+
     /// The page-rounded range the loader made read-only after relocating (`PT_GNU_RELRO`).
     fn relro(&self, page: usize) -> Option<(usize, usize)> {
         self.phdrs
@@ -150,9 +212,11 @@ impl<'a> Object<'a> {
             })
     }
 
-    /// Calls `each` with the name and slot of every `JUMP_SLOT`/`GLOB_DAT` relocation of an
-    /// undefined symbol (an import).
-    unsafe fn imports(&self, mut each: impl FnMut(&CStr, &AtomicUsize)) {
+    /// Calls `each` with the name, slot and kind of every word [`select`] picks: the
+    /// `JUMP_SLOT`/`GLOB_DAT` relocations of undefined symbols (imports), and the data words
+    /// relocated against them.
+    /// `data` says whether data words are wanted.
+    unsafe fn imports(&self, data: bool, mut each: impl FnMut(&CStr, &AtomicUsize, Word)) {
         let base = self.base;
         // The loader rewrites the dynamic section's pointers to absolute addresses in place on
         // x86-64; a value below the base is still relative (objects it did not relocate).
@@ -200,16 +264,25 @@ impl<'a> Object<'a> {
             for r in relocs {
                 let kind = (r.info & 0xffff_ffff) as u32;
                 let index = (r.info >> 32) as usize;
-                if index == 0 || (kind != R_X86_64_JUMP_SLOT && kind != R_X86_64_GLOB_DAT) {
+                if index == 0
+                    || !matches!(kind, R_X86_64_JUMP_SLOT | R_X86_64_GLOB_DAT | R_X86_64_64)
+                    || (kind == R_X86_64_64 && (!data || r.addend != 0))
+                {
+                    // No symbol (RELATIVE), a kind no rule rewrites, or a data word `select`
+                    // refuses anyway: skipped before reading the symbol (the interpreter has
+                    // thousands of data relocations against its own objects).
                     continue;
                 }
                 let sym = &*(symtab as *const Sym).add(index);
-                if sym.shndx != 0 {
-                    continue; // defined here: the object's own function, not an import
-                }
-                let name = CStr::from_ptr((strtab + sym.name as usize) as *const libc::c_char);
                 let slot = base.wrapping_add(r.offset as usize);
-                each(name, &*(slot as *const AtomicUsize));
+                let aligned = slot % std::mem::align_of::<AtomicUsize>() == 0;
+                let defined = sym.shndx != 0;
+                let writable = || self.writable(slot);
+                let Some(word) = select(kind, r.addend, defined, data, aligned, writable) else {
+                    continue;
+                };
+                let name = CStr::from_ptr((strtab + sym.name as usize) as *const libc::c_char);
+                each(name, &*(slot as *const AtomicUsize), word);
             }
         }
     }
@@ -235,14 +308,16 @@ unsafe extern "C" fn visit(
     let relro = object.relro(walk.page);
     let page = walk.page;
     let mut rewritten = 0;
-    object.imports(|name, cell| {
+    let data = rules.iter().any(|rule| rule.data);
+    object.imports(data, |name, cell, word| {
         for rule in &rules {
-            if rule.symbol != name {
+            if rule.symbol != name || (word == Word::Data && !rule.data) {
                 continue;
             }
             let now = cell.load(Ordering::Acquire);
+            let lazy = rule.lazy && word == Word::Import;
             let wanted = match rule.from {
-                Some(from) => now == from || (rule.lazy && object.contains(now)),
+                Some(from) => now == from || (lazy && object.contains(now)),
                 None => now != rule.to,
             };
             if wanted && store(cell, rule.to, relro, page) {
@@ -277,7 +352,7 @@ pub unsafe fn import_value(symbol: &CStr, within: usize) -> Option<usize> {
         if !object.contains(lookup.within) {
             return 0;
         }
-        object.imports(|name, cell| {
+        object.imports(false, |name, cell, _| {
             if lookup.found.is_none() && name == lookup.symbol {
                 lookup.found = Some(cell.load(Ordering::Acquire));
             }
@@ -313,4 +388,94 @@ unsafe fn store(
         libc::mprotect(page_start, page, libc::PROT_READ);
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn select_cases() {
+        const RELATIVE: u32 = 8;
+        const PC32: u32 = 2;
+        let (imp, data) = (Some(Word::Import), Some(Word::Data));
+        // (kind, addend, defined, data wanted, aligned, writable, expected)
+        let cases = [
+            (R_X86_64_JUMP_SLOT, 0, false, true, true, true, imp),
+            (R_X86_64_GLOB_DAT, 0, false, true, true, true, imp),
+            (R_X86_64_64, 0, false, true, true, true, data),
+            // Import slots only (tracked domains' rules, the executable's binding).
+            (R_X86_64_64, 0, false, false, true, true, None),
+            (R_X86_64_GLOB_DAT, 0, false, false, true, true, imp),
+            // An address computed from the function's, not a pointer to it.
+            (R_X86_64_64, 16, false, true, true, true, None),
+            (R_X86_64_64, -8, false, true, true, true, None),
+            // The object's own definition.
+            (R_X86_64_64, 0, true, true, true, true, None),
+            (R_X86_64_GLOB_DAT, 0, true, true, true, true, None),
+            // A packed field, a text relocation.
+            (R_X86_64_64, 0, false, true, false, true, None),
+            (R_X86_64_64, 0, false, true, true, false, None),
+            (R_X86_64_JUMP_SLOT, 0, false, true, true, false, None),
+            // Kinds that name no pointer-sized word holding the symbol.
+            (RELATIVE, 0, false, true, true, true, None),
+            (PC32, 0, false, true, true, true, None),
+        ];
+        for (kind, addend, defined, wanted, aligned, writable, want) in cases {
+            let asked = std::cell::Cell::new(false);
+            let got = select(kind, addend, defined, wanted, aligned, || {
+                asked.set(true);
+                writable
+            });
+            let case = format!("{kind} {addend} {defined} {wanted} {aligned} {writable}");
+            assert_eq!(got, want, "{case}");
+            // The segment walk only for a word every other test selected.
+            let candidate = matches!(kind, R_X86_64_JUMP_SLOT | R_X86_64_GLOB_DAT)
+                || (kind == R_X86_64_64 && wanted && addend == 0);
+            assert_eq!(asked.get(), candidate && !defined && aligned, "{case}");
+        }
+    }
+
+    fn phdr(p_type: u32, p_flags: u32, p_vaddr: u64, p_memsz: u64) -> libc::Elf64_Phdr {
+        libc::Elf64_Phdr {
+            p_type,
+            p_flags,
+            p_offset: 0,
+            p_vaddr,
+            p_paddr: p_vaddr,
+            p_filesz: p_memsz,
+            p_memsz,
+            p_align: 0x1000,
+        }
+    }
+
+    #[test]
+    fn writable_words() {
+        const PF_R: u32 = 4;
+        const PF_X: u32 = 1;
+        let phdrs = [
+            phdr(PT_LOAD, PF_R | PF_X, 0, 0x1000),
+            phdr(PT_LOAD, PF_R | PF_W, 0x2000, 0x100),
+            phdr(PT_GNU_RELRO, PF_R, 0x2000, 0x40),
+            phdr(PT_DYNAMIC, PF_R | PF_W, 0x2080, 0x20),
+        ];
+        let object = Object {
+            base: 0x7f00_0000_0000,
+            phdrs: &phdrs,
+            dynamic: &phdrs[3],
+        };
+        let at = |offset: usize| object.writable(0x7f00_0000_0000 + offset);
+        for (offset, want) in [
+            (0x0, false),    // code
+            (0xff8, false),  // code, last word
+            (0x1800, false), // between segments
+            (0x2000, true),  // first word, in the RELRO range
+            (0x2040, true),
+            (0x20f8, true),  // last whole word
+            (0x20f9, false), // runs past the segment's end
+            (0x2100, false),
+        ] {
+            assert_eq!(at(offset), want, "{offset:#x}");
+        }
+    }
 }

@@ -251,12 +251,15 @@ fn redirect() {
         if skip[1] == 0 {
             continue; // not resolvable: nothing to redirect
         }
+        // Import slots only: a rule with no `from` rewrites whatever a word holds, safe for
+        // a slot the loader bound but not for a variable the library may have changed.
         rules.push(got::Rule {
             symbol,
             from: None,
             to,
             skip,
             lazy: false,
+            data: false,
         });
     }
     // SAFETY: each replacement has the ABI of the symbol it replaces.
@@ -278,6 +281,7 @@ fn restore() {
             to: real,
             skip: std::slice::from_ref(&ours),
             lazy: false,
+            data: false,
         })
         .collect();
     // SAFETY: each rule writes back the real function's address.
@@ -293,6 +297,7 @@ fn restore() {
             to: hook,
             skip: std::slice::from_ref(&ours),
             lazy: false,
+            data: false,
         })
         .collect();
     // A rule whose `to` equals `from` rewrites a slot with its own value: this only counts.

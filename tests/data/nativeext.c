@@ -181,6 +181,72 @@ static PyObject *pymem_roundtrip(PyObject *self, PyObject *args) {
     return ret(p);
 }
 
+/* Allocator pointers that the loader fills from data relocations (R_X86_64_64 against malloc,
+ * free...), as libxml2 keeps xmlMalloc/xmlRealloc/xmlFree: a writable table (.data.rel), a
+ * read-only one (.data.rel.ro, under RELRO after loading) and an address computed from
+ * malloc's (a non-zero addend: never a pointer to rewrite). volatile: every call reads the
+ * variable, as a call through a pointer another file may change does. */
+typedef void *(*malloc_fn)(size_t);
+static malloc_fn volatile data_malloc = malloc;
+static void *(*volatile data_calloc)(size_t, size_t) = calloc;
+static void *(*volatile data_realloc)(void *, size_t) = realloc;
+static void (*volatile data_free)(void *) = free;
+#define RELRO __attribute__((section(".data.rel.ro")))
+static malloc_fn const volatile ro_malloc RELRO = malloc;
+static void (*const volatile ro_free)(void *) RELRO = free;
+static char *volatile offset_malloc = (char *)malloc + 16;
+
+/* An allocator of the library's own, installed over data_malloc by set_data_malloc. */
+static void *own_malloc(size_t n) { return malloc(n); }
+
+static PyObject *do_data_malloc(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    int ro = 0;
+    if (!PyArg_ParseTuple(args, "n|p", &n, &ro)) return NULL;
+    return ret((ro ? ro_malloc : data_malloc)((size_t)n));
+}
+
+static PyObject *do_data_calloc(PyObject *self, PyObject *args) {
+    Py_ssize_t n, m;
+    if (!PyArg_ParseTuple(args, "nn", &n, &m)) return NULL;
+    return ret(data_calloc((size_t)n, (size_t)m));
+}
+
+static PyObject *do_data_realloc(PyObject *self, PyObject *args) {
+    addr_t p;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "Kn", &p, &n)) return NULL;
+    return ret(data_realloc((void *)(uintptr_t)p, (size_t)n));
+}
+
+static PyObject *do_data_free(PyObject *self, PyObject *args) {
+    addr_t p;
+    int ro = 0;
+    if (!PyArg_ParseTuple(args, "K|p", &p, &ro)) return NULL;
+    (ro ? ro_free : data_free)((void *)(uintptr_t)p);
+    Py_RETURN_NONE;
+}
+
+/* The pointers' values, by name ("offset_malloc" is malloc's address + 16). */
+static PyObject *data_pointers(PyObject *self, PyObject *args) {
+    return Py_BuildValue("{sKsKsKsKsKsKsKsK}", "malloc", (addr_t)(uintptr_t)data_malloc,
+                         "calloc", (addr_t)(uintptr_t)data_calloc, "realloc",
+                         (addr_t)(uintptr_t)data_realloc, "free", (addr_t)(uintptr_t)data_free,
+                         "ro_malloc", (addr_t)(uintptr_t)ro_malloc, "ro_free",
+                         (addr_t)(uintptr_t)ro_free, "offset_malloc",
+                         (addr_t)(uintptr_t)offset_malloc, "own_malloc",
+                         (addr_t)(uintptr_t)own_malloc);
+}
+
+/* Installs an allocator over data_malloc (0: the library's own); returns the previous one. */
+static PyObject *set_data_malloc(PyObject *self, PyObject *args) {
+    addr_t p;
+    if (!PyArg_ParseTuple(args, "K", &p)) return NULL;
+    addr_t was = (addr_t)(uintptr_t)data_malloc;
+    data_malloc = p ? (malloc_fn)(uintptr_t)p : own_malloc;
+    return PyLong_FromUnsignedLongLong(was);
+}
+
 static PyMethodDef methods[] = {
     {"malloc", do_malloc, METH_VARARGS, NULL},
     {"calloc", do_calloc, METH_VARARGS, NULL},
@@ -200,6 +266,12 @@ static PyMethodDef methods[] = {
     {"track", track, METH_VARARGS, NULL},
     {"untrack", untrack, METH_VARARGS, NULL},
     {"pymem_raw_malloc", pymem_roundtrip, METH_VARARGS, NULL},
+    {"data_malloc", do_data_malloc, METH_VARARGS, NULL},
+    {"data_calloc", do_data_calloc, METH_VARARGS, NULL},
+    {"data_realloc", do_data_realloc, METH_VARARGS, NULL},
+    {"data_free", do_data_free, METH_VARARGS, NULL},
+    {"data_pointers", data_pointers, METH_NOARGS, NULL},
+    {"set_data_malloc", set_data_malloc, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
