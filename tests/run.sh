@@ -113,11 +113,12 @@ PYO3_PYTHON=$rust_py LD_LIBRARY_PATH=$rust_libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY
 # Debian packages some tests use, installed where we may (see may_install); otherwise, or if
 # the install fails, those tests skip and say why. tests/test_export.py reads our pprof files
 # back with `go tool pprof`; tests/test_html_report.py opens the report in headless Chromium;
-# tests/test_attach.py attaches to running processes through lldb.
+# tests/test_attach.py attaches to running processes through lldb; tests/test_native.py
+# preloads jemalloc. A tool is a command, or a file's path.
 apt_updated=""
 install_for() {
     local tool=$1 package=$2 tests=$3
-    command -v "$tool" >/dev/null && return 0
+    { command -v "$tool" || [ -e "$tool" ]; } >/dev/null && return 0
     if ! may_install; then
         echo "note: $tool is not installed, so $tests will skip;" \
             "ALLOCTRACE_TEST_INSTALL=1 lets this script install $package (as CI does)"
@@ -134,6 +135,7 @@ install_for() {
 install_for go golang-go "the pprof read-back tests"
 install_for chromium chromium "the HTML report's browser tests"
 install_for lldb lldb "the attach tests"
+install_for /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 libjemalloc2 "the preloaded-jemalloc test"
 
 # An interpreter's own copy of CPython's test_tracemalloc.py (tests/test_conformance.py runs it),
 # or nothing where its distribution ships the tests apart (Debian's libpython3.X-testsuite).
