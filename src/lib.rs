@@ -21,33 +21,16 @@
 //! - [`analysis`]: snapshots, grouping, diffing, filters and the file format (plain Rust).
 //! - [`py`]: the pyo3 wrappers; they convert and delegate, nothing more.
 
-pub mod allocator;
-pub mod alongside;
 pub mod analysis;
 pub mod capture;
 pub mod error;
-pub mod fallible;
 pub mod freelist;
 pub mod heap;
-pub mod hook_thread;
 pub mod hooks;
-pub mod intern;
-pub mod machine;
-pub mod memory_limit;
 pub mod native;
-pub mod nopark;
-pub mod peak;
-pub mod process_memory;
+pub mod platform;
 pub mod py;
-pub mod released;
-pub mod sampler;
-pub mod signal_disposition;
-pub mod sigterm_retry;
-pub mod table;
-pub mod tally;
-pub mod tracer;
 pub mod tracked;
-pub mod young;
 
 #[global_allocator]
-static ALLOCATOR: allocator::Allocator = allocator::Allocator;
+static ALLOCATOR: platform::allocator::Allocator = platform::allocator::Allocator;

@@ -469,7 +469,7 @@ def _trace_alongside_tracemalloc() -> None:
     tables through them; ``tracemalloc.stop()`` puts them back. Called bare, it would wrap
     alloctrace's hooks, which would then count tracemalloc's tables as the program's. So the
     two functions are wrapped: around the standard ones, the native module moves its hooks
-    above tracemalloc's, and back (see ``src/alongside.rs``). Both tracers then give the
+    above tracemalloc's, and back (see ``src/hooks/alongside.rs``). Both tracers then give the
     answers each gives alone.
     """
     import _tracemalloc

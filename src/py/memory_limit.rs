@@ -1,10 +1,10 @@
-//! `alloctrace._native`'s side of the memory limit (see [`crate::memory_limit`]): arming the
+//! `alloctrace._native`'s side of the memory limit (see [`crate::hooks::memory_limit`]): arming the
 //! traced limit and the watcher's check.
 
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 
-use crate::memory_limit::{self, Crossing};
+use crate::hooks::memory_limit::{self, Crossing};
 
 /// Sets the traced-memory limit in bytes (`None`: none) and forgets an earlier crossing.
 #[pyfunction]

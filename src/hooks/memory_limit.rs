@@ -18,7 +18,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use crate::process_memory::ProcessMemory;
+use crate::platform::process_memory::ProcessMemory;
 
 /// The traced-memory limit in bytes (as the totals count them: estimates when sampling);
 /// `usize::MAX` when none is set, so the hooks' comparison never fires.
@@ -62,7 +62,7 @@ pub fn check(rss_limit: Option<u64>) -> Result<Option<Crossing>, String> {
     let limit = TRACED_LIMIT.load(Relaxed);
     if limit != usize::MAX {
         let crossed_at = match CROSSED_AT.load(Relaxed) {
-            0 => crate::tracer::traced_memory().1,
+            0 => crate::hooks::tracer::traced_memory().1,
             total => total,
         };
         if crossed_at >= limit {

@@ -3,7 +3,7 @@
 //! Each hook forwards to the allocator it wrapped, then tells the tracer what happened; in
 //! sampled mode the allocation hooks ask the tracer first whether the block is to be recorded
 //! (see [`SAMPLED`]). They do the least work possible: no Python API call, no line number, one
-//! shard lock (see [`crate::tracer`] for what is recorded).
+//! shard lock (see [`crate::hooks::tracer`] for what is recorded).
 //!
 //! Installation wraps whatever allocators are in place at `start()`. The wrapped allocator is
 //! kept in a `Hook` that is never freed: a RAW-domain hook may still be running on another
@@ -13,14 +13,24 @@
 //! While the standard `tracemalloc` traces alongside, our hooks sit both above its hooks and
 //! beneath them, the ones beneath inert ([`lend_beneath`] when it starts second,
 //! [`slip_beneath`] when it was first, [`set_beneath_inert`]; the order of the steps is in
-//! [`crate::alongside`]).
+//! [`crate::hooks::alongside`]).
+
+pub mod alongside;
+pub mod hook_thread;
+pub mod intern;
+pub mod memory_limit;
+pub mod peak;
+pub mod released;
+pub mod sampler;
+pub mod table;
+pub mod tally;
+pub mod tracer;
+pub mod young;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use pyo3::ffi::{self, PyMemAllocatorDomain, PyMemAllocatorEx};
-
-use crate::{sampler, tracer};
 
 struct Hook {
     original: PyMemAllocatorEx,
@@ -28,7 +38,7 @@ struct Hook {
     gil_held: bool,
     /// Read by the gated functions only (`gated_malloc` and its kin): forward without
     /// recording. Set on the hook that the standard tracemalloc wraps, once ours wrap it in
-    /// turn (see [`crate::alongside`]).
+    /// turn (see [`crate::hooks::alongside`]).
     inert: AtomicBool,
 }
 
