@@ -207,7 +207,9 @@ def start(
             sample_interval = _push.DEFAULT_SAMPLE_INTERVAL
     limit = None
     if memory_limit is not None or memory_limit_dump is not None:
-        limit = _memory_limit.start_in_code(memory_limit, memory_limit_dump)
+        from alloctrace import _startup
+
+        limit = _startup.memory_limit_in_code(memory_limit, memory_limit_dump)
         if is_tracing():
             raise RuntimeError("memory_limit cannot be set while tracing: call stop() first")
     elif not is_tracing():
