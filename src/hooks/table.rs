@@ -1,16 +1,16 @@
 //! The live-trace table: one entry per traced block, keyed by address, and the current and
 //! peak totals.
 //!
-//! Hooks run on every allocating thread, and RAW-domain ones may run without the GIL, so the
-//! table is a lock-sharded map (dashmap): a hook takes exactly one shard lock. Shard locks are
-//! only ever taken through [`write`] and [`read`], which never park the waiting thread (see
-//! [`crate::platform::nopark`]: the fork handlers hold every shard lock across `fork()`), never through
-//! dashmap's own `write()`/`read()` or the map's methods that lock shards. The totals are
-//! updated while that shard lock is held, and [`TraceTable::clear`] holds every shard lock while
-//! it empties the map and zeroes the totals; together that keeps "current == sum of the live
-//! traces' sizes" exact whenever no hook is half-way through. Every change to the totals says
-//! who makes it (a [`Writer`]): a thread holding the main interpreter's GIL changes them
-//! without locked instructions (see [`crate::hooks::tally`]).
+//! Hooks run on every allocating thread, and RAW-domain ones may run without the GIL, so the table
+//! is a lock-sharded map (dashmap): a hook takes exactly one shard lock. Shard locks are only ever
+//! taken through [`write`] and [`read`], which never park the waiting thread (see
+//! [`crate::platform::nopark`]: the fork handlers hold every shard lock across `fork()`), never
+//! through dashmap's own `write()`/`read()` or the map's methods that lock shards. The totals are
+//! updated while that shard lock is held, and [`TraceTable::clear`] holds every shard lock while it
+//! empties the map and zeroes the totals; together that keeps "current == sum of the live traces'
+//! sizes" exact whenever no hook is half-way through. Every change to the totals says who makes it
+//! (a [`Writer`]): a thread holding the main interpreter's GIL changes them without locked
+//! instructions (see [`crate::hooks::tally`]).
 //!
 //! Beside the totals, per-traceback counters remember what each traceback held at the peak
 //! (see [`crate::hooks::peak`]); [`TraceTable::account`] is the one place a trace's size enters or
@@ -1085,8 +1085,8 @@ impl TraceTable {
 
     /// Takes every shard's write lock and keeps it: called just before `fork()` so that the
     /// child never inherits a lock held by a thread that does not exist there. Threads that
-    /// want a shard meanwhile wait without parking (see [`crate::platform::nopark`]), so releasing the
-    /// locks after `fork()` needs nothing from `parking_lot_core`.
+    /// want a shard meanwhile wait without parking (see [`crate::platform::nopark`]), so
+    /// releasing the locks after `fork()` needs nothing from `parking_lot_core`.
     pub fn lock_all(&self) {
         for shard in self.map.shards() {
             std::mem::forget(write(shard));

@@ -1,5 +1,6 @@
-//! Platform helpers: the process and the operating system, with no tracer state. Nothing here
-//! imports another layer, so the hooks, the snapshot code and the analysis may all use them.
+//! Platform helpers: the process and the operating system, with no tracer state. Nothing here (its
+//! tests aside) imports another layer, so the hooks, the snapshot code and the analysis may all use
+//! them.
 
 pub mod allocator;
 pub mod fallible;
