@@ -1,55 +1,33 @@
 //! alloctrace: a fast, drop-in replacement for CPython's `tracemalloc`.
 //!
-//! Layout, one module per job:
-//! - [`hooks`]: the PEP 445 allocator hooks (the hot path) and their installation.
-//! - [`capture`]: reading the Python stack from a hook, one file per CPython version.
-//! - [`sampler`]: the per-thread byte countdown of sampled mode.
-//! - [`freelist`]: re-attributing objects CPython reuses from its free lists.
-//! - [`table`]: the live-trace table, keyed by block address, and the memory counters.
-//! - [`intern`]: traceback interning and the lazy (code, offset) → line resolution.
-//! - [`tracked`]: blocks extensions report with `PyTraceMalloc_Track`, in their domains.
-//! - [`alongside`]: the standard `tracemalloc` started while alloctrace traces.
-//! - [`memory_limit`]: noticing that traced memory or RSS crossed `ALLOCTRACE_MEMORY_LIMIT`.
-//! - [`native`]: extensions' own `malloc`/`mmap` calls, in the native domain (opt-in).
-//! - [`machine`]: the (hashed) machine id snapshots record, so readers know where they came from.
-//! - [`process_memory`]: the process's RSS as the kernel splits it, beside the traced total.
-//! - [`sigterm_retry`]: sends SIGTERM again until the exit-dump handler has run.
-//! - [`bootstrap_page`]: unmaps the page `alloctrace attach` ran its lines from.
-//! - [`tracer`]: start/stop/clear and snapshots of the live state, tying the above together.
-//! - [`heap`]: the live object graph behind object kinds and retention paths.
-//! - [`allocator`]: the global allocator; a failed small allocation becomes `MemoryError`.
-//! - [`fallible`]: vectors reserved so that running out of memory is `MemoryError`.
-//! - [`analysis`]: snapshots, grouping, diffing, filters and the file format (plain Rust).
+//! Layout, by layer, lowest first: a module imports only from its own layer and the ones
+//! before it (the exceptions, and why, are in `docs/design.md`, "Import circles").
+//! - [`platform`] and [`error`]: the process and the operating system (the global allocator,
+//!   fallible vectors, lock waits across `fork()`, RSS, the machine id, signal dispositions,
+//!   SIGTERM retries, attach's bootstrap page), and the one internal error type.
+//! - [`analysis`]: snapshots, grouping, diffing, filters, the file format and the exports, in
+//!   plain Rust.
+//! - The hook layer, everything an allocator hook runs: [`hooks`] (the PEP 445 hooks, their
+//!   per-thread state, the sampler, the trace table and its counters, young and released
+//!   blocks, traceback interning, the tracer's recording, the standard tracemalloc alongside,
+//!   the memory limit's check), [`capture`] (reading the Python stack, one file per CPython
+//!   version), [`freelist`] (objects reused from free lists), [`native`] (extensions' own
+//!   `malloc`/`mmap`, opt-in) and [`tracked`] (`PyTraceMalloc_Track` domains).
+//!   `hooks::tracer` also holds start/stop/clear and the snapshots of the live state.
+//! - With the GIL, at snapshot time: [`heap`], the live object graph behind object kinds and
+//!   retention paths.
 //! - [`py`]: the pyo3 wrappers; they convert and delegate, nothing more.
 
-pub mod allocator;
-pub mod alongside;
 pub mod analysis;
-pub mod bootstrap_page;
 pub mod capture;
 pub mod error;
-pub mod fallible;
 pub mod freelist;
 pub mod heap;
-pub mod hook_thread;
 pub mod hooks;
-pub mod intern;
-pub mod machine;
-pub mod memory_limit;
 pub mod native;
-pub mod nopark;
-pub mod peak;
-pub mod process_memory;
+pub mod platform;
 pub mod py;
-pub mod released;
-pub mod sampler;
-pub mod signal_disposition;
-pub mod sigterm_retry;
-pub mod table;
-pub mod tally;
-pub mod tracer;
 pub mod tracked;
-pub mod young;
 
 #[global_allocator]
-static ALLOCATOR: allocator::Allocator = allocator::Allocator;
+static ALLOCATOR: platform::allocator::Allocator = platform::allocator::Allocator;

@@ -1,5 +1,5 @@
 """The standard tracemalloc and alloctrace tracing together, whichever started first: both
-trace, each with the answers it gives alone (see src/alongside.rs)."""
+trace, each with the answers it gives alone (see src/hooks/alongside.rs)."""
 
 import contextlib
 import gc

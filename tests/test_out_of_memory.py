@@ -224,7 +224,7 @@ def raising():
 
 def start_alongside():
     # start() with tracemalloc tracing: refused (RuntimeError) while _testcapi's hooks sit
-    # over tracemalloc's, after looking at tracemalloc (see src/alongside.rs).
+    # over tracemalloc's, after looking at tracemalloc (see src/hooks/alongside.rs).
     try:
         alloctrace.start()
     finally:

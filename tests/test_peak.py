@@ -1,6 +1,6 @@
 """take_snapshot(peak=True): what was alive when the traced memory peaked, and dumps carrying
 the peak. The per-traceback bookkeeping is checked against a brute-force replay in the Rust
-unit tests (src/table.rs); these tests check it end to end on real allocations."""
+unit tests (src/hooks/table.rs); these tests check it end to end on real allocations."""
 
 import json
 import pathlib

@@ -578,7 +578,7 @@ def test_alloc_counts_keep_their_tracebacks_until_pushed(tmp_path):
     allocate and free one block, sweeps run (snapshots, get_traced_memory), and the next
     profile still names every one of them, with its own count. (Without waiting counts, the
     sweeps leave under a thousand of them: see the run without a pusher below. That they are
-    freed once taken is checked in src/peak.rs's tests.)"""
+    freed once taken is checked in src/hooks/peak.rs's tests.)"""
     code = textwrap.dedent(
         """
         import gc, sys, alloctrace

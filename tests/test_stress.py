@@ -238,7 +238,7 @@ def test_c_threads_without_thread_state_allocate_in_raw_domain():
 @pytest.mark.parametrize("static_tls", ["default", "no reserve"])
 def test_threads_running_before_the_import_get_hook_state_of_their_own(static_tls):
     # The hooks' per-thread state is a thread-local reached through a TLS descriptor (see
-    # src/hook_thread.rs): the loader places it in its static TLS reserve when that has room,
+    # src/hooks/hook_thread.rs): the loader places it in its static TLS reserve when that has room,
     # as it usually has, and otherwise takes a slower path, which the glibc tunable forces
     # here. Either way threads already running when the module is loaded, Python threads and
     # C threads alike, must each find a zeroed state of their own: a shared one would leave

@@ -209,7 +209,9 @@ def start(
             sample_interval = _push.DEFAULT_SAMPLE_INTERVAL
     limit = None
     if memory_limit is not None or memory_limit_dump is not None:
-        limit = _memory_limit.start_in_code(memory_limit, memory_limit_dump)
+        from alloctrace import _startup
+
+        limit = _startup.memory_limit_in_code(memory_limit, memory_limit_dump)
         if is_tracing():
             raise RuntimeError("memory_limit cannot be set while tracing: call stop() first")
     elif not is_tracing():
@@ -471,7 +473,7 @@ def _trace_alongside_tracemalloc() -> None:
     tables through them; ``tracemalloc.stop()`` puts them back. Called bare, it would wrap
     alloctrace's hooks, which would then count tracemalloc's tables as the program's. So the
     two functions are wrapped: around the standard ones, the native module moves its hooks
-    above tracemalloc's, and back (see ``src/alongside.rs``). Both tracers then give the
+    above tracemalloc's, and back (see ``src/hooks/alongside.rs``). Both tracers then give the
     answers each gives alone.
     """
     import _tracemalloc

@@ -11,7 +11,7 @@ The setting is a comma-separated list of at most one traced and one resident lim
     of its cgroup (:func:`cgroup_memory_limit`). Where the cgroup sets no limit, a line on
     stderr says so and resident memory is not watched; the program runs as usual.
 
-SIZE is a byte count as :func:`alloctrace._startup.parse_size` reads them (``512MiB``,
+SIZE is a byte count as :func:`alloctrace._settings.parse_size` reads them (``512MiB``,
 ``2g``...). Traced memory is what the program's allocations hold; RSS also counts the
 allocators' caches, the interpreter, libraries and untraced memory, and is what the OOM killer
 and cgroup limits count (a cgroup also counts its page cache and other processes).
@@ -28,6 +28,8 @@ also writes that snapshot, if no limit wrote it first.
 from __future__ import annotations
 
 import os
+
+from alloctrace._settings import MAX_SIZE, ConfigError, _shown, _warn, parse_size
 
 ENV_MEMORY_LIMIT = "ALLOCTRACE_MEMORY_LIMIT"
 
@@ -71,10 +73,8 @@ class MemoryLimit:
 
 
 def parse_memory_limit(value: str, source: str = ENV_MEMORY_LIMIT) -> MemoryLimit:
-    """Parse a memory-limit setting; raise :class:`alloctrace._startup.ConfigError` naming
+    """Parse a memory-limit setting; raise :class:`alloctrace._settings.ConfigError` naming
     *source* and the accepted forms for anything else."""
-    from alloctrace._startup import MAX_SIZE, ConfigError, _shown, parse_size
-
     shown = f"{source}={_shown(value)}" if source.isupper() else f"{source} {_shown(value)}"
     limit = MemoryLimit(text=value.strip())
     for item in value.split(","):
@@ -292,7 +292,6 @@ class LimitDump:
         """Make this the limit in force: start its watcher (stopping the previous one) and
         install the exception hooks and fork handler if they are not yet."""
         global _active
-        from alloctrace._startup import _warn
 
         traced, rss, note = resolve(self.limit, setting=self.setting)
         if note is not None:
@@ -315,7 +314,6 @@ class LimitDump:
     def dump(self, reason: str) -> None:
         """Write the snapshot for *reason*, unless one was written already or tracing is off."""
         from alloctrace import _native
-        from alloctrace._startup import _warn
 
         with self._lock:
             if self._done or not _native.is_tracing():
@@ -404,52 +402,3 @@ def _install_hooks() -> None:
     atexit.register(at_exit)
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=after_fork_in_child)
-
-
-def start_in_code(memory_limit, dump) -> LimitDump:
-    """Check ``start(memory_limit=..., memory_limit_dump=...)``: a :class:`LimitDump` to
-    :meth:`~LimitDump.install` once tracing runs, writing to *dump* (``{pid}`` and ``{time}``
-    replaced). Raise :exc:`TypeError` or :exc:`ValueError` naming the bad argument."""
-    from alloctrace._startup import (
-        MAX_SIZE,
-        ConfigError,
-        Dumper,
-        check_path_template,
-        expand_path,
-    )
-
-    if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, str)):
-        raise TypeError(
-            f"memory_limit must be an int (bytes of traced memory) or a str, not "
-            f"{type(memory_limit).__name__}"
-        )
-    if not isinstance(dump, (str, os.PathLike)):
-        raise TypeError(
-            "memory_limit needs memory_limit_dump, the path of the snapshot (a str or "
-            f"os.PathLike, not {type(dump).__name__})"
-        )
-    dump = os.fspath(dump)
-    if isinstance(memory_limit, int):
-        if memory_limit <= 0:
-            raise ValueError(f"memory_limit must be a number of bytes > 0, not {memory_limit}")
-        if memory_limit > MAX_SIZE:
-            # str() of a huge int is itself refused (the digit limit): say how big it is.
-            shown = memory_limit if memory_limit.bit_length() <= 256 else "a larger number"
-            raise ValueError(f"memory_limit must be a number of bytes up to 2**64-1, not {shown}")
-        limit = MemoryLimit(traced=memory_limit, text=str(memory_limit))
-    else:
-        try:
-            limit = parse_memory_limit(memory_limit, "memory_limit")
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-    try:
-        check_path_template(dump, "memory_limit_dump")
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    dumper = Dumper(dump, None)
-
-    def write() -> str | None:
-        path = expand_path(dumper.template, pid=os.getpid())
-        return path if dumper._write(path) else None
-
-    return LimitDump(write, limit, f"memory_limit={limit.text!r}")

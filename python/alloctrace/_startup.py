@@ -106,6 +106,8 @@ import string
 import sys
 import time
 
+from alloctrace._settings import MAX_SIZE, ConfigError, _shown, _warn, parse_size
+
 #: The largest traceback depth :func:`alloctrace.start` accepts, as for tracemalloc.
 MAX_NFRAME = 65535
 
@@ -143,49 +145,15 @@ MIN_INTERVAL = 0.1
 #: the interval thread's timer (``threading.TIMEOUT_MAX``), and would never come anyway.
 MAX_INTERVAL = 365 * 24 * 3600
 
-#: The largest byte count a size setting can name (a limit is kept in 64 bits).
-MAX_SIZE = (1 << 64) - 1
-
 #: Once a SIGTERM's handler has started writing the exit snapshot, the process dies of
 #: SIGTERM this many seconds later at the latest (the snapshot may be waiting on something
 #: that never comes); a handler that never starts is given about 5 s.
 SIGTERM_DUMP_SECONDS = 30.0
 
-#: Values shown in an error message are cut to this many characters.
-_SHOWN_MAX = 200
-
 #: The largest sampling interval :func:`alloctrace.start` accepts (1 TiB).
 MAX_SAMPLE_INTERVAL = 1 << 40
 
-#: Size suffixes, all binary: ``k`` and ``KB`` mean KiB, as in allocator settings.
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 1 << 10,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mb": 1 << 20,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gb": 1 << 30,
-    "gib": 1 << 30,
-    "t": 1 << 40,
-    "tb": 1 << 40,
-    "tib": 1 << 40,
-    "p": 1 << 50,
-    "pb": 1 << 50,
-    "pib": 1 << 50,
-    "e": 1 << 60,
-    "eb": 1 << 60,
-    "eib": 1 << 60,
-}
-
 _PLACEHOLDERS = ("pid", "time", "n")
-
-
-class ConfigError(ValueError):
-    """An ALLOCTRACE variable or ``-X alloctrace`` option has a value we cannot use."""
 
 
 class Config:
@@ -241,12 +209,6 @@ class Config:
             f"reattribute={self.reattribute!r}, capture={self.capture!r}, "
             f"capture_keep={self.capture_keep!r})"
         )
-
-
-def _shown(value: str) -> str:
-    """*value*'s repr for an error line, cut short if it is long."""
-    text = repr(value)
-    return text if len(text) <= _SHOWN_MAX else text[: _SHOWN_MAX - 5] + "...'"
 
 
 def _decimal(value: str) -> int | None:
@@ -395,37 +357,6 @@ def parse_interval(value: str) -> float:
             f"least {MIN_INTERVAL} and at most {MAX_INTERVAL} (365 days)"
         )
     return seconds
-
-
-def parse_size(value: str) -> int | None:
-    """Parse a byte count such as ``524288``, ``512KiB``, ``512k``, ``2MiB`` or ``1.5 MB``.
-
-    Units are case-insensitive and binary (``k``, ``KB`` and ``KiB`` all mean 1024 bytes;
-    ``m``, ``g``, ``t``, ``p`` and ``e`` likewise); a fraction is rounded to whole bytes, so
-    that equal amounts give equal counts however written (``1TiB``, ``1024GiB``). Return
-    ``None`` if *value* is not such a count; callers check the range.
-    """
-    text = value.strip()
-    number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").rstrip()
-    unit = text[len(number) :].strip().lower()
-    if (
-        unit not in _SIZE_UNITS
-        or not number
-        or not number.isascii()
-        or not all(c.isdigit() or c == "." for c in number)
-    ):
-        return None
-    if len(number) > 60 or number.count(".") > 1:
-        # 2**64 has 20 digits: longer is out of every range, and int() has a digit limit.
-        return None
-    if "." not in number:
-        return int(number, 10) * _SIZE_UNITS[unit]
-    if number == ".":
-        return None
-    from fractions import Fraction
-
-    # Exact, as a float would not be: 18446744073709551615.0 is 2**64-1, not 2**64.
-    return round(Fraction(number) * _SIZE_UNITS[unit])
 
 
 def parse_sample_interval(value: str, source: str = ENV_SAMPLE_INTERVAL) -> int:
@@ -622,15 +553,6 @@ def read_config(environ, xoptions, ignore_environment: bool) -> Config:
         capture,
         capture_keep,
     )
-
-
-def _warn(message: str) -> None:
-    try:
-        sys.stderr.write(f"alloctrace: {message}\n")
-        sys.stderr.flush()
-    except Exception:
-        # stderr closed or broken: there is no one left to tell.
-        pass
 
 
 def _own_code_filter(alloctrace) -> list:
@@ -1302,3 +1224,48 @@ def install() -> None:
                 LimitDump(dumper.dump_numbered, memory_limit, setting).install()
         finally:
             alloctrace.enable()
+
+
+def memory_limit_in_code(memory_limit, dump):
+    """Check ``start(memory_limit=..., memory_limit_dump=...)``: a
+    :class:`~alloctrace._memory_limit.LimitDump` to install once tracing runs, writing to
+    *dump* (``{pid}`` and ``{time}`` replaced). Raise :exc:`TypeError` or :exc:`ValueError`
+    naming the bad argument. Here, not in :mod:`alloctrace._memory_limit`, because it needs the
+    dump machinery (:class:`Dumper`), and that module is below this one."""
+    from alloctrace._memory_limit import LimitDump, MemoryLimit, parse_memory_limit
+
+    if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, str)):
+        raise TypeError(
+            f"memory_limit must be an int (bytes of traced memory) or a str, not "
+            f"{type(memory_limit).__name__}"
+        )
+    if not isinstance(dump, (str, os.PathLike)):
+        raise TypeError(
+            "memory_limit needs memory_limit_dump, the path of the snapshot (a str or "
+            f"os.PathLike, not {type(dump).__name__})"
+        )
+    dump = os.fspath(dump)
+    if isinstance(memory_limit, int):
+        if memory_limit <= 0:
+            raise ValueError(f"memory_limit must be a number of bytes > 0, not {memory_limit}")
+        if memory_limit > MAX_SIZE:
+            # str() of a huge int is itself refused (the digit limit): say how big it is.
+            shown = memory_limit if memory_limit.bit_length() <= 256 else "a larger number"
+            raise ValueError(f"memory_limit must be a number of bytes up to 2**64-1, not {shown}")
+        limit = MemoryLimit(traced=memory_limit, text=str(memory_limit))
+    else:
+        try:
+            limit = parse_memory_limit(memory_limit, "memory_limit")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    try:
+        check_path_template(dump, "memory_limit_dump")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    dumper = Dumper(dump, None)
+
+    def write() -> str | None:
+        path = expand_path(dumper.template, pid=os.getpid())
+        return path if dumper._write(path) else None
+
+    return LimitDump(write, limit, f"memory_limit={limit.text!r}")

@@ -25,7 +25,7 @@ use prost::Message;
 use crate::analysis::sampling::count_from_units;
 use crate::analysis::snapshot::{FrameId, Function, FunctionId, Snapshot, TracebackId};
 use crate::error::{Error, Result};
-use crate::fallible;
+use crate::platform::fallible;
 
 /// The messages of google/pprof's `proto/profile.proto` that a heap profile uses, with the
 /// same field numbers. String fields are indexes into `string_table`.

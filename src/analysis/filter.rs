@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 
 use crate::analysis::snapshot::{Kinds, SiteRetention, Snapshot, SnapshotBuilder};
 use crate::error::{Error, Result};
-use crate::fallible;
+use crate::platform::fallible;
 
 /// One filter, as `tracemalloc.Filter` / `tracemalloc.DomainFilter` describe it.
 #[derive(Clone, Debug, PartialEq)]
@@ -149,7 +149,7 @@ fn normalize_pyc(name: &[u8]) -> &[u8] {
 /// skipped (the pattern is compiled uncached). A forked child inherits the lock as it was at
 /// the fork, held by a thread that does not exist there if one was inside; waiting for it
 /// would hang the child's first filter, and parking on it would leave `parking_lot_core`
-/// state behind (see [`crate::nopark`]).
+/// state behind (see [`crate::platform::nopark`]).
 static PATTERN_CACHE: Mutex<Option<HashMap<Vec<u8>, Arc<Pattern>>>> = Mutex::new(None);
 const PATTERN_CACHE_MAX: usize = 256;
 

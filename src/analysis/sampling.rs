@@ -1,7 +1,7 @@
 //! Estimates from a sampled snapshot: how much memory and how many blocks the sampled traces
 //! stand for.
 //!
-//! The tracer samples by bytes (see `crate::sampler`): every byte of a request is a sampling
+//! The tracer samples by bytes (see `crate::hooks::sampler`): every byte of a request is a sampling
 //! point with probability 1/R, and a request of `size` bytes is charged `size + 1` (so that
 //! zero-byte requests can be sampled too). A block is therefore sampled with probability
 //! `p = 1 - exp(-(size + 1) / R)`, independently of every other block, and weighting each

@@ -6,8 +6,8 @@
 //! trace. Ids are indexes into the snapshot's own tables; they mean nothing across snapshots,
 //! so anything comparing two snapshots compares resolved contents (filename bytes, line).
 
-use crate::fallible;
-use crate::process_memory::ProcessMemory;
+use crate::platform::fallible;
+use crate::platform::process_memory::ProcessMemory;
 use serde::{Deserialize, Serialize};
 
 use crate::analysis::sampling::{Weights, COUNT_SCALE};
@@ -150,7 +150,7 @@ pub struct Metadata {
     /// The machine it was taken on (file section 14); `None` for hand-built snapshots and
     /// files written before it was recorded. Decides whether readers show source lines.
     #[serde(default)]
-    pub machine: Option<crate::machine::Machine>,
+    pub machine: Option<crate::platform::machine::Machine>,
 }
 
 /// An immutable snapshot. Built once (by [`SnapshotBuilder`]), then only read.

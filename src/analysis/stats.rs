@@ -19,7 +19,7 @@ use std::cmp::Ordering;
 use crate::analysis::sampling::{count_from_units, Weights};
 use crate::analysis::snapshot::{FilenameId, FrameId, Snapshot, TracebackId};
 use crate::error::{Error, Result};
-use crate::fallible;
+use crate::platform::fallible;
 
 /// What statistics are grouped by, as `tracemalloc`'s `key_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

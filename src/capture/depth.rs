@@ -124,7 +124,7 @@ impl Counter {
     pub unsafe fn read(tstate: *mut ffi::PyThreadState) -> Counter {
         use super::layout;
         #[cfg(Py_3_13)]
-        if layout::TIER2 || crate::sampler::interval().is_some() {
+        if layout::TIER2 || crate::hooks::sampler::interval().is_some() {
             return Counter::NONE;
         }
         if !TRUSTED.load(Relaxed) {

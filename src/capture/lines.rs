@@ -4,7 +4,7 @@
 //! offsets of a code object whose table has n entries costs about k·n/2 steps. That is
 //! quadratic where it matters most: a module's top-level code object allocates at nearly
 //! every statement and dies after the import, and when the sweep buries it
-//! ([`crate::intern`]) every offset used needs its line. Importing sympy under tracing spent
+//! ([`crate::hooks::intern`]) every offset used needs its line. Importing sympy under tracing spent
 //! 400 million instructions (16% of the run) there. Given the offsets in ascending order, one
 //! cursor over the table answers them all in about n + k steps.
 //!
@@ -121,7 +121,7 @@ pub unsafe fn by_address_ranges(code: *mut ffi::PyObject, offsets: &[i32], out: 
 /// 3.10+: the code object's line table as runs `(first byte offset, line)`, ascending, each
 /// run's line holding up to the next run's offset; the last run, `(end, -1)`, stands for the
 /// offsets past the table, which `PyCode_Addr2Line` answers with -1. The interner reads this
-/// once per code object to tell which offsets share a line (see [`crate::intern`]). Runs in
+/// once per code object to tell which offsets share a line (see [`crate::hooks::intern`]). Runs in
 /// hooks, so `out` grows only by a fallible reservation made first (a table entry is at least
 /// a byte, so there are at most as many runs as bytes, plus the last); `None` without it.
 ///

@@ -9,13 +9,13 @@
 //!
 //! The walker records raw frames — a code object and a byte offset into its bytecode — and
 //! never computes a line number: that is what makes the standard module slow, and it can wait
-//! until someone looks at a snapshot (see [`crate::intern`]).
+//! until someone looks at a snapshot (see [`crate::hooks::intern`]).
 
 use std::ffi::c_void;
 
 use pyo3::ffi;
 
-use crate::hook_thread::HookThread;
+use crate::hooks::hook_thread::HookThread;
 
 #[allow(dead_code)]
 pub(crate) mod layout {
@@ -144,7 +144,7 @@ pub trait Interpreter {
 
     /// [`Interpreter::walk`] for a thread that released the GIL: the same frames, and the
     /// full depth counted by walking to the bottom, without the per-thread or per-frame depth
-    /// caches that only a GIL holder may touch (see [`crate::released`]).
+    /// caches that only a GIL holder may touch (see [`crate::hooks::released`]).
     ///
     /// # Safety
     /// `tstate` is this thread's own state ([`this_thread_state`]), which this thread is not
@@ -338,7 +338,7 @@ pub unsafe fn finalizing() -> bool {
 }
 
 /// A frame resolved where it was walked, by a thread without the GIL: what a snapshot shows
-/// for it, so that it no longer depends on its code object (see [`crate::released`]).
+/// for it, so that it no longer depends on its code object (see [`crate::hooks::released`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LocatedFrame {
     pub filename: Box<[u8]>,

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use pyo3::ffi;
 
 #[cfg(Py_3_12)]
-use crate::hook_thread::HookThread;
+use crate::hooks::hook_thread::HookThread;
 
 /// A thread's `HookThread::tstate_slot` before its first look-up.
 pub(crate) const NOT_LOOKED_UP: usize = 0;

@@ -4,7 +4,7 @@
 use pyo3::ffi;
 
 use super::{Interpreter, RawFrame};
-use crate::hook_thread::HookThread;
+use crate::hooks::hook_thread::HookThread;
 
 pub struct Python310;
 

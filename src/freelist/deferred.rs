@@ -12,7 +12,7 @@
 //! - before traces are read ([`settle`]: snapshots, `get_object_traceback`, the per-line
 //!   object sites), and before the peak is reset;
 //! - before a thread holding the GIL records a block that may make a new peak
-//!   ([`before_insert`]), so that the per-traceback values at the peak (see [`crate::peak`])
+//!   ([`before_insert`]), so that the per-traceback values at the peak (see [`crate::hooks::peak`])
 //!   include every re-attribution made before it;
 //! - never after the traces were cleared: [`discard`] empties the slots with the table.
 //!
@@ -29,13 +29,13 @@
 //! relaxed, without read-modify-write. A peak made by a thread without the GIL (RAW-domain or
 //! native allocations) may come while re-attributions wait: those blocks are then counted under
 //! their older tracebacks in `take_snapshot(peak=True)`, like the blocks in flight on other
-//! threads that [`crate::peak`] already describes; the peak total is exact.
+//! threads that [`crate::hooks::peak`] already describes; the peak total is exact.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
 
-use crate::table::{TraceTable, TracebackId};
-use crate::tally::Writer;
-use crate::tracer::{table, GilCell};
+use crate::hooks::table::{TraceTable, TracebackId};
+use crate::hooks::tally::Writer;
+use crate::hooks::tracer::{table, GilCell};
 
 /// Slots, 8 KiB: the blocks a hot loop cycles through (CPython 3.11 keeps at most 100 floats
 /// on its free list) land in different slots most of the time.
@@ -58,7 +58,7 @@ static WAITING: [Slot; SLOTS] = [EMPTY; SLOTS];
 /// The re-attribution a slot gave up last, written into the table only when the next one is
 /// given up (or when all are settled): the table's lines for its block, asked for by
 /// [`prefetch_evictee`] before the stack walk that preceded its eviction, then have until the
-/// next eviction to arrive (as [`crate::young`]'s pending block). Found by [`take`] as the
+/// next eviction to arrive (as [`crate::hooks::young`]'s pending block). Found by [`take`] as the
 /// slots are.
 static PENDING: Slot = EMPTY;
 
@@ -90,7 +90,7 @@ pub const MEMORY_USAGE: usize =
     std::mem::size_of::<[Slot; SLOTS + 1]>() + std::mem::size_of::<Filled>();
 
 /// Writes one waiting re-attribution into the table, or into the block's slot among the
-/// [`crate::young`] blocks if it waits there. A block no longer traced (freed, or never
+/// [`crate::hooks::young`] blocks if it waits there. A block no longer traced (freed, or never
 /// traced) is left alone.
 ///
 /// # Safety
@@ -98,7 +98,7 @@ pub const MEMORY_USAGE: usize =
 #[inline(always)]
 unsafe fn apply(block: usize, traceback: TracebackId) {
     let table = table();
-    if let Err(retrace) = crate::young::retrace(table, block, |_| Some(traceback)) {
+    if let Err(retrace) = crate::hooks::young::retrace(table, block, |_| Some(traceback)) {
         // SAFETY: the main interpreter's GIL is held (this function's contract).
         table.retrace(block, Writer::holding_main_gil(), retrace);
     }
@@ -243,7 +243,7 @@ pub fn take(address: usize) -> Option<TracebackId> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::Trace;
+    use crate::hooks::table::Trace;
 
     /// A re-attribution reaches the table when its slot is wanted twice over (once to become
     /// the pending one, once to be written) or at a settle, never twice and never after its

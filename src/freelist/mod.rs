@@ -84,11 +84,11 @@ fn claim_just_allocated(block: usize) -> bool {
 /// `op` is the object being initialised: its type is set, and the GIL is held.
 #[inline(always)]
 unsafe fn on_new_object(op: *mut ffi::PyObject) -> c_int {
-    if !crate::tracer::is_tracing() {
+    if !crate::hooks::tracer::is_tracing() {
         return 0;
     }
     let block = Current::object_block(op);
-    if claim_just_allocated(block) || !crate::tracer::may_be_reused_traced(block) {
+    if claim_just_allocated(block) || !crate::hooks::tracer::may_be_reused_traced(block) {
         return 0;
     }
     reused(block)
@@ -97,7 +97,7 @@ unsafe fn on_new_object(op: *mut ffi::PyObject) -> c_int {
 /// The part of [`on_new_object`] for a block that may be traced, out of line.
 #[inline(never)]
 unsafe fn reused(block: usize) -> c_int {
-    crate::tracer::on_reused_block(block);
+    crate::hooks::tracer::on_reused_block(block);
     0
 }
 
@@ -119,7 +119,7 @@ pub unsafe fn uninstall() {
     active::uninstall()
 }
 
-/// The standard tracemalloc started or stopped alongside (see [`crate::alongside`]): on 3.13
+/// The standard tracemalloc started or stopped alongside (see [`crate::hooks::alongside`]): on 3.13
 /// it took the `PyRefTracer` slot for its own tracer, or emptied it, and ours goes back in,
 /// chained to whatever the slot holds now. On 3.9–3.12 nothing moved: the patched call
 /// forwards to the standard module by itself while its flag is set.

@@ -12,8 +12,8 @@
 
 use std::collections::HashMap;
 
-use crate::fallible;
-use crate::table::BuildAddressHasher;
+use crate::hooks::table::BuildAddressHasher;
+use crate::platform::fallible;
 
 /// Addresses are keys of the hottest maps here; the trace table's hasher suits them.
 type AddrMap = HashMap<usize, NodeId, BuildAddressHasher>;

@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use super::graph::HeapGraph;
 use crate::analysis::snapshot::{Kinds, RAW_KIND};
 use crate::error::Result;
-use crate::fallible;
-use crate::table::BuildAddressHasher;
+use crate::hooks::table::BuildAddressHasher;
+use crate::platform::fallible;
 
 /// The kind of each block in `addresses` (in order), by what `graph` found at that address.
 pub fn kinds_of(graph: &HeapGraph, addresses: &[usize]) -> Result<Kinds> {

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use super::graph::{HeapGraph, NodeId};
 use crate::error::Result;
-use crate::fallible;
+use crate::platform::fallible;
 
 /// Marks a node no root reaches (distance) or a node without parent.
 pub const NONE: u32 = u32::MAX;

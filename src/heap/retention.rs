@@ -39,7 +39,7 @@ impl Analysis {
         extra: &[*mut ffi::PyObject],
     ) -> Result<Self> {
         let all: Vec<*mut ffi::PyObject> = roots.iter().chain(extra).copied().collect();
-        let graph = walk(py, &all, crate::tracer::traced_size)?;
+        let graph = walk(py, &all, crate::hooks::tracer::traced_size)?;
         let nodes = |ptrs: &[*mut ffi::PyObject]| -> Vec<NodeId> {
             ptrs.iter()
                 .filter_map(|&p| graph.node_of(p as usize))

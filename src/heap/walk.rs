@@ -31,8 +31,8 @@ use pyo3::Python;
 use super::graph::{Buffer, GraphBuilder, HeapGraph, NodeId, NO_NODE};
 use crate::capture::{Current, Interpreter};
 use crate::error::{Error, Result};
-use crate::fallible;
-use crate::table::BuildAddressHasher;
+use crate::hooks::table::BuildAddressHasher;
+use crate::platform::fallible;
 
 #[allow(dead_code)]
 mod layout {

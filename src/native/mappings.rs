@@ -12,7 +12,7 @@
 //! recorded under its own first address, with the mapping's traceback and its own size.
 //!
 //! The lock is a leaf: nothing is called while it is held but the allocator, and it is taken
-//! without parking and held across `fork()` (see [`crate::nopark`]), so that a child never
+//! without parking and held across `fork()` (see [`crate::platform::nopark`]), so that a child never
 //! inherits it locked by a thread that does not exist there.
 
 use std::collections::BTreeMap;
@@ -114,12 +114,12 @@ pub fn lock() -> MutexGuard<'static, Ranges> {
         // SAFETY: the handlers only take and release a process-lifetime lock.
         unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
     });
-    crate::nopark::acquire(|| MAPPINGS.try_lock())
+    crate::platform::nopark::acquire(|| MAPPINGS.try_lock())
 }
 
 extern "C" fn before_fork() {
     // Released by `after_fork` in the parent and the child, on this same thread.
-    std::mem::forget(crate::nopark::acquire(|| MAPPINGS.try_lock()));
+    std::mem::forget(crate::platform::nopark::acquire(|| MAPPINGS.try_lock()));
 }
 
 extern "C" fn after_fork() {

@@ -26,7 +26,7 @@
 //! change together.
 //!
 //! Each hook calls the real function (through alloctrace's own, never rewritten, slots), then
-//! records the block in the main trace table under [`crate::tracer::native_key`] (its address
+//! records the block in the main trace table under [`crate::hooks::tracer::native_key`] (its address
 //! with the low bit set): the same shard locks, totals, peak and snapshots as the PEP 445
 //! hooks, one shard lock per call. Blocks are forgotten before they are freed, as in the
 //! PEP 445 hooks, so that a concurrent allocation reusing the address is never lost. Blocks
@@ -45,9 +45,9 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crate::error::Result;
-use crate::sampler::Scope;
-use crate::table::Trace;
-use crate::tracer;
+use crate::hooks::sampler::Scope;
+use crate::hooks::table::Trace;
+use crate::hooks::tracer;
 use crate::tracked::got;
 
 pub mod mappings;
@@ -76,7 +76,7 @@ pub fn enabled() -> bool {
 }
 
 /// Set before the slots are redirected and cleared after they are restored (see
-/// [`crate::tracer::start`]).
+/// [`crate::hooks::tracer::start`]).
 pub fn set_enabled(on: bool) {
     ENABLED.store(on, Relaxed);
 }

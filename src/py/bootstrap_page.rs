@@ -1,9 +1,9 @@
 //! `_native._release_bootstrap_page()`: the bootstrap lines of `alloctrace attach` give back
-//! the page they were queued from (see [`crate::bootstrap_page`]).
+//! the page they were queued from (see [`crate::platform::bootstrap_page`]).
 
 use pyo3::prelude::*;
 
-use crate::bootstrap_page;
+use crate::platform::bootstrap_page;
 
 /// Unmaps the page at `address` of `size` bytes if it is an anonymous read-write page whose
 /// text starts with `prefix`; returns whether it did.

@@ -15,7 +15,7 @@ fn _heap_census<'py>(
     roots: Vec<Bound<'py, PyAny>>,
 ) -> PyResult<(usize, usize, Bound<'py, PyDict>, Bound<'py, PyDict>)> {
     let raw: Vec<_> = roots.iter().map(Bound::as_ptr).collect();
-    let graph = walk::walk(py, &raw, crate::tracer::traced_size)?;
+    let graph = walk::walk(py, &raw, crate::hooks::tracer::traced_size)?;
     let mut per_type = vec![(0u64, 0u64); graph.type_names().len()];
     for node in 0..graph.len() as u32 {
         let entry = &mut per_type[graph.type_id(node) as usize];

@@ -1,10 +1,11 @@
-//! `alloctrace._native`'s side of the memory limit (see [`crate::memory_limit`]): arming the
-//! traced limit and the watcher's check.
+//! `alloctrace._native`'s side of the memory limit (see [`crate::hooks::memory_limit`]):
+//! arming the traced limit and the watcher's check.
 
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 
-use crate::memory_limit::{self, Crossing};
+use crate::hooks::memory_limit::{self, Crossing};
+use crate::hooks::tracer;
 
 /// Sets the traced-memory limit in bytes (`None`: none) and forgets an earlier crossing.
 #[pyfunction]
@@ -18,7 +19,8 @@ fn _memory_limit_arm(traced: Option<u64>) {
 #[pyfunction]
 #[pyo3(signature = (rss))]
 fn _memory_limit_check(rss: Option<u64>) -> PyResult<Option<(&'static str, u64)>> {
-    let crossing = memory_limit::check(rss).map_err(PyOSError::new_err)?;
+    let traced_peak = || tracer::traced_memory().1;
+    let crossing = memory_limit::check(rss, traced_peak).map_err(PyOSError::new_err)?;
     Ok(crossing.map(|c| match c {
         Crossing::Traced(n) => ("traced", n),
         Crossing::Rss(n) => ("rss", n),

@@ -161,8 +161,8 @@ fn fetched(py: Python<'_>) -> PyErr {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The reserve behind `MemoryError` on small allocations (see `allocator`); if it cannot
     // be mapped now, the first guarded operation tries again.
-    crate::allocator::arm();
-    crate::intern::prepare_names(m.py());
+    crate::platform::allocator::arm();
+    crate::hooks::intern::prepare_names(m.py());
     m.add(
         "SnapshotFormatError",
         m.py().get_type::<SnapshotFormatError>(),

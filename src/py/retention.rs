@@ -12,8 +12,8 @@ use pyo3::types::{PyList, PyString, PyTuple};
 
 use crate::heap::paths::{GroupKey, PatternLine};
 use crate::heap::retention::{object_report, site_reports, Analysis};
+use crate::hooks::tracer;
 use crate::py::strings::{bytes_str, str_bytes};
-use crate::tracer;
 
 /// Reference chains as lists of objects.
 type Chains = Vec<Vec<Py<PyAny>>>;
@@ -49,7 +49,7 @@ fn object_retention<'py>(
     obj: Bound<'py, PyAny>,
     limit: usize,
 ) -> PyResult<(Chains, u64, u64, bool)> {
-    crate::allocator::guarded(|| {
+    crate::platform::allocator::guarded(|| {
         let analysis = Analysis::new(py, &ptrs(&roots), primary, &[obj.as_ptr()])?;
         let report = object_report(&analysis, obj.as_ptr() as usize, limit)?.ok_or_else(|| {
             crate::py::error::<pyo3::exceptions::PyRuntimeError>(
@@ -75,7 +75,7 @@ fn site_retention<'py>(
     limit: usize,
     max_lines: usize,
 ) -> PyResult<Bound<'py, PyList>> {
-    crate::allocator::guarded(|| {
+    crate::platform::allocator::guarded(|| {
         let analysis = Analysis::new(py, &ptrs(&roots), primary, &[])?;
         let addrs: Vec<usize> = (0..analysis.graph.len() as u32)
             .map(|n| analysis.graph.addr(n))

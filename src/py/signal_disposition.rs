@@ -1,9 +1,9 @@
 //! `_native._set_signal_disposition()`: the kernel-side half of changing a handler to
-//! `SIG_IGN` or `SIG_DFL` without CPython's race (see [`crate::signal_disposition`]).
+//! `SIG_IGN` or `SIG_DFL` without CPython's race (see [`crate::platform::signal_disposition`]).
 
 use pyo3::prelude::*;
 
-use crate::signal_disposition;
+use crate::platform::signal_disposition;
 
 /// Sets the kernel's action for `signum` to ignore (`ignore=True`) or to the default action;
 /// call `signal.signal` with the same choice right after.

@@ -1,10 +1,10 @@
 //! `_native._sigterm_retry_arm()` and `_native._sigterm_retry_acknowledge()`: the exit-dump
 //! handler's guard against a SIGTERM recorded but never acted on (see
-//! [`crate::sigterm_retry`]).
+//! [`crate::platform::sigterm_retry`]).
 
 use pyo3::prelude::*;
 
-use crate::sigterm_retry;
+use crate::platform::sigterm_retry;
 
 /// Wraps CPython's SIGTERM handler so that the signal is sent again to the main thread until
 /// the Python handler starts. Call from the main thread right after installing the handler.

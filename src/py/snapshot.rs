@@ -14,7 +14,6 @@ use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use crate::allocator;
 use crate::analysis::export;
 use crate::analysis::filter::{
     filename_matches, filter_snapshot, reports_of_kept_sites, FilterSet, FilterSpec,
@@ -24,8 +23,9 @@ use crate::analysis::sampling::MAX_INTERVAL;
 use crate::analysis::snapshot::{FrameId, Snapshot, SnapshotBuilder, TracebackId};
 use crate::analysis::stats::{self, GroupKey, KeyType};
 use crate::error::Error;
-use crate::fallible;
-use crate::machine::{Machine, MAX_HOSTNAME_LEN, MAX_ID_LEN};
+use crate::platform::allocator;
+use crate::platform::fallible;
+use crate::platform::machine::{Machine, MAX_HOSTNAME_LEN, MAX_ID_LEN};
 use crate::py::objects;
 use crate::py::site_reports::{reports_from_py, reports_to_py};
 use crate::py::strings::{bytes_str, str_bytes};
@@ -642,7 +642,7 @@ impl PySnapshotData {
     }
 
     /// `(id, hostname)` of the machine the snapshot was taken on (the id app-specific and
-    /// hashed, see `crate::machine`); None when not recorded.
+    /// hashed, see `crate::platform::machine`); None when not recorded.
     #[getter]
     fn machine(&self) -> Checked<Option<(String, String)>> {
         Checked(
@@ -657,7 +657,7 @@ impl PySnapshotData {
     /// This machine's `(id, hostname)` as snapshots taken here record it, or None.
     #[staticmethod]
     fn this_machine() -> Checked<Option<(String, String)>> {
-        Checked(crate::machine::current().map(|m| (m.id, m.hostname)))
+        Checked(crate::platform::machine::current().map(|m| (m.id, m.hostname)))
     }
 
     /// The sampling interval in bytes of a sampled snapshot, None for an exact one.

@@ -1,19 +1,19 @@
 //! Module functions of `alloctrace._native` for the live tracer. Each one converts arguments,
-//! refuses what tracemalloc refuses, and delegates to [`crate::tracer`].
+//! refuses what tracemalloc refuses, and delegates to [`crate::hooks::tracer`].
 
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyList, PyTuple};
 
 use crate::capture::MAX_NFRAME;
+use crate::hooks::tracer;
+use crate::platform::{allocator, fallible};
 use crate::py::objects;
 use crate::py::snapshot::PySnapshotData;
 use crate::py::Checked;
-use crate::tracer;
-use crate::{allocator, fallible};
 
 /// Whether the standard `tracemalloc` traces: then alloctrace starts beneath and above its
-/// hooks, so that its `stop()` cannot cut ours out of the chain (see [`crate::alongside`]).
+/// hooks, so that its `stop()` cannot cut ours out of the chain (see [`crate::hooks::alongside`]).
 ///
 /// The module is taken from `sys.modules` (the package imports it), not imported:
 /// `PyImport_Import` makes and drops a list, which lands on the list free list just before the
@@ -199,7 +199,7 @@ fn set_traceback_limit(nframe: FrameCount) -> PyResult<()> {
 }
 
 /// Code objects that died since the last reading are released first, so that their memory
-/// is not counted (see `crate::intern`).
+/// is not counted (see `crate::hooks::intern`).
 #[pyfunction]
 fn get_traced_memory(py: Python<'_>) -> Checked<(usize, usize)> {
     tracer::sweep_dead_code(py);
@@ -207,10 +207,10 @@ fn get_traced_memory(py: Python<'_>) -> Checked<(usize, usize)> {
 }
 
 /// `(rss, anon, file, shmem, peak_rss)` of the process now, in bytes (see
-/// `crate::process_memory`); OSError where the kernel's figures cannot be read.
+/// `crate::platform::process_memory`); OSError where the kernel's figures cannot be read.
 #[pyfunction]
 fn get_process_memory() -> PyResult<Checked<crate::py::MemoryFigures>> {
-    let pm = crate::process_memory::ProcessMemory::current()
+    let pm = crate::platform::process_memory::ProcessMemory::current()
         .map_err(pyo3::exceptions::PyOSError::new_err)?;
     Ok(Checked((pm.rss, pm.anon, pm.file, pm.shmem, pm.peak_rss)))
 }
@@ -374,13 +374,13 @@ fn _depth_counter(check_every: Option<u32>) -> (bool, u64, u64) {
 }
 
 /// Called by the package's `tracemalloc.start()` just before the standard one, while
-/// alloctrace traces and tracemalloc does not (see [`crate::alongside`]). RuntimeError if
+/// alloctrace traces and tracemalloc does not (see [`crate::hooks::alongside`]). RuntimeError if
 /// tracemalloc cannot trace alongside.
 #[pyfunction]
 fn _tracemalloc_starting() -> PyResult<()> {
     require_main_interpreter("start")?;
     // SAFETY: the GIL is held.
-    Ok(unsafe { crate::alongside::before_start() }?)
+    Ok(unsafe { crate::hooks::alongside::before_start() }?)
 }
 
 /// Called after the standard `tracemalloc.start()` returned or raised, when
@@ -388,7 +388,7 @@ fn _tracemalloc_starting() -> PyResult<()> {
 #[pyfunction]
 fn _tracemalloc_started() {
     // SAFETY: the GIL is held.
-    unsafe { crate::alongside::after_start() }
+    unsafe { crate::hooks::alongside::after_start() }
 }
 
 /// Called just before the standard `tracemalloc.stop()`; true if `_tracemalloc_stopped()` is
@@ -396,13 +396,13 @@ fn _tracemalloc_started() {
 #[pyfunction]
 fn _tracemalloc_stopping() -> bool {
     // SAFETY: the GIL is held.
-    unsafe { crate::alongside::before_stop() }
+    unsafe { crate::hooks::alongside::before_stop() }
 }
 
 #[pyfunction]
 fn _tracemalloc_stopped() {
     // SAFETY: the GIL is held.
-    unsafe { crate::alongside::after_stop() }
+    unsafe { crate::hooks::alongside::after_stop() }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

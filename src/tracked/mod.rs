@@ -24,7 +24,7 @@
 //! Neither the standard module's tracing flag nor its tables are used. The calls are passed
 //! on to CPython's functions when alloctrace is not tracing (a call racing with `stop()`, or a
 //! slot that could not be restored), and, after our own recording, while the standard module
-//! traces alongside (see [`crate::alongside`]): it keeps working either way.
+//! traces alongside (see [`crate::hooks::alongside`]): it keeps working either way.
 //!
 //! Threads: `Track` takes the GIL as CPython's does (`PyGILState_Ensure`), so the traceback
 //! is the calling thread's Python stack even when the extension had released the GIL, and
@@ -44,8 +44,8 @@ use std::sync::{Once, OnceLock};
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::ffi;
 
-use crate::table::{buckets_for_capacity, Trace, TraceTable};
-use crate::tracer;
+use crate::hooks::table::{buckets_for_capacity, Trace, TraceTable};
+use crate::hooks::tracer;
 
 /// tracemalloc's default domain, where the PEP 445 hooks record.
 const DEFAULT_DOMAIN: u32 = 0;
@@ -67,10 +67,10 @@ fn store() -> MutexGuard<'static, HashMap<(u32, usize), Trace>> {
 }
 
 /// Both locks here are held across `fork()` by [`before_fork`], so they are only ever taken
-/// without parking (see [`crate::nopark`]): a thread parked on one at the fork would make the
+/// without parking (see [`crate::platform::nopark`]): a thread parked on one at the fork would make the
 /// child's release wait for `parking_lot_core` state that a thread of the parent held.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    crate::nopark::acquire(|| mutex.try_lock())
+    crate::platform::nopark::acquire(|| mutex.try_lock())
 }
 
 /// Serialises rewriting (start, stop, and `dlopen` on any thread); `true` while the slots
@@ -98,7 +98,7 @@ unsafe extern "C" fn track_hook(domain: c_uint, ptr: usize, size: usize) -> c_in
         // Not tracing after all: as above.
         None => PyTraceMalloc_Track(domain, ptr, size),
         Some(result) => {
-            if crate::alongside::tracemalloc_traces_too() {
+            if crate::hooks::alongside::tracemalloc_traces_too() {
                 PyTraceMalloc_Track(domain, ptr, size);
             }
             result
@@ -112,7 +112,7 @@ unsafe extern "C" fn untrack_hook(domain: c_uint, ptr: usize) -> c_int {
         return PyTraceMalloc_Untrack(domain, ptr);
     }
     untrack(domain, ptr);
-    if crate::alongside::tracemalloc_traces_too() {
+    if crate::hooks::alongside::tracemalloc_traces_too() {
         PyTraceMalloc_Untrack(domain, ptr);
     }
     0

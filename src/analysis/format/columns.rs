@@ -5,7 +5,7 @@
 use crate::analysis::parallel;
 use crate::analysis::snapshot::{Domains, Trace};
 use crate::error::Result;
-use crate::fallible;
+use crate::platform::fallible;
 
 use super::decode::{bad_traceback, trace_domains, Reader};
 use super::encode::{put_uleb, MAX_ULEB};

@@ -12,9 +12,9 @@ use crate::analysis::snapshot::{
     Traceback,
 };
 use crate::error::Error;
-use crate::fallible;
-use crate::machine::{Machine, MAX_HOSTNAME_LEN, MAX_ID_LEN};
-use crate::process_memory::ProcessMemory;
+use crate::platform::fallible;
+use crate::platform::machine::{Machine, MAX_HOSTNAME_LEN, MAX_ID_LEN};
+use crate::platform::process_memory::ProcessMemory;
 
 use super::columns::{decode_trace_columns, Traces};
 use super::*;

@@ -4,7 +4,7 @@
 use crate::analysis::parallel;
 use crate::analysis::snapshot::Snapshot;
 use crate::error::Result;
-use crate::fallible;
+use crate::platform::fallible;
 
 use super::columns::TraceColumns;
 use super::*;

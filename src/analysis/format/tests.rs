@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::analysis::sampling::MAX_INTERVAL;
 use crate::analysis::snapshot::{Kinds, Metadata, SiteRetention, Snapshot, SnapshotBuilder, Trace};
 use crate::error::Error;
-use crate::process_memory::ProcessMemory;
+use crate::platform::process_memory::ProcessMemory;
 
 use super::columns::{decode_trace_columns, width_code, TraceColumns, COLUMN_BLOCK, WIDTHS};
 use super::decode::MAX_TIMESTAMP;
@@ -1162,7 +1162,7 @@ fn retention_section_hostile_payloads_are_refused() {
 
 fn with_machine() -> (Snapshot, Attributes) {
     let (mut s, attrs) = sample();
-    s.metadata.machine = Some(crate::machine::Machine {
+    s.metadata.machine = Some(crate::platform::machine::Machine {
         id: "0123456789abcdef0123456789abcdef".into(),
         hostname: "build-7.example".into(),
     });

@@ -5,11 +5,11 @@
 //! export paths reserve their per-trace and per-traceback tables through these helpers, so a
 //! failure becomes [`Error::OutOfMemory`] and, at the pyo3 boundary, `MemoryError`.
 
-use crate::allocator;
 use crate::error::{Error, Result};
+use crate::platform::allocator;
 
 /// An empty vector with room for exactly `n` elements. Refused at once while the
-/// allocator's reserve is spent (see [`crate::allocator`]): memory ran out moments ago.
+/// allocator's reserve is spent (see [`crate::platform::allocator`]): memory ran out moments ago.
 pub fn with_capacity<T>(n: usize) -> Result<Vec<T>> {
     check()?;
     let mut v = Vec::new();

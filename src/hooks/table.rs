@@ -1,19 +1,19 @@
 //! The live-trace table: one entry per traced block, keyed by address, and the current and
 //! peak totals.
 //!
-//! Hooks run on every allocating thread, and RAW-domain ones may run without the GIL, so the
-//! table is a lock-sharded map (dashmap): a hook takes exactly one shard lock. Shard locks are
-//! only ever taken through [`write`] and [`read`], which never park the waiting thread (see
-//! [`crate::nopark`]: the fork handlers hold every shard lock across `fork()`), never through
-//! dashmap's own `write()`/`read()` or the map's methods that lock shards. The totals are
-//! updated while that shard lock is held, and [`TraceTable::clear`] holds every shard lock while
-//! it empties the map and zeroes the totals; together that keeps "current == sum of the live
-//! traces' sizes" exact whenever no hook is half-way through. Every change to the totals says
-//! who makes it (a [`Writer`]): a thread holding the main interpreter's GIL changes them
-//! without locked instructions (see [`crate::tally`]).
+//! Hooks run on every allocating thread, and RAW-domain ones may run without the GIL, so the table
+//! is a lock-sharded map (dashmap): a hook takes exactly one shard lock. Shard locks are only ever
+//! taken through [`write`] and [`read`], which never park the waiting thread (see
+//! [`crate::platform::nopark`]: the fork handlers hold every shard lock across `fork()`), never
+//! through dashmap's own `write()`/`read()` or the map's methods that lock shards. The totals are
+//! updated while that shard lock is held, and [`TraceTable::clear`] holds every shard lock while it
+//! empties the map and zeroes the totals; together that keeps "current == sum of the live traces'
+//! sizes" exact whenever no hook is half-way through. Every change to the totals says who makes it
+//! (a [`Writer`]): a thread holding the main interpreter's GIL changes them without locked
+//! instructions (see [`crate::hooks::tally`]).
 //!
 //! Beside the totals, per-traceback counters remember what each traceback held at the peak
-//! (see [`crate::peak`]); [`TraceTable::account`] is the one place a trace's size enters or
+//! (see [`crate::hooks::peak`]); [`TraceTable::account`] is the one place a trace's size enters or
 //! leaves the totals and those counters.
 //!
 //! An entry is 16 bytes (see [`Packed`]): the trace table is most of the tracer's memory, one
@@ -39,14 +39,14 @@ use std::sync::atomic::{
 use std::sync::OnceLock;
 
 use crate::analysis::sampling::{Weights, COUNT_SCALE};
-use crate::nopark;
-use crate::peak::{Counter, PeakCounters, Space};
-use crate::tally::{Peak, Tally, Writer};
+use crate::hooks::peak::{Counter, PeakCounters, Space};
+use crate::hooks::tally::{Peak, Tally, Writer};
+use crate::platform::nopark;
 
 use dashmap::{DashMap, RwLock, RwLockReadGuard, RwLockWriteGuard, SharedValue};
 use hashbrown::HashMap;
 
-/// A shard's write lock, waited for without parking (see [`crate::nopark`]).
+/// A shard's write lock, waited for without parking (see [`crate::platform::nopark`]).
 #[inline(always)]
 fn write<T>(shard: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     nopark::acquire(|| shard.try_write())
@@ -64,13 +64,13 @@ fn shrink_big(big: &mut HashMap<u64, usize, BuildAddressHasher>) {
     }
 }
 
-/// A shard's read lock, waited for without parking (see [`crate::nopark`]).
+/// A shard's read lock, waited for without parking (see [`crate::platform::nopark`]).
 #[inline(always)]
 fn read<T>(shard: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     nopark::acquire(|| shard.try_read())
 }
 
-/// Interned traceback id (see [`crate::intern`]).
+/// Interned traceback id (see [`crate::hooks::intern`]).
 pub type TracebackId = u32;
 
 /// What the table keeps per live block.
@@ -335,7 +335,7 @@ pub struct TraceTable {
     shard_of: [u8; 1 << SHARD_CHOICE_BITS],
     current: Tally,
     peak: Peak,
-    /// Per domain and traceback, bytes and blocks now and at the peak (see [`crate::peak`]).
+    /// Per domain and traceback, bytes and blocks now and at the peak (see [`crate::hooks::peak`]).
     counters: PeakCounters,
     /// The counters' space of native blocks (odd keys, see [`TraceTable::space`]).
     native: Space,
@@ -430,7 +430,7 @@ impl TraceTable {
     }
 
     /// The domain whose counters a key's block is charged to: native blocks are kept under
-    /// their address with the low bit set (`crate::tracer::native_key`), which no block of
+    /// their address with the low bit set (`crate::hooks::tracer::native_key`), which no block of
     /// the PEP 445 allocators has (they are at least 8-byte aligned).
     #[inline(always)]
     fn space(&self, key: usize) -> Space {
@@ -477,7 +477,7 @@ impl TraceTable {
             let now = self.current.add_and_get(bytes, by);
             if self.peak.raise(now, by) {
                 self.counters.new_peak(by);
-                crate::memory_limit::note_peak(now as usize);
+                crate::hooks::memory_limit::note_peak(now as usize);
             }
         } else {
             self.counters
@@ -516,7 +516,7 @@ impl TraceTable {
     }
 
     /// Allocations counted under `from`, the placeholder traceback, of a freed block (see
-    /// [`crate::released`]) go to `to`, or to no traceback (the filters reject its stack).
+    /// [`crate::hooks::released`]) go to `to`, or to no traceback (the filters reject its stack).
     pub fn move_allocated(
         &self,
         native: bool,
@@ -537,7 +537,7 @@ impl TraceTable {
             .move_allocated(space, from, to, bytes, blocks, Writer::ANY);
     }
 
-    /// Starts or stops counting allocations per traceback (see [`crate::peak::Counter`]);
+    /// Starts or stops counting allocations per traceback (see [`crate::hooks::peak::Counter`]);
     /// stopping forgets what was counted. Called with the main interpreter's GIL held.
     pub fn set_counting_allocations(&self, on: bool) {
         self.counting.store(on, Relaxed);
@@ -575,7 +575,7 @@ impl TraceTable {
     }
 
     /// Files a trace that [`TraceTable::charge`] already counted in the totals (a block that
-    /// waited in [`crate::young`]). Returns `false`, leaving the map unchanged, when the map
+    /// waited in [`crate::hooks::young`]). Returns `false`, leaving the map unchanged, when the map
     /// cannot get memory to grow: the caller then takes the charge back.
     #[must_use = "a `false` file is a dropped trace, whose charge is to be taken back"]
     pub fn file_charged(&self, address: usize, trace: Trace, by: Writer) -> bool {
@@ -647,7 +647,7 @@ impl TraceTable {
     }
 
     /// Counts a trace in the totals and its traceback's counter without filing it in the map
-    /// (see [`crate::young`]); `false`, changing nothing, without memory for the counter.
+    /// (see [`crate::hooks::young`]); `false`, changing nothing, without memory for the counter.
     #[inline(always)]
     pub fn charge(&self, address: usize, trace: Trace, by: Writer) -> bool {
         let space = self.space(address);
@@ -776,7 +776,7 @@ impl TraceTable {
     }
 
     /// [`TraceTable::retrace`] for a block whose allocation was counted under its old
-    /// traceback, a placeholder (see [`crate::released`]): the allocation moves with it.
+    /// traceback, a placeholder (see [`crate::hooks::released`]): the allocation moves with it.
     pub fn retrace_allocation(
         &self,
         address: usize,
@@ -818,7 +818,7 @@ impl TraceTable {
 
     /// Moves a live block's charge from `old`'s traceback to `new`, or out of the totals if
     /// `new` is `None`, and says where the block now belongs; the caller (the table's
-    /// [`TraceTable::retrace`], or a slot of [`crate::young`]) stores that. Without memory
+    /// [`TraceTable::retrace`], or a slot of [`crate::hooks::young`]) stores that. Without memory
     /// for the new traceback's counter, the block keeps its traceback.
     #[inline(always)]
     pub fn rehome(
@@ -874,7 +874,7 @@ impl TraceTable {
     /// The one place where traces outside the map meet the table's accounting.
     ///
     /// Returns `false`, changing nothing, if the added trace's counter cannot be had (no
-    /// memory, or [`crate::peak::MAX_DOMAINS`] other domains hold blocks): the caller leaves
+    /// memory, or [`crate::hooks::peak::MAX_DOMAINS`] other domains hold blocks): the caller leaves
     /// that block untraced.
     #[must_use = "a `false` is a trace that was not added, to be counted as dropped"]
     pub fn account_outside(
@@ -1085,8 +1085,8 @@ impl TraceTable {
 
     /// Takes every shard's write lock and keeps it: called just before `fork()` so that the
     /// child never inherits a lock held by a thread that does not exist there. Threads that
-    /// want a shard meanwhile wait without parking (see [`crate::nopark`]), so releasing the
-    /// locks after `fork()` needs nothing from `parking_lot_core`.
+    /// want a shard meanwhile wait without parking (see [`crate::platform::nopark`]), so
+    /// releasing the locks after `fork()` needs nothing from `parking_lot_core`.
     pub fn lock_all(&self) {
         for shard in self.map.shards() {
             std::mem::forget(write(shard));
@@ -1624,7 +1624,7 @@ mod tests {
         let table = TraceTable::new();
         assert!(table.insert(0x1000, t(100, 1), W));
         assert!(table.account_outside(389_047, None, Some(t(5000, 1))));
-        assert!(table.insert(crate::tracer::native_key(0x2000), t(70, 2), W));
+        assert!(table.insert(crate::hooks::tracer::native_key(0x2000), t(70, 2), W));
         let peak = table.at_peak(10);
         table.remove(0x1000, W);
         assert!(table.account_outside(389_047, Some(t(5000, 1)), None));
@@ -1642,13 +1642,16 @@ mod tests {
         // Domains past the limit are refused, changing nothing; known ones still work.
         let taken = 3; // by 0, native's and 389047
         let mut refused = 0;
-        for domain in 1..=crate::peak::MAX_DOMAINS as u32 {
+        for domain in 1..=crate::hooks::peak::MAX_DOMAINS as u32 {
             if !table.account_outside(domain, None, Some(t(1, 3))) {
                 refused += 1;
             }
         }
         assert_eq!(refused, taken);
-        assert_eq!(table.totals().0, 70 + crate::peak::MAX_DOMAINS - taken);
+        assert_eq!(
+            table.totals().0,
+            70 + crate::hooks::peak::MAX_DOMAINS - taken
+        );
         assert!(table.account_outside(389_047, None, Some(t(1, 3))));
         assert!(
             table.account_outside(1_000_000, None, None),
@@ -1659,7 +1662,7 @@ mod tests {
             table.account_outside(1_000_000, None, Some(t(1, 3))),
             "spaces given back"
         );
-        assert!(table.insert(crate::tracer::native_key(0x2000), t(70, 2), W));
+        assert!(table.insert(crate::hooks::tracer::native_key(0x2000), t(70, 2), W));
         assert_eq!(
             table.at_peak(10)[0].0,
             crate::native::DOMAIN,

@@ -40,7 +40,7 @@
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crate::error::{Error, Result};
-use crate::{hooks, sampler, tracer};
+use crate::hooks::{self, sampler, tracer};
 
 /// Set from [`after_start`] to [`after_stop`] (and so left set if tracemalloc is stopped
 /// another way, at interpreter exit: CPython's functions then do nothing).

@@ -7,7 +7,7 @@
 //! memory is short defeats its purpose. Two mechanisms together give the same behaviour:
 //!
 //! - Allocations that grow with the data (tables per trace, per traceback, per frame) are
-//!   reserved fallibly ([`crate::fallible`], `try_reserve`): a failure is an error value.
+//!   reserved fallibly ([`crate::platform::fallible`], `try_reserve`): a failure is an error value.
 //! - The many small allocations around them (a traceback's frames, a file name, a formatted
 //!   message) cannot all be written that way. When one of them fails, the allocator gives up
 //!   a reserve mapped in advance ([`RESERVE`] bytes) and tries again, which succeeds; every

@@ -26,12 +26,12 @@
 //! leaves it alone. Sampled mode does not use the slots: its few recorded blocks gain little.
 //!
 //! The same reasoning lets every charge made from here be a serial one ([`SERIAL`], see
-//! [`crate::tally`]).
+//! [`crate::hooks::tally`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
 
-use crate::table::{neighbourly_index, Rehomed, Trace, TraceTable, TracebackId};
-use crate::tally::Writer;
+use crate::hooks::table::{neighbourly_index, Rehomed, Trace, TraceTable, TracebackId};
+use crate::hooks::tally::Writer;
 
 /// Slots, 4 KiB: enough that the blocks a loop cycles through rarely share one (a loop making
 /// a string, a dict, a list and a tuple per iteration: 1,468, 1,465 and 1,464 million
@@ -84,7 +84,7 @@ const GRANULE_SLOTS: usize = 16;
 /// A block's slot: a 256-byte granule's blocks have neighbouring slots, in address order, and
 /// granules are scattered over the groups of 16 slots. A pool being filled block by block then
 /// takes over a group slot by slot, filing another granule's blocks in address order too, and
-/// the table keeps a granule's entries together (see `AddressHasher` in `crate::table`).
+/// the table keeps a granule's entries together (see `AddressHasher` in `crate::hooks::table`).
 #[inline(always)]
 fn slot_of(block: usize) -> &'static Slot {
     const GROUPS: usize = SLOTS / GRANULE_SLOTS;
@@ -183,7 +183,7 @@ fn find(address: usize) -> Option<&'static Slot> {
 fn file(table: &TraceTable, block: usize, trace: Trace) {
     if !table.file_charged(block, trace, SERIAL) {
         table.discharge(block, trace, SERIAL);
-        crate::tracer::count_dropped();
+        crate::hooks::tracer::count_dropped();
     }
 }
 

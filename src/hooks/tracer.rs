@@ -37,18 +37,18 @@ use crate::analysis::sampling::{count_from_units, MAX_INTERVAL};
 use crate::analysis::snapshot::{FrameId, Metadata, Snapshot, SnapshotBuilder};
 use crate::capture::{self, Current, Interpreter, RawFrame, MAX_NFRAME};
 use crate::error::{Error, Result};
-use crate::fallible;
 use crate::freelist::deferred;
-use crate::hook_thread::{self, HookThread};
 use crate::hooks;
-use crate::intern::{Interner, Resolver, UNKNOWN_TRACEBACK};
-use crate::process_memory::ProcessMemory;
+use crate::hooks::hook_thread::{self, HookThread};
+use crate::hooks::intern::{Interner, Resolver, UNKNOWN_TRACEBACK};
+use crate::hooks::sampler;
+use crate::hooks::table::{Trace, TraceTable, TracebackId};
+use crate::hooks::tally::Writer;
+use crate::hooks::young;
+use crate::platform::fallible;
+use crate::platform::process_memory::ProcessMemory;
 use crate::py::objects;
-use crate::sampler;
-use crate::table::{Trace, TraceTable, TracebackId};
-use crate::tally::Writer;
 use crate::tracked;
-use crate::young;
 
 /// All PEP 445 allocations land in tracemalloc's default domain 0.
 pub const DEFAULT_DOMAIN: u32 = 0;
@@ -127,7 +127,7 @@ static LIMIT: GilCell<usize> = GilCell::new(1);
 ///
 /// Holds this thread's [`HookThread`] so that leaving, and reading the thread state on 3.12
 /// and later ([`Current::gil_thread_state`]), cost no second thread-local lookup (each is a
-/// call into the dynamic loader, see [`crate::hook_thread`]).
+/// call into the dynamic loader, see [`super::hook_thread`]).
 struct ReentrancyGuard(&'static HookThread);
 
 impl ReentrancyGuard {
@@ -199,7 +199,7 @@ unsafe fn current_traceback(
     traceback_of(tstate, domain)
 }
 
-/// [`current_traceback`] on a thread that holds no GIL (see [`crate::released`]): the block
+/// [`current_traceback`] on a thread that holds no GIL (see [`super::released`]): the block
 /// is recorded there under `key` (then `Ok(None)`, nothing left to do), or gets the
 /// `<unknown>` traceback if the thread has no Python frames of the main interpreter.
 ///
@@ -217,21 +217,21 @@ unsafe fn released_traceback(
         deferred::forget(key);
         table().insert(key, Trace { size, traceback }, Writer::ANY)
     };
-    match crate::released::charge(key, native, MAIN_INTERPRETER.load(Relaxed), record) {
-        crate::released::Charge::Recorded | crate::released::Charge::Rejected => Ok(None),
-        crate::released::Charge::Unknown => Ok(unknown_traceback(domain)),
-        crate::released::Charge::OutOfMemory => Err(OutOfMemory),
+    match super::released::charge(key, native, MAIN_INTERPRETER.load(Relaxed), record) {
+        super::released::Charge::Recorded | super::released::Charge::Rejected => Ok(None),
+        super::released::Charge::Unknown => Ok(unknown_traceback(domain)),
+        super::released::Charge::OutOfMemory => Err(OutOfMemory),
     }
 }
 
 /// Moves the blocks that threads without the GIL recorded with a placeholder to their
-/// stacks' tracebacks, interning those stacks (see [`crate::released`]).
+/// stacks' tracebacks, interning those stacks (see [`super::released`]).
 ///
 /// # Safety
 /// The main interpreter's GIL is held, outside any hook, and no borrow of the tracer's cells
 /// is live.
 unsafe fn settle_released() {
-    use crate::released::{self, Interned};
+    use crate::hooks::released::{self, Interned};
     if !released::any_waiting() {
         return;
     }
@@ -404,7 +404,7 @@ pub fn set_trace_filters(specs: &[FilterSpec]) -> Result<()> {
     let filters = unsafe { FILTERS.get() };
     filters.set = (!set.is_empty()).then_some(set);
     filters.generation = filters.generation.wrapping_add(1).max(1);
-    crate::released::forget_verdicts();
+    super::released::forget_verdicts();
     Ok(())
 }
 
@@ -593,7 +593,7 @@ pub fn on_free(address: usize, gil_held: bool) {
 }
 
 /// A block whose trace `removed` was just taken out of the table stops waiting for its
-/// stack's traceback, if it was (see [`crate::released`]): before the block is freed, so
+/// stack's traceback, if it was (see [`super::released`]): before the block is freed, so
 /// that its address cannot go to another block meanwhile.
 #[inline(always)]
 fn forget_released(key: usize, removed: Option<Trace>) {
@@ -602,11 +602,11 @@ fn forget_released(key: usize, removed: Option<Trace>) {
         let allocated = table
             .is_counting_allocations()
             .then(|| table.weighed(trace.size));
-        crate::released::forget(key, allocated);
+        super::released::forget(key, allocated);
     }
 }
 
-/// How a hook changes the totals ([`crate::tally`]): serially if it holds the main
+/// How a hook changes the totals ([`super::tally`]): serially if it holds the main
 /// interpreter's GIL, else with atomic updates. A hook of the MEM or OBJ domains (`gil_held`)
 /// holds a GIL; before 3.12 every interpreter shares the one GIL, from 3.12 the thread must
 /// be one of the main interpreter's (a sub-interpreter may have a GIL of its own), which
@@ -987,7 +987,7 @@ pub fn sample_interval() -> Option<u64> {
 /// calls are recorded too, in the native domain (see [`crate::native`]).
 ///
 /// With `tracemalloc_tracing` (the standard module traces already), our hooks go in beneath
-/// and above its hooks, and both trace ([`crate::alongside`]).
+/// and above its hooks, and both trace ([`super::alongside`]).
 ///
 /// With `reattribute` (`None` meaning on, or whatever is running), an object that CPython
 /// builds in a block taken from one of its free lists moves that block to the object's
@@ -1066,7 +1066,7 @@ pub fn start(
         *RESOLVER.get() = Some(resolver);
         *LIMIT.get() = nframe;
     }
-    crate::released::reset(nframe, true);
+    super::released::reset(nframe, true);
     // Before anything may read a thread state (a thread's first read keeps what it found).
     // SAFETY: the GIL is held.
     #[cfg(Py_3_12)]
@@ -1076,10 +1076,10 @@ pub fn start(
     MAIN_INTERPRETER.store(here.cast(), Relaxed);
     // No allocation was seen before: the stacks may hold trampolines already.
     capture::depth::forget_trampolines();
-    crate::alongside::reset();
+    super::alongside::reset();
     if tracemalloc_tracing {
         // SAFETY: the GIL is held, the standard module traces, and nothing is installed yet.
-        unsafe { crate::alongside::start_above()? };
+        unsafe { super::alongside::start_above()? };
     }
     RECORDING.store(true, Relaxed);
     TRACING.store(true, Relaxed);
@@ -1114,7 +1114,7 @@ pub fn stop(py: Python<'_>) {
     tracked::disable();
     crate::native::set_enabled(false);
     // Before the table is emptied: no thread without the GIL records after it.
-    crate::released::reset(1, false);
+    super::released::reset(1, false);
     tracked::clear_with(table(), TraceTable::clear);
     // SAFETY: the GIL is held.
     unsafe {
@@ -1147,7 +1147,7 @@ pub fn clear_traces(py: Python<'_>) -> Result<()> {
         let resolver = RESOLVER.get().replace(fresh_resolver);
         // Before the table is emptied, so that no block recorded with a traceback of the old
         // interner stays in it.
-        crate::released::reset(traceback_limit(), true);
+        super::released::reset(traceback_limit(), true);
         tracked::clear_with(table(), TraceTable::clear);
         deferred::discard();
         young::discard();
@@ -1195,7 +1195,7 @@ pub fn schedule_sweep() {
 }
 
 /// Releases the code objects only the interner still references, after resolving what their
-/// tracebacks need (see [`crate::intern`]). Each phase borrows tracer state only between
+/// tracebacks need (see [`super::intern`]). Each phase borrows tracer state only between
 /// Python calls: resolving allocates (hooks intern meanwhile), releasing runs arbitrary code.
 pub fn sweep_dead_code(py: Python<'_>) {
     // SAFETY: `py` proves the GIL is held; reading the interpreter pointer has no effect.
@@ -1329,7 +1329,7 @@ fn collect_tracebacks(py: Python<'_>) -> bool {
         .map(|live| {
             // Tracebacks that threads without the GIL record with directly stay (see
             // `released::with_interned`).
-            crate::released::with_interned(|held| {
+            super::released::with_interned(|held| {
                 live.interner.collect(
                     COLLECT_BUDGET,
                     |id| table.traceback_idle(id) && !held(id),
@@ -1419,7 +1419,7 @@ pub fn tracer_memory() -> usize {
         + crate::tracked::memory_usage()
         + deferred::MEMORY_USAGE
         + young::MEMORY_USAGE
-        + crate::released::memory_usage();
+        + super::released::memory_usage();
     // SAFETY: the GIL is held and no borrow is live.
     unsafe {
         if let Some(live) = LIVE.get() {
@@ -1594,7 +1594,7 @@ fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected
 }
 
 /// What each traceback held in each domain when the traced total last reached its peak (see
-/// [`crate::peak`]): one aggregate trace per domain and traceback.
+/// [`super::peak`]): one aggregate trace per domain and traceback.
 fn collect_peak(py: Python<'_>) -> Result<Collected> {
     // Re-attributions made since the peak (any made before it were settled then) change the
     // current values only, as they would have when made.
@@ -1804,7 +1804,7 @@ fn metadata(py: Python<'_>) -> Metadata {
         argv,
         // Read last, after the traces were collected: as close to them as possible.
         process_memory: ProcessMemory::current().ok(),
-        machine: crate::machine::current(),
+        machine: crate::platform::machine::current(),
     }
 }
 
@@ -1821,7 +1821,7 @@ fn frames_tuple<'py>(
     resolver: &Resolver,
     frames: &[(u32, u32)],
 ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
-    let mut items = crate::fallible::with_capacity(frames.len())?;
+    let mut items = fallible::with_capacity(frames.len())?;
     for &(filename, lineno) in frames {
         let name = resolver
             .filename(filename)
@@ -1844,7 +1844,7 @@ pub fn raw_traces(py: Python<'_>) -> PyResult<RawTraces<'_>> {
     sweep_dead_code(py);
     let collected = collect(py, false, false)?;
     let frames = with_resolver(|resolver| {
-        let mut frames = crate::fallible::with_capacity(collected.stacks.len())?;
+        let mut frames = fallible::with_capacity(collected.stacks.len())?;
         for ((stack, total), _) in &collected.stacks {
             frames.push((frames_tuple(py, resolver, stack)?, *total));
         }
@@ -1857,7 +1857,7 @@ pub fn raw_traces(py: Python<'_>) -> PyResult<RawTraces<'_>> {
         (collected.domain(i), size, stack)
     });
     Ok(RawTraces {
-        traces: crate::fallible::collect_n(traces, collected.traces.len())?,
+        traces: fallible::collect_n(traces, collected.traces.len())?,
         frames,
     })
 }
@@ -1900,7 +1900,7 @@ static LOCKED_FOR_FORK: AtomicBool = AtomicBool::new(false);
 /// Takes every shard lock so that the child never inherits one held mid-update by a thread
 /// that does not exist in the child. The guard keeps hooks on this thread (from other fork
 /// handlers' allocations) away from the locks we now hold. Hooks on other threads wait for
-/// the locks until [`after_fork`] without parking (see [`crate::nopark`]): a thread parked on
+/// the locks until [`after_fork`] without parking (see [`crate::platform::nopark`]): a thread parked on
 /// a shard at the fork left the child a lock whose release went through `parking_lot_core`'s
 /// wait queue, locked in the child's copy by that thread, and the child hung in
 /// [`after_fork_child`].
@@ -1910,7 +1910,7 @@ extern "C" fn before_fork() {
     };
     hook_thread::set_in_tracer(true);
     // This module's lock first, as a thread without the GIL takes them.
-    crate::released::lock_for_fork();
+    super::released::lock_for_fork();
     table.lock_all();
     LOCKED_FOR_FORK.store(true, Relaxed);
 }
@@ -1928,7 +1928,7 @@ extern "C" fn after_fork() {
             // SAFETY: `before_fork` locked every shard on this (the forking) thread.
             unsafe {
                 table.unlock_all();
-                crate::released::unlock_after_fork();
+                super::released::unlock_after_fork();
             }
         }
         hook_thread::set_in_tracer(false);

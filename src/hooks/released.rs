@@ -2,7 +2,7 @@
 //! between `Py_BEGIN_ALLOW_THREADS` and `Py_END_ALLOW_THREADS`): charged to that thread's
 //! Python stack as it stood when it let the GIL go, as `tracemalloc` charges them.
 //!
-//! The interner is the GIL's (see [`crate::tracer`]), and taking the GIL in a hook is what
+//! The interner is the GIL's (see [`crate::hooks::tracer`]), and taking the GIL in a hook is what
 //! deadlocked the standard module, so such a thread cannot intern its stack. Nor may it pin
 //! the code objects its frames name: a pin is a reference count, which only a GIL holder may
 //! change. What it can do safely is read: its own thread state (the one
@@ -12,7 +12,7 @@
 //! snapshot shows (filename, line, function; [`crate::capture::locate_released`]), which no
 //! longer depends on the code object, and records the block in the table with the
 //! `<unknown>` traceback as a placeholder, noting it here with its stack. The next time a
-//! thread holding the GIL reads the traces ([`crate::tracer`]'s settle, before every
+//! thread holding the GIL reads the traces ([`crate::hooks::tracer`]'s settle, before every
 //! snapshot), the stacks are interned, as the frames of buried code objects are (a tag and a
 //! line), and the waiting blocks moved to them. A stack interned once is known by its
 //! resolved frames from then on, and later blocks of the same stack go straight to its
@@ -28,8 +28,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::capture::{self, Current, Interpreter, LocatedFrame, RawFrame};
-use crate::intern::UNKNOWN_TRACEBACK;
-use crate::table::TracebackId;
+use crate::hooks::intern::UNKNOWN_TRACEBACK;
+use crate::hooks::table::TracebackId;
 
 /// A stack resolved without the GIL: its frames, most recent first, and its full depth.
 pub type LocatedStack = (Box<[LocatedFrame]>, u16);
@@ -65,7 +65,7 @@ pub struct Pending {
     /// whether they are native-domain blocks (for the filters' verdict).
     waiting: HashMap<usize, (u32, bool)>,
     /// Allocations counted under the placeholder (while a pusher counts them, see
-    /// [`crate::peak::Counter`]) of waiting blocks freed before their stack was interned:
+    /// [`crate::hooks::peak::Counter`]) of waiting blocks freed before their stack was interned:
     /// per stack and nativeness, `(bytes, blocks in count units)`, moved to the stack's
     /// traceback when it is.
     gone: HashMap<(u32, bool), (u64, u64)>,
@@ -83,9 +83,9 @@ static NFRAME: AtomicUsize = AtomicUsize::new(1);
 /// `start()` and after `stop()`.
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
-/// Takes the lock without parking (see [`crate::nopark`]: it is held across `fork()`).
+/// Takes the lock without parking (see [`crate::platform::nopark`]: it is held across `fork()`).
 fn lock() -> MutexGuard<'static, Option<Pending>> {
-    crate::nopark::acquire(|| PENDING.try_lock())
+    crate::platform::nopark::acquire(|| PENDING.try_lock())
 }
 
 /// Forgets every stack and waiting block, and sets the traceback limit: at `start()`,

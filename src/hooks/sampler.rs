@@ -20,7 +20,7 @@
 //!
 //! The fast path is one thread-local lookup, a subtraction and a branch, before any stack
 //! walk or table access; the draw (a logarithm and a few multiplies) runs once per sample,
-//! about once every R bytes. The state lives in [`crate::hook_thread`]'s thread-local,
+//! about once every R bytes. The state lives in [`crate::hooks::hook_thread`]'s thread-local,
 //! beside the reentrancy guard's flag, so touching it never allocates.
 //!
 //! Seeding: each thread's generator (wyrand) is seeded from the global seed and a thread
@@ -33,7 +33,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::hook_thread::{self, HookThread};
+use crate::hooks::hook_thread::{self, HookThread};
 
 /// Mean bytes between samples; 0 while tracing exactly (every block recorded).
 static INTERVAL: AtomicU64 = AtomicU64::new(0);
@@ -57,7 +57,7 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// The state of a thread that never allocated (all zero: see `crate::hook_thread`).
+    /// The state of a thread that never allocated (all zero: see `crate::hooks::hook_thread`).
     #[cfg(test)]
     pub(crate) const fn new() -> State {
         State {

@@ -1,9 +1,9 @@
 //! What each thread keeps for the allocation hooks, in one thread-local.
 //!
-//! An allocating hook needs the sampler's nesting depth and countdown ([`crate::sampler`])
-//! and, when it records, the tracer's reentrancy flag ([`crate::tracer`]) and, from 3.12,
+//! An allocating hook needs the sampler's nesting depth and countdown ([`crate::hooks::sampler`])
+//! and, when it records, the tracer's reentrancy flag ([`crate::hooks::tracer`]) and, from 3.12,
 //! where the thread's interpreter keeps its thread state. They share one thread-local, looked
-//! up once per hook; the hook's [`crate::sampler::Scope`] carries it to the tracer.
+//! up once per hook; the hook's [`crate::hooks::sampler::Scope`] carries it to the tracer.
 //!
 //! How it is looked up matters: every traced allocation, free and reused object pays for it.
 //! Rust's `thread_local!` in a shared library (our module is loaded with `dlopen`) compiles to
@@ -23,7 +23,7 @@
 
 use std::cell::Cell;
 
-use crate::sampler;
+use crate::hooks::sampler;
 
 #[cfg_attr(test, derive(Debug, PartialEq))]
 pub struct HookThread {

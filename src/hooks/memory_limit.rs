@@ -18,7 +18,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use crate::process_memory::ProcessMemory;
+use crate::platform::process_memory::ProcessMemory;
 
 /// The traced-memory limit in bytes (as the totals count them: estimates when sampling);
 /// `usize::MAX` when none is set, so the hooks' comparison never fires.
@@ -56,13 +56,17 @@ pub enum Crossing {
 }
 
 /// Which limit, if any, has been crossed: the traced one (armed with [`arm`]) when a hook saw
-/// the total reach it or the traced peak is at or above it, else the RSS one when the peak
-/// RSS is.
-pub fn check(rss_limit: Option<u64>) -> Result<Option<Crossing>, String> {
+/// the total reach it or the traced peak (`traced_peak`, asked only then) is at or above it,
+/// else the RSS one when the peak RSS is. The caller passes the traced peak so that this
+/// module, which the table calls, does not call the tracer above it.
+pub fn check(
+    rss_limit: Option<u64>,
+    traced_peak: impl FnOnce() -> usize,
+) -> Result<Option<Crossing>, String> {
     let limit = TRACED_LIMIT.load(Relaxed);
     if limit != usize::MAX {
         let crossed_at = match CROSSED_AT.load(Relaxed) {
-            0 => crate::tracer::traced_memory().1,
+            0 => traced_peak(),
             total => total,
         };
         if crossed_at >= limit {
@@ -91,15 +95,19 @@ mod tests {
         for (peak, crossed_at) in steps {
             note_peak(peak);
             let want = crossed_at.map(Crossing::Traced);
-            assert_eq!(check(None).unwrap(), want, "after a peak of {peak}");
+            assert_eq!(check(None, || 0).unwrap(), want, "after a peak of {peak}");
         }
         arm(Some(100));
-        assert_eq!(check(None).unwrap(), None, "arming forgets the crossing");
+        assert_eq!(
+            check(None, || 0).unwrap(),
+            None,
+            "arming forgets the crossing"
+        );
         arm(None);
         note_peak(usize::MAX - 1);
-        assert_eq!(check(None).unwrap(), None, "no limit, no crossing");
+        assert_eq!(check(None, || 0).unwrap(), None, "no limit, no crossing");
         // This process's peak RSS is above one byte and far below 2^60.
-        assert!(matches!(check(Some(1)).unwrap(), Some(Crossing::Rss(n)) if n > 1));
-        assert_eq!(check(Some(1 << 60)).unwrap(), None);
+        assert!(matches!(check(Some(1), || 0).unwrap(), Some(Crossing::Rss(n)) if n > 1));
+        assert_eq!(check(Some(1 << 60), || 0).unwrap(), None);
     }
 }

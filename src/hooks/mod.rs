@@ -1,9 +1,19 @@
 //! The PEP 445 allocator hooks: the hot path.
 //!
+//! This folder is the hook layer's core: what a hook runs, and nothing it must not (see
+//! `docs/design.md`, "Source map"). Beside these hooks: their per-thread state
+//! ([`hook_thread`]), sampled mode's countdown ([`sampler`]), the trace table ([`table`]) and
+//! its totals and counters ([`tally`], [`peak`]), blocks not yet filed ([`young`]) or
+//! allocated without the GIL ([`released`]), traceback interning ([`intern`]), the recording
+//! the hooks call ([`tracer`], which also holds start/stop and snapshots), the standard
+//! tracemalloc alongside ([`alongside`]) and the memory limit's one comparison
+//! ([`memory_limit`]). The hooks' other entry points and the stack reading are the
+//! `capture`, `freelist`, `native` and `tracked` folders beside this one.
+//!
 //! Each hook forwards to the allocator it wrapped, then tells the tracer what happened; in
 //! sampled mode the allocation hooks ask the tracer first whether the block is to be recorded
 //! (see [`SAMPLED`]). They do the least work possible: no Python API call, no line number, one
-//! shard lock (see [`crate::tracer`] for what is recorded).
+//! shard lock (see [`tracer`] for what is recorded).
 //!
 //! Installation wraps whatever allocators are in place at `start()`. The wrapped allocator is
 //! kept in a `Hook` that is never freed: a RAW-domain hook may still be running on another
@@ -13,14 +23,24 @@
 //! While the standard `tracemalloc` traces alongside, our hooks sit both above its hooks and
 //! beneath them, the ones beneath inert ([`lend_beneath`] when it starts second,
 //! [`slip_beneath`] when it was first, [`set_beneath_inert`]; the order of the steps is in
-//! [`crate::alongside`]).
+//! [`alongside`]).
+
+pub mod alongside;
+pub mod hook_thread;
+pub mod intern;
+pub mod memory_limit;
+pub mod peak;
+pub mod released;
+pub mod sampler;
+pub mod table;
+pub mod tally;
+pub mod tracer;
+pub mod young;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use pyo3::ffi::{self, PyMemAllocatorDomain, PyMemAllocatorEx};
-
-use crate::{sampler, tracer};
 
 struct Hook {
     original: PyMemAllocatorEx,
@@ -28,7 +48,7 @@ struct Hook {
     gil_held: bool,
     /// Read by the gated functions only (`gated_malloc` and its kin): forward without
     /// recording. Set on the hook that the standard tracemalloc wraps, once ours wrap it in
-    /// turn (see [`crate::alongside`]).
+    /// turn (see [`crate::hooks::alongside`]).
     inert: AtomicBool,
 }
 

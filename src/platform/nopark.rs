@@ -6,7 +6,7 @@
 //! `parking_lot_core`: a process-wide table of wait queues, each bucket guarded by a small
 //! lock of its own, and a bit in the lock's word saying that someone is parked. Our
 //! `pthread_atfork` handlers take these locks before `fork()` and hold them across it
-//! (see `crate::tracer`'s and `crate::tracked`'s `before_fork`), so any other thread
+//! (see `crate::hooks::tracer`'s and `crate::tracked`'s `before_fork`), so any other thread
 //! that allocates in the meantime waits for them, and with a parking lock goes to sleep in
 //! those queues. Two things then went wrong in the child, where only the forking thread
 //! exists:

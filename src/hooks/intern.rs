@@ -90,8 +90,8 @@ use pyo3::sync::Interned;
 use pyo3::types::PyString;
 
 use crate::capture::{Current, Interpreter, RawFrame};
+use crate::hooks::table::{BuildAddressHasher, TracebackId};
 use crate::py::strings::str_bytes;
-use crate::table::{BuildAddressHasher, TracebackId};
 
 /// The id of the `('<unknown>', 0)` traceback, used where no stack could be read.
 pub const UNKNOWN_TRACEBACK: TracebackId = 0;
@@ -904,7 +904,7 @@ impl Interner {
         self.stacks_since_collect += 1;
         if self.pins_since_sweep >= SWEEP_MIN_PINS.max(self.pins_at_sweep / 2) || self.collect_due()
         {
-            crate::tracer::schedule_sweep();
+            super::tracer::schedule_sweep();
         }
         Some((id, print, true))
     }
@@ -992,7 +992,7 @@ impl Interner {
     }
 
     /// The id of a stack whose frames were resolved where they were walked, by a thread
-    /// without the GIL ([`crate::released`]): each frame is a tag from
+    /// without the GIL ([`super::released`]): each frame is a tag from
     /// [`Resolver::located_tag`] and its line, as the nodes of a buried code object are.
     /// Nothing is pinned and no line table read. `None` if memory cannot be had.
     ///
@@ -1640,7 +1640,7 @@ impl Resolver {
     }
 
     /// The tag of a code object known only by its filename and function (name and first
-    /// line): a frame resolved by a thread without the GIL ([`crate::released`]), which a
+    /// line): a frame resolved by a thread without the GIL ([`super::released`]), which a
     /// node then names as a buried code object, with its line in place of the offset.
     pub fn located_tag(
         &mut self,

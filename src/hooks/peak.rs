@@ -30,7 +30,7 @@
 use std::alloc::{alloc_zeroed, Layout};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
 
-use crate::tally::{Tally, Writer};
+use crate::hooks::tally::{Tally, Writer};
 
 /// A counter key: an interned traceback id.
 pub type Key = u32;
@@ -283,7 +283,7 @@ impl PeakCounters {
 
     /// An allocation counted under `key` in `space` belongs to `to` instead (a block that a
     /// thread without the GIL recorded under the placeholder traceback, see
-    /// [`crate::released`]), or to no traceback (`None`: the filters reject its stack).
+    /// [`crate::hooks::released`]), or to no traceback (`None`: the filters reject its stack).
     pub fn move_allocated(
         &self,
         space: Space,
