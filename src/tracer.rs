@@ -1193,7 +1193,7 @@ pub fn schedule_sweep() {
         SWEEP_SCHEDULED.store(false, Relaxed);
         // SAFETY: pending calls run in the main thread with the GIL held, between bytecodes,
         // so no borrow of tracer state is live.
-        sweep_dead_code(unsafe { Python::assume_attached() });
+        sweep(unsafe { Python::assume_attached() }, BURY_BUDGET);
         0
     }
     // Not tracing: nothing to sweep (and no interpreter under the interner's Rust tests).
@@ -1209,9 +1209,18 @@ pub fn schedule_sweep() {
 }
 
 /// Releases the code objects only the interner still references, after resolving what their
-/// tracebacks need (see [`crate::intern`]). Each phase borrows tracer state only between
-/// Python calls: resolving allocates (hooks intern meanwhile), releasing runs arbitrary code.
+/// tracebacks need (see [`crate::intern`]), all of them: a reading (a snapshot,
+/// `get_traced_memory()`) counts a dead code object kept alive by us as traced memory, so it
+/// sweeps first, whatever it costs; the sweeps the program did not ask for are bounded
+/// ([`BURY_BUDGET`]).
 pub fn sweep_dead_code(py: Python<'_>) {
+    sweep(py, usize::MAX);
+}
+
+/// A sweep that buries at most `bury_budget` dead code objects. Each phase borrows tracer
+/// state only between Python calls: resolving allocates (hooks intern meanwhile), releasing
+/// runs arbitrary code.
+fn sweep(py: Python<'_>, bury_budget: usize) {
     // SAFETY: `py` proves the GIL is held; reading the interpreter pointer has no effect.
     let here = unsafe { ffi::PyInterpreterState_Get() };
     if !is_tracing() || here.cast() != MAIN_INTERPRETER.load(Relaxed) {
@@ -1229,7 +1238,7 @@ pub fn sweep_dead_code(py: Python<'_>) {
     // until the budget is spent (the next sweep, scheduled below, goes on).
     let mut buried = 0;
     loop {
-        let most = BURY_BUDGET - buried;
+        let most = bury_budget - buried;
         if most == 0 {
             unfinished = true;
             break;
@@ -1270,7 +1279,9 @@ pub fn sweep_dead_code(py: Python<'_>) {
     }
     let took = began.elapsed().as_nanos() as u64;
     SWEEP_WORK.codes_buried.fetch_add(buried as u64, Relaxed);
-    SWEEP_WORK.most_buried.fetch_max(buried as u64, Relaxed);
+    if bury_budget == BURY_BUDGET {
+        SWEEP_WORK.most_buried.fetch_max(buried as u64, Relaxed);
+    }
     SWEEPS.fetch_add(1, Relaxed);
     SWEEP_NANOS.fetch_add(took, Relaxed);
     LONGEST_SWEEP_NANOS.fetch_max(took, Relaxed);
@@ -1330,10 +1341,10 @@ const COLLECT_BUDGET: usize = 32_768;
 /// records only it kept, costs ~0.5 us, looking at one ~20 ns, so a sweep that found
 /// thousands idle at once (a burst of dropped code) paused for milliseconds on that alone.
 const FREE_BUDGET: usize = 2048;
-/// Dead code objects a sweep buries and releases, at most: ~6 us each (resolving its names
-/// and lines, deallocating it and its constants). A soak's longest sweep (12 ms of CPU)
-/// was one that found hundreds at once; the rest wait for the next sweep (see
-/// [`sweep_owed`]).
+/// Dead code objects a sweep the program did not ask for (a pending call) buries and
+/// releases, at most: ~6 us each (resolving its names and lines, deallocating it and its
+/// constants); one that found hundreds at once took milliseconds. The rest wait for the next
+/// sweep (see [`sweep_owed`]), or for a reading, which buries them all.
 const BURY_BUDGET: usize = 256;
 
 /// What the sweeps did, in all and at most in one (`_sweep_work()`): counts, not times, so
@@ -1344,7 +1355,8 @@ struct SweepWork {
     ids_looked: AtomicU64,
     stacks_freed: AtomicU64,
     most_freed: AtomicU64,
-    /// Pins looked at for dead code (the table's size at each look), and code objects buried.
+    /// Pins looked at for dead code (the table's size at each look), code objects buried, and
+    /// the most buried by one sweep the program did not ask for (a reading buries them all).
     pins_looked: AtomicU64,
     codes_buried: AtomicU64,
     most_buried: AtomicU64,
@@ -1360,7 +1372,7 @@ static SWEEP_WORK: SweepWork = SweepWork {
 };
 
 /// `(ids looked at, stacks freed, most freed by one sweep, pins looked at, code objects
-/// buried, most buried by one sweep)` since the module was loaded.
+/// buried, most buried by one pending-call sweep)` since the module was loaded.
 pub fn sweep_work() -> (u64, u64, u64, u64, u64, u64) {
     let w = &SWEEP_WORK;
     (

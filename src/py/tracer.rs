@@ -234,8 +234,8 @@ fn get_dropped_traces() -> Checked<usize> {
 }
 
 /// `(ids looked at, stacks freed, most freed by one sweep, pins looked at, code objects
-/// buried, most buried by one sweep)`: the sweeps' work in counts, which a test can compare
-/// between rounds on a loaded machine (private, for tests and benchmarks).
+/// buried, most buried by one pending-call sweep)`: the sweeps' work in counts, which a test
+/// can compare between rounds on a loaded machine (private, for tests and benchmarks).
 #[pyfunction]
 fn _sweep_work() -> (u64, u64, u64, u64, u64, u64) {
     tracer::sweep_work()
