@@ -1235,7 +1235,7 @@ fn sweep(py: Python<'_>, bury_budget: usize) {
     let mut unfinished = collect_tracebacks(py);
     // Releasing a code object releases the code objects in its constants (a module's
     // functions), which only then become ours alone: sweep again until none is released, or
-    // until the budget is spent (the next sweep, scheduled below, goes on).
+    // until the budget is spent (then the sweep is owed: see `sweep_owed`).
     let mut buried = 0;
     loop {
         let most = bury_budget - buried;
