@@ -46,11 +46,19 @@ cache = [None] * 2000
 counter = [0]
 codes = [0]
 
+# Names come from a bounded set: CPython 3.12 and 3.13 keep every identifier compiled as an
+# immortal interned string (one 84-byte block per new name, for good, under any tracer or none),
+# so names made anew for each module made the heap grow there. New code objects and new
+# tracebacks do not need new names.
+NAMES = 1009
+
 def module_source(i, depth):
     lines = []
     for d in range(depth):
-        callee = f"f{i}_{d + 1}(n)" if d + 1 < depth else f"[n] * {i % 5 + 1}"
-        lines.append(f"def f{i}_{d}(n):\n    x = {{'k': n, 'd': {d}}}\n    return {callee}\n")
+        callee = f"f{i % NAMES}_{d + 1}(n)" if d + 1 < depth else f"[n] * {i % 5 + 1}"
+        lines.append(
+            f"def f{i % NAMES}_{d}(n):\n    x = {{'k': n, 'd': {d}}}\n    return {callee}\n"
+        )
     return "".join(lines)
 
 def recurse(depth, n):
@@ -70,7 +78,7 @@ def unit():
         codes[0] += depth + 1  # the module's code and its functions'
         namespace = {}
         exec(compile(module_source(i, depth), f"<soak-{i % 211}>", "exec"), namespace)
-        cache[i % len(cache)] = namespace[f"f{i}_0"](i)
+        cache[i % len(cache)] = namespace[f"f{i % NAMES}_0"](i)
     recurse(5 + counter[0] % 56, counter[0])
     t = threading.Thread(target=in_thread, args=(counter[0],))
     t.start()

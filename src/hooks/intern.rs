@@ -902,7 +902,9 @@ impl Interner {
         self.index
             .insert_unique(hash, id, |&other| stacks.get(other).hash);
         self.stacks_since_collect += 1;
-        if self.pins_since_sweep >= SWEEP_MIN_PINS.max(self.pins_at_sweep / 2) || self.collect_due()
+        if self.pins_since_sweep >= SWEEP_MIN_PINS.max(self.pins_at_sweep / 2)
+            || self.collect_due()
+            || super::tracer::sweep_owed()
         {
             super::tracer::schedule_sweep();
         }
@@ -1066,15 +1068,20 @@ impl Interner {
         self.nodes.len() - self.free_nodes.len()
     }
 
-    /// The pinned code objects that nothing but the interner references any more, each with
-    /// its nodes. Starts a new sweep period.
+    /// The pinned code objects that nothing but the interner references any more, at most
+    /// `most` of them (burying and releasing each costs a few microseconds: the caller bounds
+    /// a sweep's pause and leaves the rest to the next one), each with its nodes. Starts a new
+    /// sweep period.
     ///
     /// # Safety
     /// The GIL is held.
-    pub unsafe fn dying_codes(&mut self) -> Vec<DyingCode> {
+    pub unsafe fn dying_codes(&mut self, most: usize) -> Vec<DyingCode> {
         self.pins_since_sweep = 0;
         let mut dying = Vec::new();
         for (&code, &head) in &self.pins {
+            if dying.len() >= most {
+                break;
+            }
             if ffi::Py_REFCNT(code as *mut ffi::PyObject) != 1 {
                 continue;
             }
@@ -1148,7 +1155,9 @@ impl Interner {
 
     /// Frees the stacks, among at most `budget` ids from where the last call stopped, that
     /// `idle` says nothing refers to any more (no live block, in any domain, now or at the
-    /// peak), with the nodes only they used; a code object none of the remaining nodes names
+    /// peak), at most `most_freed` of them (freeing one and releasing what only it kept costs
+    /// about half a microsecond: looking is cheaper than freeing, so a pause is bounded by
+    /// both), with the nodes only they used; a code object none of the remaining nodes names
     /// is unpinned, and a buried record none of them carries is handed back. The freed ids
     /// and nodes are reused by the next stacks stored. Returns what the caller must release
     /// once it holds no borrow of tracer state: the unpinned code objects (references to drop
@@ -1164,6 +1173,7 @@ impl Interner {
     pub fn collect(
         &mut self,
         budget: usize,
+        most_freed: usize,
         idle: impl Fn(TracebackId) -> bool,
         may_free: impl FnOnce() -> bool,
     ) -> Collected {
@@ -1172,7 +1182,7 @@ impl Interner {
         let mut id = self.collect_cursor.min(len);
         let mut idle_ids = Vec::new();
         let mut looked = 0;
-        while looked < budget {
+        while looked < budget && idle_ids.len() < most_freed {
             if id >= len {
                 id = 0;
                 out.done = true;
@@ -1188,6 +1198,7 @@ impl Interner {
             }
             id += 1;
         }
+        out.looked = looked;
         // Read after the counters: a hook that took a trace out to put it back raised it
         // before the count it took out fell to zero.
         if !may_free() {
@@ -1335,6 +1346,8 @@ impl Interner {
 /// What [`Interner::collect`] freed, and what its caller must release.
 #[derive(Default)]
 pub struct Collected {
+    /// Ids looked at.
+    pub looked: usize,
     pub freed_stacks: usize,
     /// Code objects no node names any more: the resolver forgets them, then their references
     /// are dropped.
@@ -2130,7 +2143,7 @@ mod tests {
         let idle = |set: Vec<TracebackId>| move |id: TracebackId| set.contains(&id);
 
         // 1 and 2 go: c's nodes go with them, and c is no longer pinned.
-        let out = interner.collect(usize::MAX, idle(vec![ids[1], ids[2]]), || true);
+        let out = interner.collect(usize::MAX, usize::MAX, idle(vec![ids[1], ids[2]]), || true);
         assert!(out.done);
         assert_eq!(out.freed_stacks, 2);
         assert_eq!(out.unpinned, vec![c]);
@@ -2144,7 +2157,7 @@ mod tests {
             );
         }
         // 3 goes: 0 still holds every node, so none is freed.
-        let out = interner.collect(usize::MAX, idle(vec![ids[3]]), || true);
+        let out = interner.collect(usize::MAX, usize::MAX, idle(vec![ids[3]]), || true);
         assert_eq!((out.freed_stacks, out.unpinned.len()), (1, 0));
         assert_eq!(interner.node_count(), nodes - 2);
 
@@ -2160,9 +2173,9 @@ mod tests {
 
         // Nothing is freed while a hook may put an id back, nor the unknown traceback ever.
         let live = interner.live_stacks();
-        let out = interner.collect(usize::MAX, |_| true, || false);
+        let out = interner.collect(usize::MAX, usize::MAX, |_| true, || false);
         assert_eq!((out.freed_stacks, out.done, out.blocked), (0, false, true));
-        let out = interner.collect(usize::MAX, |_| true, || true);
+        let out = interner.collect(usize::MAX, usize::MAX, |_| true, || true);
         assert_eq!(out.freed_stacks, live - 1);
         assert_eq!(interner.node_count(), 1);
         let mut unpinned = out.unpinned;
@@ -2187,7 +2200,7 @@ mod tests {
         let mut freed = 0;
         let mut calls = 0;
         loop {
-            let out = interner.collect(3, |id| ids.contains(&id), || true);
+            let out = interner.collect(3, usize::MAX, |id| ids.contains(&id), || true);
             freed += out.freed_stacks;
             calls += 1;
             if out.done {
@@ -2196,5 +2209,23 @@ mod tests {
         }
         assert_eq!((freed, calls), (10, 4));
         assert_eq!(interner.live_stacks(), 1);
+    }
+
+    /// A collection frees at most its budget of stacks per call, even where it may look at
+    /// more (the sweep's pause is in what it frees), and the next call goes on from there.
+    #[test]
+    fn collection_frees_at_most_its_budget() {
+        let mut interner = Interner::new();
+        let ids: Vec<TracebackId> = (0..10)
+            .map(|i| unsafe { interner.intern(&[f(0, 2 + 2 * i)], 1) }.unwrap())
+            .collect();
+        // Every other one is idle: 5 to free, 4 at most per call.
+        let idle = |id: TracebackId| ids.iter().step_by(2).any(|&i| i == id);
+        let first = interner.collect(usize::MAX, 4, idle, || true);
+        assert_eq!((first.freed_stacks, first.done), (4, false));
+        assert!(first.looked < ids.len());
+        let second = interner.collect(usize::MAX, 4, idle, || true);
+        assert_eq!((second.freed_stacks, second.done), (1, true));
+        assert_eq!(interner.live_stacks(), 1 + 5);
     }
 }

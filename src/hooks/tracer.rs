@@ -1174,6 +1174,17 @@ fn release(_py: Python<'_>, live: Option<Live>, resolver: Option<Resolver>) {
 static SWEEP_SCHEDULED: AtomicBool = AtomicBool::new(false);
 /// Set while a sweep runs: releasing code objects can run Python code that reads the traces.
 static SWEEPING: AtomicBool = AtomicBool::new(false);
+/// Set when a sweep stopped at its budget with work left: the next stack stored schedules the
+/// next sweep (see [`sweep_owed`]).
+static SWEEP_OWED: AtomicBool = AtomicBool::new(false);
+
+/// Whether a sweep stopped at its budget with work left. The next sweep is scheduled by the
+/// next stack stored, not by the sweep itself: CPython runs the pending calls added while it
+/// runs pending calls in the same pass (up to 32), so a sweep that scheduled its own
+/// continuation ran its slices back to back, one pause as long as all of them.
+pub fn sweep_owed() -> bool {
+    SWEEP_OWED.load(Relaxed)
+}
 
 /// Queues a sweep of dead code objects for the interpreter's next safe point. Called from the
 /// interning path of a hook: `Py_AddPendingCall` neither allocates nor needs the GIL.
@@ -1182,11 +1193,14 @@ pub fn schedule_sweep() {
         SWEEP_SCHEDULED.store(false, Relaxed);
         // SAFETY: pending calls run in the main thread with the GIL held, between bytecodes,
         // so no borrow of tracer state is live.
-        sweep_dead_code(unsafe { Python::assume_attached() });
+        sweep(unsafe { Python::assume_attached() }, BURY_BUDGET);
         0
     }
     // Not tracing: nothing to sweep (and no interpreter under the interner's Rust tests).
-    if TRACING.load(Relaxed) && !SWEEP_SCHEDULED.swap(true, Relaxed) {
+    // During a sweep (a stack stored by what it runs): the condition that asked holds after
+    // it, and a call added now would run right after it, in the same pause (see
+    // `sweep_owed`).
+    if TRACING.load(Relaxed) && !SWEEPING.load(Relaxed) && !SWEEP_SCHEDULED.swap(true, Relaxed) {
         // SAFETY: a plain function and no argument; callable from any thread.
         if unsafe { ffi::Py_AddPendingCall(Some(run), std::ptr::null_mut()) } != 0 {
             SWEEP_SCHEDULED.store(false, Relaxed);
@@ -1195,9 +1209,18 @@ pub fn schedule_sweep() {
 }
 
 /// Releases the code objects only the interner still references, after resolving what their
-/// tracebacks need (see [`super::intern`]). Each phase borrows tracer state only between
-/// Python calls: resolving allocates (hooks intern meanwhile), releasing runs arbitrary code.
+/// tracebacks need (see [`super::intern`]), all of them: a reading (a snapshot,
+/// `get_traced_memory()`) counts a dead code object kept alive by us as traced memory, so it
+/// sweeps first, whatever it costs; the sweeps the program did not ask for are bounded
+/// ([`BURY_BUDGET`]).
 pub fn sweep_dead_code(py: Python<'_>) {
+    sweep(py, usize::MAX);
+}
+
+/// A sweep that buries at most `bury_budget` dead code objects. Each phase borrows tracer
+/// state only between Python calls: resolving allocates (hooks intern meanwhile), releasing
+/// runs arbitrary code.
+fn sweep(py: Python<'_>, bury_budget: usize) {
     // SAFETY: `py` proves the GIL is held; reading the interpreter pointer has no effect.
     let here = unsafe { ffi::PyInterpreterState_Get() };
     if !is_tracing() || here.cast() != MAIN_INTERPRETER.load(Relaxed) {
@@ -1206,15 +1229,31 @@ pub fn sweep_dead_code(py: Python<'_>) {
     if SWEEPING.swap(true, Relaxed) {
         return;
     }
+    SWEEP_OWED.store(false, Relaxed);
     let began = std::time::Instant::now();
     let began_cpu = thread_cpu_nanos();
-    let unfinished = collect_tracebacks(py);
+    let mut unfinished = collect_tracebacks(py);
     // Releasing a code object releases the code objects in its constants (a module's
-    // functions), which only then become ours alone: sweep again until none is released.
+    // functions), which only then become ours alone: sweep again until none is released, or
+    // until the budget is spent (then the sweep is owed: see `sweep_owed`).
+    let mut buried = 0;
     loop {
+        let most = bury_budget - buried;
+        if most == 0 {
+            unfinished = true;
+            break;
+        }
         // SAFETY (each block): the main interpreter's GIL is held and no other borrow of the
         // cell is live; the phases are separated so that no borrow spans a Python call.
-        let dying = unsafe { LIVE.get().as_mut().map(|live| live.interner.dying_codes()) };
+        let dying = unsafe {
+            LIVE.get().as_mut().map(|live| {
+                SWEEP_WORK
+                    .pins_looked
+                    .fetch_add(live.interner.pin_count() as u64, Relaxed);
+                live.interner.dying_codes(most)
+            })
+        };
+        buried += dying.as_ref().map_or(0, Vec::len);
         let (released, unused) = match dying {
             Some(dying) if !dying.is_empty() => {
                 let burials = unsafe { RESOLVER.get().as_mut().map(|r| r.bury(py, &dying)) };
@@ -1239,13 +1278,17 @@ pub fn sweep_dead_code(py: Python<'_>) {
         }
     }
     let took = began.elapsed().as_nanos() as u64;
+    SWEEP_WORK.codes_buried.fetch_add(buried as u64, Relaxed);
+    if bury_budget == BURY_BUDGET {
+        SWEEP_WORK.most_buried.fetch_max(buried as u64, Relaxed);
+    }
     SWEEPS.fetch_add(1, Relaxed);
     SWEEP_NANOS.fetch_add(took, Relaxed);
     LONGEST_SWEEP_NANOS.fetch_max(took, Relaxed);
     LONGEST_SWEEP_CPU_NANOS.fetch_max(thread_cpu_nanos().saturating_sub(began_cpu), Relaxed);
     SWEEPING.store(false, Relaxed);
     if unfinished {
-        schedule_sweep();
+        SWEEP_OWED.store(true, Relaxed);
     }
 }
 
@@ -1294,6 +1337,53 @@ pub fn sweep_stats() -> (u64, u64, u64, u64, usize, usize, usize) {
 /// Tracebacks a sweep looks at, at most: the longest pause it adds (see
 /// [`Interner::collect`]; measured in docs/tracer-memory.md).
 const COLLECT_BUDGET: usize = 32_768;
+/// Tracebacks a sweep frees, at most: freeing one, with its nodes and the resolver's
+/// records only it kept, costs ~0.5 us, looking at one ~20 ns, so a sweep that found
+/// thousands idle at once (a burst of dropped code) paused for milliseconds on that alone.
+const FREE_BUDGET: usize = 2048;
+/// Dead code objects a sweep the program did not ask for (a pending call) buries and
+/// releases, at most: ~6 us each (resolving its names and lines, deallocating it and its
+/// constants); one that found hundreds at once took milliseconds. The rest wait for the next
+/// sweep (see [`sweep_owed`]), or for a reading, which buries them all.
+const BURY_BUDGET: usize = 256;
+
+/// What the sweeps did, in all and at most in one (`_sweep_work()`): counts, not times, so
+/// that a test can check that the work per sweep stays bounded and the work per unit of
+/// program work stays flat on a loaded machine.
+struct SweepWork {
+    /// Traceback ids looked at, and freed.
+    ids_looked: AtomicU64,
+    stacks_freed: AtomicU64,
+    most_freed: AtomicU64,
+    /// Pins looked at for dead code (the table's size at each look), code objects buried, and
+    /// the most buried by one sweep the program did not ask for (a reading buries them all).
+    pins_looked: AtomicU64,
+    codes_buried: AtomicU64,
+    most_buried: AtomicU64,
+}
+
+static SWEEP_WORK: SweepWork = SweepWork {
+    ids_looked: AtomicU64::new(0),
+    stacks_freed: AtomicU64::new(0),
+    most_freed: AtomicU64::new(0),
+    pins_looked: AtomicU64::new(0),
+    codes_buried: AtomicU64::new(0),
+    most_buried: AtomicU64::new(0),
+};
+
+/// `(ids looked at, stacks freed, most freed by one sweep, pins looked at, code objects
+/// buried, most buried by one pending-call sweep)` since the module was loaded.
+pub fn sweep_work() -> (u64, u64, u64, u64, u64, u64) {
+    let w = &SWEEP_WORK;
+    (
+        w.ids_looked.load(Relaxed),
+        w.stacks_freed.load(Relaxed),
+        w.most_freed.load(Relaxed),
+        w.pins_looked.load(Relaxed),
+        w.codes_buried.load(Relaxed),
+        w.most_buried.load(Relaxed),
+    )
+}
 
 /// Hooks running without the GIL that took a trace out of the table and may put it back
 /// with its traceback id (a reallocation that fails or while recording is disabled, the
@@ -1332,6 +1422,7 @@ fn collect_tracebacks(py: Python<'_>) -> bool {
             super::released::with_interned(|held| {
                 live.interner.collect(
                     COLLECT_BUDGET,
+                    FREE_BUDGET,
                     |id| table.traceback_idle(id) && !held(id),
                     || {
                         std::sync::atomic::fence(SeqCst);
@@ -1343,6 +1434,15 @@ fn collect_tracebacks(py: Python<'_>) -> bool {
     else {
         return false;
     };
+    SWEEP_WORK
+        .ids_looked
+        .fetch_add(collected.looked as u64, Relaxed);
+    SWEEP_WORK
+        .stacks_freed
+        .fetch_add(collected.freed_stacks as u64, Relaxed);
+    SWEEP_WORK
+        .most_freed
+        .fetch_max(collected.freed_stacks as u64, Relaxed);
     // SAFETY: as above.
     if let Some(resolver) = unsafe { RESOLVER.get().as_mut() } {
         resolver.forget_codes(py, &collected.unpinned);

@@ -233,6 +233,14 @@ fn get_dropped_traces() -> Checked<usize> {
     Checked(tracer::dropped_traces())
 }
 
+/// `(ids looked at, stacks freed, most freed by one sweep, pins looked at, code objects
+/// buried, most buried by one pending-call sweep)`: the sweeps' work in counts, which a test
+/// can compare between rounds on a loaded machine (private, for tests and benchmarks).
+#[pyfunction]
+fn _sweep_work() -> (u64, u64, u64, u64, u64, u64) {
+    tracer::sweep_work()
+}
+
 /// `(sweeps, total seconds, longest seconds, longest in CPU seconds, live tracebacks, trie
 /// nodes, pinned code objects)`: what the sweeps of the tracer's own memory cost and what it
 /// holds (private, for benchmarks).
@@ -433,6 +441,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_tracemalloc_memory, m)?)?;
     m.add_function(wrap_pyfunction!(get_dropped_traces, m)?)?;
     m.add_function(wrap_pyfunction!(_sweep_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(_sweep_work, m)?)?;
     m.add_function(wrap_pyfunction!(enable, m)?)?;
     m.add_function(wrap_pyfunction!(disable, m)?)?;
     m.add_function(wrap_pyfunction!(is_enabled, m)?)?;
