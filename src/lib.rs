@@ -13,10 +13,14 @@
 //!   the memory limit's check), [`capture`] (reading the Python stack, one file per CPython
 //!   version), [`freelist`] (objects reused from free lists), [`native`] (extensions' own
 //!   `malloc`/`mmap`, opt-in) and [`tracked`] (`PyTraceMalloc_Track` domains).
-//!   `hooks::tracer` also holds start/stop/clear and the snapshots of the live state.
+//!   `hooks::tracer` also holds start/stop/clear and collects, resolves and builds the
+//!   snapshots of the live state; `hooks::intern` also resolves lines, with the `str`
+//!   conversions the pyo3 layer hands down at import (`intern::set_strings`).
 //! - With the GIL, at snapshot time: [`heap`], the live object graph behind object kinds and
-//!   retention paths.
-//! - [`py`]: the pyo3 wrappers; they convert and delegate, nothing more.
+//!   retention paths, and [`snapshot`], snapshots with object kinds (the heap walk matched to
+//!   what the tracer collected).
+//! - [`py`]: the pyo3 wrappers; they convert and delegate, nothing more (`py::traces` makes
+//!   the tuples of `_get_traces()` and `get_object_traceback()`).
 
 pub mod analysis;
 pub mod capture;
@@ -27,6 +31,7 @@ pub mod hooks;
 pub mod native;
 pub mod platform;
 pub mod py;
+pub mod snapshot;
 pub mod tracked;
 
 #[global_allocator]

@@ -82,6 +82,7 @@
 //! protects its own traceback table.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use hashbrown::HashTable;
 use pyo3::ffi;
@@ -91,7 +92,6 @@ use pyo3::types::PyString;
 
 use crate::capture::{Current, Interpreter, RawFrame};
 use crate::hooks::table::{BuildAddressHasher, TracebackId};
-use crate::py::strings::str_bytes;
 
 /// The id of the `('<unknown>', 0)` traceback, used where no stack could be read.
 pub const UNKNOWN_TRACEBACK: TracebackId = 0;
@@ -1393,6 +1393,38 @@ static CODE_NAME: Interned = Interned::new("co_name");
 static CO_FIRSTLINENO: Interned = Interned::new("co_firstlineno");
 static CO_FILENAME: Interned = Interned::new("co_filename");
 
+/// How the resolver turns a `str` into the model's byte strings and back (surrogatepass
+/// UTF-8). Those conversions belong to the pyo3 layer (`py::strings`, shared by every
+/// converter), which hands them down when the module is imported ([`set_strings`]): this
+/// module, whose interning runs in the hooks, imports nothing above the hook layer.
+#[derive(Clone, Copy)]
+pub struct Strings {
+    pub str_bytes: fn(&Bound<'_, PyString>) -> PyResult<Vec<u8>>,
+    pub bytes_str: for<'py> fn(Python<'py>, &[u8]) -> PyResult<Bound<'py, PyString>>,
+}
+
+static STRINGS: OnceLock<Strings> = OnceLock::new();
+
+/// Gives the resolver its string conversions; called when the module is imported, before
+/// anything is traced or resolved.
+pub fn set_strings(strings: Strings) {
+    let _ = STRINGS.set(strings);
+}
+
+fn strings() -> &'static Strings {
+    STRINGS
+        .get()
+        .expect("the module's import gives the resolver its string conversions")
+}
+
+fn str_bytes(s: &Bound<'_, PyString>) -> PyResult<Vec<u8>> {
+    (strings().str_bytes)(s)
+}
+
+fn bytes_str<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyString>> {
+    (strings().bytes_str)(py, b)
+}
+
 /// Makes the attribute names of [`CODE_NAME`] and its siblings; called when the module is
 /// imported, before anything is traced.
 pub fn prepare_names(py: Python<'_>) {
@@ -1671,7 +1703,7 @@ impl Resolver {
         let filename_index = if filename == b"<unknown>" {
             0
         } else {
-            match crate::py::strings::bytes_str(py, filename) {
+            match bytes_str(py, filename) {
                 Ok(object) => self.push_filename(object.unbind(), filename),
                 Err(_) => 0,
             }

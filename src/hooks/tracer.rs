@@ -1,5 +1,7 @@
 //! The tracer: what the hooks record, and the runtime API (`start`, `stop`, `clear_traces`,
-//! snapshots) over the live state.
+//! snapshots) over the live state. What needs a layer above the hooks is done there, over
+//! what this module collects and resolves: snapshots with object kinds in [`crate::snapshot`],
+//! the tuples of `_get_traces()` and `get_object_traceback()` in [`crate::py::traces`].
 //!
 //! State and who may touch it:
 //! - flags and the trace table: any thread, any time (atomics, and one shard lock per hook);
@@ -7,7 +9,8 @@
 //!   GIL ([`GilCell`]). A hook decides that from the interpreter's own thread state; threads
 //!   without the GIL record the `<unknown>` traceback instead of waiting for it (taking the GIL
 //!   in a hook has deadlocked the standard module);
-//! - the resolver: only the Python-facing functions here, never a hook.
+//! - the resolver: only the Python-facing functions (here and in the modules above), never a
+//!   hook.
 //!
 //! Nothing a hook can reach is ever freed: the table and hook records are process-lifetime, and
 //! `stop()` empties them instead.
@@ -47,7 +50,6 @@ use crate::hooks::tally::Writer;
 use crate::hooks::young;
 use crate::platform::fallible;
 use crate::platform::process_memory::ProcessMemory;
-use crate::py::objects;
 use crate::tracked;
 
 /// All PEP 445 allocations land in tracemalloc's default domain 0.
@@ -413,7 +415,7 @@ pub fn set_trace_filters(specs: &[FilterSpec]) -> Result<()> {
 ///
 /// # Safety
 /// The main interpreter's GIL is held, outside any hook.
-unsafe fn settle() {
+pub(crate) unsafe fn settle() {
     settle_released();
     deferred::settle();
     young::file_all(table());
@@ -1544,7 +1546,7 @@ type ResolvedFunctions = Vec<Option<u32>>;
 /// Resolves the given interned tracebacks, and with `functions` each frame's function too
 /// (only snapshots record them). Copies the raw frames out of the interner first, because
 /// resolving calls Python code, which may allocate and so intern on this thread.
-fn resolve_stacks(
+pub(crate) fn resolve_stacks(
     py: Python<'_>,
     ids: &[TracebackId],
     functions: bool,
@@ -1605,28 +1607,28 @@ fn resolve_stacks(
 }
 
 /// Runs `f` with the resolver (for turning filename indexes into objects or bytes).
-fn with_resolver<R>(f: impl FnOnce(&Resolver) -> R) -> Option<R> {
+pub(crate) fn with_resolver<R>(f: impl FnOnce(&Resolver) -> R) -> Option<R> {
     // SAFETY: the GIL is held by the Python-facing caller and no other borrow is live.
     unsafe { RESOLVER.get().as_ref().map(f) }
 }
 
 /// The live traces and the distinct tracebacks they use, with ids densely renumbered.
-struct Collected {
+pub(crate) struct Collected {
     /// `(size, index into stacks)` per live block: domain 0's, then the other domains'.
-    traces: Vec<(usize, u32)>,
+    pub(crate) traces: Vec<(usize, u32)>,
     /// The domain of each trace after domain 0's (blocks tracked by extensions), in order:
     /// `traces[traces.len() - tracked_domains.len()..]` are theirs.
     tracked_domains: Vec<u32>,
     /// Each live block's address, in the order of `traces` (only when asked for).
-    addresses: Vec<usize>,
+    pub(crate) addresses: Vec<usize>,
     /// For the peak: per trace (one per traceback), the blocks it stands for.
     blocks: Option<Vec<u64>>,
-    stacks: Vec<(ResolvedStack, ResolvedFunctions)>,
+    pub(crate) stacks: Vec<(ResolvedStack, ResolvedFunctions)>,
 }
 
 impl Collected {
     /// The domain of trace `i`.
-    fn domain(&self, i: usize) -> u32 {
+    pub(crate) fn domain(&self, i: usize) -> u32 {
         let first_tracked = self.traces.len() - self.tracked_domains.len();
         match i.checked_sub(first_tracked) {
             Some(k) => self.tracked_domains[k],
@@ -1656,7 +1658,7 @@ impl DenseIds {
     }
 }
 
-fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected> {
+pub(crate) fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected> {
     // SAFETY: the GIL is held (`py`), outside any hook.
     unsafe { settle() };
     let mut live = table().collect().ok_or(Error::OutOfMemory)?;
@@ -1695,7 +1697,7 @@ fn collect(py: Python<'_>, functions: bool, addresses: bool) -> Result<Collected
 
 /// What each traceback held in each domain when the traced total last reached its peak (see
 /// [`super::peak`]): one aggregate trace per domain and traceback.
-fn collect_peak(py: Python<'_>) -> Result<Collected> {
+pub(crate) fn collect_peak(py: Python<'_>) -> Result<Collected> {
     // Re-attributions made since the peak (any made before it were settled then) change the
     // current values only, as they would have when made.
     // SAFETY: the GIL is held (`py`), outside any hook.
@@ -1767,50 +1769,8 @@ pub fn take_allocated_snapshot(py: Python<'_>) -> Result<Snapshot> {
     build_snapshot(py, collected, None)
 }
 
-/// A snapshot of every live trace, resolved and interned for analysis; with `objects`, also
-/// the kind of each traced block (see [`crate::heap::kinds`]).
-///
-/// The heap is walked first, then the trace table is read at once: between the two only the
-/// walk's type-name reads run, which allocate no object the walk saw, so every object in the
-/// graph is still at its address when the traces are matched to it. Resolving tracebacks
-/// (which runs Python code) comes after both.
-///
-/// With `peak`, the snapshot is of the moment the traced total last reached its peak: one
-/// aggregate trace per traceback (see [`Snapshot::blocks`]), no addresses or object kinds
-/// (`objects` must then be false).
-pub fn take_snapshot(py: Python<'_>, objects: bool, peak: bool) -> Result<Snapshot> {
-    if !is_tracing() {
-        return Err(Error::State(
-            "the tracemalloc module must be tracing memory allocations to take a snapshot".into(),
-        ));
-    }
-    if peak && objects {
-        return Err(Error::InvalidArgument(
-            "a peak snapshot cannot record object kinds: the objects alive at the peak may be \
-             gone (take_snapshot(peak=True) takes no objects=True)"
-                .into(),
-        ));
-    }
-    sweep_dead_code(py);
-    let graph = if objects {
-        Some(crate::heap::walk::walk(py, &[], traced_size)?)
-    } else {
-        None
-    };
-    let collected = if peak {
-        collect_peak(py)?
-    } else {
-        collect(py, true, objects)?
-    };
-    let kinds = match graph {
-        Some(graph) => Some(crate::heap::kinds::kinds_of(&graph, &collected.addresses)?),
-        None => None,
-    };
-    build_snapshot(py, collected, kinds)
-}
-
 /// The snapshot of `collected`, its stacks resolved into the snapshot's own tables.
-fn build_snapshot(
+pub(crate) fn build_snapshot(
     py: Python<'_>,
     collected: Collected,
     kinds: Option<crate::analysis::snapshot::Kinds>,
@@ -1906,82 +1866,6 @@ fn metadata(py: Python<'_>) -> Metadata {
         process_memory: ProcessMemory::current().ok(),
         machine: crate::platform::machine::current(),
     }
-}
-
-/// Python-facing raw traces, as `_tracemalloc._get_traces()` returns them.
-pub struct RawTraces<'py> {
-    /// `(domain, size, index into frames)` per trace.
-    pub traces: Vec<(u32, usize, u32)>,
-    /// Frames tuple per distinct traceback, shared by every trace that uses it.
-    pub frames: Vec<(Bound<'py, pyo3::types::PyTuple>, u16)>,
-}
-
-fn frames_tuple<'py>(
-    py: Python<'py>,
-    resolver: &Resolver,
-    frames: &[(u32, u32)],
-) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
-    let mut items = fallible::with_capacity(frames.len())?;
-    for &(filename, lineno) in frames {
-        let name = resolver
-            .filename(filename)
-            .object
-            .clone_ref(py)
-            .into_bound(py);
-        let frame = [name.into_any(), objects::uint(py, lineno.into())?];
-        items.push(objects::tuple(py, &frame)?.into_any());
-    }
-    objects::tuple(py, &items)
-}
-
-pub fn raw_traces(py: Python<'_>) -> PyResult<RawTraces<'_>> {
-    if !is_tracing() {
-        return Ok(RawTraces {
-            traces: Vec::new(),
-            frames: Vec::new(),
-        });
-    }
-    sweep_dead_code(py);
-    let collected = collect(py, false, false)?;
-    let frames = with_resolver(|resolver| {
-        let mut frames = fallible::with_capacity(collected.stacks.len())?;
-        for ((stack, total), _) in &collected.stacks {
-            frames.push((frames_tuple(py, resolver, stack)?, *total));
-        }
-        Ok::<_, PyErr>(frames)
-    })
-    .transpose()?
-    .unwrap_or_default();
-    let traces = (0..collected.traces.len()).map(|i| {
-        let (size, stack) = collected.traces[i];
-        (collected.domain(i), size, stack)
-    });
-    Ok(RawTraces {
-        traces: fallible::collect_n(traces, collected.traces.len())?,
-        frames,
-    })
-}
-
-/// The frames (most recent first) of the traceback where `obj` was allocated, if traced.
-pub fn object_traceback<'py>(
-    py: Python<'py>,
-    obj: &Bound<'py, PyAny>,
-) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
-    if !is_tracing() {
-        return Ok(None);
-    }
-    // SAFETY: `obj` is alive for the call and the GIL is held.
-    let address = unsafe { Current::object_block(obj.as_ptr()) };
-    // SAFETY: the GIL is held (`py`), outside any hook.
-    unsafe { settle() };
-    let Some(trace) = table().get(address) else {
-        return Ok(None);
-    };
-    let stacks = resolve_stacks(py, &[trace.traceback], false)?;
-    let Some(((frames, _), _)) = stacks.first() else {
-        return Ok(None);
-    };
-    with_resolver(|resolver| frames_tuple(py, resolver, frames)).transpose()
 }
 
 fn register_fork_handlers() {

@@ -17,6 +17,7 @@ pub mod site_reports;
 pub mod snapshot;
 pub mod strings;
 pub mod tracer;
+pub mod traces;
 
 pyo3::create_exception!(
     alloctrace,
@@ -163,6 +164,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // be mapped now, the first guarded operation tries again.
     crate::platform::allocator::arm();
     crate::hooks::intern::prepare_names(m.py());
+    crate::hooks::intern::set_strings(crate::hooks::intern::Strings {
+        str_bytes: strings::str_bytes,
+        bytes_str: strings::bytes_str,
+    });
     m.add(
         "SnapshotFormatError",
         m.py().get_type::<SnapshotFormatError>(),

@@ -10,7 +10,9 @@ use crate::hooks::tracer;
 use crate::platform::{allocator, fallible};
 use crate::py::objects;
 use crate::py::snapshot::PySnapshotData;
+use crate::py::traces;
 use crate::py::Checked;
+use crate::snapshot;
 
 /// Whether the standard `tracemalloc` traces: then alloctrace starts beneath and above its
 /// hooks, so that its `stop()` cannot cut ours out of the chain (see [`crate::hooks::alongside`]).
@@ -279,14 +281,14 @@ fn get_object_traceback<'py>(
     obj: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     require_main_interpreter("get_object_traceback")?;
-    tracer::object_traceback(py, obj)
+    traces::object_traceback(py, obj)
 }
 
 #[pyfunction]
 fn get_traces(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     require_main_interpreter("_get_traces")?;
     allocator::guarded(|| {
-        let raw = tracer::raw_traces(py)?;
+        let raw = traces::raw_traces(py)?;
         let mut items = fallible::with_capacity(raw.traces.len())?;
         for &(domain, size, stack) in &raw.traces {
             let (frames, total) = &raw.frames[stack as usize];
@@ -319,7 +321,7 @@ fn set_trace_filters(specs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
 fn take_snapshot(py: Python<'_>, objects: bool, peak: bool) -> PyResult<PySnapshotData> {
     require_main_interpreter("take_snapshot")?;
     allocator::guarded(|| {
-        Ok(PySnapshotData::new(tracer::take_snapshot(
+        Ok(PySnapshotData::new(snapshot::take_snapshot(
             py, objects, peak,
         )?))
     })
