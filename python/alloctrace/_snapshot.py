@@ -933,6 +933,13 @@ def _is_reserved_attribute(name):
     )
 
 
+def totals(snapshot):
+    """``(size, count)`` of all of *snapshot*'s traces: grouping by file counts each block
+    exactly once (estimates, for a sampled snapshot), as ``alloctrace stats`` sums them."""
+    stats = snapshot.statistics("filename")
+    return sum(stat.size for stat in stats), sum(stat.count for stat in stats)
+
+
 def find_site_report(reports, filename, lineno):
     """The report among *reports* (dicts with ``filename`` and ``lineno``) for the site
     *filename*:*lineno*, or ``None``: the one rule by which :meth:`Snapshot.referrer_paths`

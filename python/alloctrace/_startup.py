@@ -1012,13 +1012,12 @@ class Dumper:
 
 def _figures(snapshot, peak) -> dict:
     """What a capture's ``end`` record says of the exit snapshot: traced memory and blocks,
-    and the peak traced total, computed as ``alloctrace stats`` does (grouped by file, so each
-    block counts once, estimates for a sampled snapshot); they stand for the process once its
-    files are dropped to bound the capture."""
-    stats = snapshot.statistics("filename")
-    size = sum(stat.size for stat in stats)
-    peak_size = sum(stat.size for stat in peak.statistics("filename"))
-    return {"size": size, "count": sum(stat.count for stat in stats), "peak": max(peak_size, size)}
+    and the peak traced total, summed as ``alloctrace stats`` sums them; they stand for the
+    process once its files are dropped to bound the capture."""
+    from alloctrace._snapshot import totals
+
+    size, count = totals(snapshot)
+    return {"size": size, "count": count, "peak": max(totals(peak)[0], size)}
 
 
 def _literal(path: str) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from .. import _report, _source
+from .._snapshot import totals as totals  # the commands' sums (start-up uses it too)
 
 PROG = "alloctrace"
 KEY_TYPES = ("lineno", "filename", "traceback", "type", "lineno+type")
@@ -303,12 +304,6 @@ def loaded_and_filtered(path: str, args: argparse.Namespace, strict: bool = Fals
     if _tree.is_many([path]):
         return _tree.merged([path], args)
     return filtered(load(path, args.allow_pickle), args, path, strict)
-
-
-def totals(snapshot) -> tuple[int, int]:
-    """Size and count of all traces: grouping by file counts each block exactly once."""
-    stats = snapshot.statistics("filename")
-    return sum(stat.size for stat in stats), sum(stat.count for stat in stats)
 
 
 def traced(snapshot) -> int:

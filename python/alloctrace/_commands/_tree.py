@@ -634,10 +634,9 @@ def _by_parent(processes) -> list:
 
 def _counted(texts) -> str:
     """``exit 0 (38), killed by SIGTERM (2)``: each text once, with how often it came."""
-    counts: dict[str, int] = {}
-    for text in texts:
-        counts[text] = counts.get(text, 0) + 1
-    return ", ".join(f"{text} ({n})" for text, n in counts.items())
+    from collections import Counter
+
+    return ", ".join(f"{text} ({n})" for text, n in Counter(texts).items())
 
 
 # ---------------------------------------------------------------------- 'run'
