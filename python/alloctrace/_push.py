@@ -339,15 +339,14 @@ class _Resolver:
                 # No new thread once the interpreter shuts down (3.12+), as for the exit
                 # push: the lookup runs here, bounded by the resolver's own delays only.
                 lookup()
-                if "error" in box:
-                    raise PushError(f"cannot resolve {host}", retry=True) from None
-                return box["found"]
-            entry = self._pending[key] = (thread, box)
-        thread, box = entry
-        thread.join(timeout)
-        if thread.is_alive():
-            raise PushError(f"cannot resolve {host} within {timeout:g} s", retry=True)
-        del self._pending[key]
+            else:
+                entry = self._pending[key] = (thread, box)
+        if entry is not None:
+            thread, box = entry
+            thread.join(timeout)
+            if thread.is_alive():
+                raise PushError(f"cannot resolve {host} within {timeout:g} s", retry=True)
+            del self._pending[key]
         if "error" in box:
             raise PushError(f"cannot resolve {host}", retry=True)
         return box["found"]
