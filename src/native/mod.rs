@@ -346,12 +346,12 @@ pub fn redirect() {
     // The process's `malloc` may come from a preloaded allocator (jemalloc, tcmalloc) whose
     // own `mmap` calls are its arenas: the blocks it hands out from them are counted by the
     // malloc hooks already, so its object is left alone for every function, as libc is.
-    let allocator = bindings(c"malloc", entry);
+    let mut skipped = never.to_vec();
+    skipped.extend(bindings(c"malloc", entry));
     let mut plan: Vec<(&CStr, usize, usize, Vec<usize>)> = Vec::new();
     for (symbol, hook) in hooks() {
         for bound in bindings(symbol, entry) {
-            let mut skip = never.to_vec();
-            skip.extend(&allocator);
+            let mut skip = skipped.clone();
             skip.push(bound);
             plan.push((symbol, hook, bound, skip));
         }

@@ -76,14 +76,20 @@ fn select(
     aligned: bool,
     writable: impl FnOnce() -> bool,
 ) -> Option<Word> {
-    let word = match kind {
-        R_X86_64_JUMP_SLOT | R_X86_64_GLOB_DAT => Word::Import,
-        R_X86_64_64 if data && addend == 0 => Word::Data,
-        _ => return None,
-    };
+    let word = word_kind(kind, addend, data)?;
     // A defined symbol is the object's own function, not an import; the other two are words
     // that cannot be stored safely.
     (!defined && aligned && writable()).then_some(word)
+}
+
+/// The part of [`select`] a relocation alone decides (its kind and addend), which the scan
+/// asks before reading the relocation's symbol.
+fn word_kind(kind: u32, addend: i64, data: bool) -> Option<Word> {
+    match kind {
+        R_X86_64_JUMP_SLOT | R_X86_64_GLOB_DAT => Some(Word::Import),
+        R_X86_64_64 if data && addend == 0 => Some(Word::Data),
+        _ => None,
+    }
 }
 
 #[repr(C)]
@@ -264,10 +270,7 @@ impl<'a> Object<'a> {
             for r in relocs {
                 let kind = (r.info & 0xffff_ffff) as u32;
                 let index = (r.info >> 32) as usize;
-                if index == 0
-                    || !matches!(kind, R_X86_64_JUMP_SLOT | R_X86_64_GLOB_DAT | R_X86_64_64)
-                    || (kind == R_X86_64_64 && (!data || r.addend != 0))
-                {
+                if index == 0 || word_kind(kind, r.addend, data).is_none() {
                     // No symbol (RELATIVE), a kind no rule rewrites, or a data word `select`
                     // refuses anyway: skipped before reading the symbol (the interpreter has
                     // thousands of data relocations against its own objects).
