@@ -105,7 +105,7 @@ def _start(request: dict, directory: str) -> dict:
 
     import alloctrace
 
-    from . import _startup
+    from . import _startup, _threads
 
     if _attached is not None:
         raise Refused("already traced by 'alloctrace attach': run 'alloctrace detach' first")
@@ -158,7 +158,7 @@ def _start(request: dict, directory: str) -> dict:
                 name="alloctrace-attach-duration",
                 daemon=True,
             )
-            thread.start()
+            _threads.start(thread)
     except BaseException:
         alloctrace.enable()
         _undo()

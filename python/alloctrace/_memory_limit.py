@@ -240,11 +240,13 @@ class Watcher:
         """Arm the traced limit and start watching (again, in a forked child)."""
         import threading
 
-        from alloctrace import _native
+        from alloctrace import _native, _threads
 
         _native._memory_limit_arm(self.traced)
         self._stopped = False
-        threading.Thread(target=self._run, name="alloctrace-memory-limit", daemon=True).start()
+        _threads.start(
+            threading.Thread(target=self._run, name="alloctrace-memory-limit", daemon=True)
+        )
 
     def stop(self) -> None:
         self._stopped = True

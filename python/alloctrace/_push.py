@@ -30,7 +30,7 @@ import sys
 import time
 from urllib.parse import quote, unquote, urlsplit
 
-from alloctrace import _native
+from alloctrace import _native, _threads
 
 ENV_PUSH = "ALLOCTRACE_PUSH"
 ENV_PUSH_INTERVAL = "ALLOCTRACE_PUSH_INTERVAL"
@@ -334,7 +334,7 @@ class _Resolver:
 
             thread = threading.Thread(target=lookup, name="alloctrace-push-resolve", daemon=True)
             try:
-                thread.start()
+                _threads.start(thread)
             except RuntimeError:
                 # No new thread once the interpreter shuts down (3.12+), as for the exit
                 # push: the lookup runs here, bounded by the resolver's own delays only.
@@ -601,7 +601,7 @@ class Pusher:
         _native._set_counting_allocations(True)
         thread = self._threading.Thread(target=self._run, name="alloctrace-push", daemon=True)
         self._thread = thread
-        thread.start()
+        _threads.start(thread)
 
     def _take(self, final: bool = False) -> None:
         with self._take_lock:

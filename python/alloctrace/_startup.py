@@ -742,7 +742,7 @@ class Dumper:
         (each request is answered by a snapshot begun after it), at most one every
         :data:`MIN_INTERVAL` seconds, however many signals come.
         """
-        from alloctrace import _native
+        from alloctrace import _native, _threads
 
         # Kept here: the handler may run while the interpreter finalizes, and imports nothing.
         self._write_request = _native._write_request
@@ -753,7 +753,7 @@ class Dumper:
         self._request_thread = self._threading.Thread(
             target=self._serve_requests, args=(read_end,), name="alloctrace-on-demand", daemon=True
         )
-        self._request_thread.start()
+        _threads.start(self._request_thread)
 
     def stop_requests(self) -> None:
         """Stop answering the snapshot signal (``alloctrace detach``, once the handler is
@@ -845,10 +845,12 @@ class Dumper:
     def _start_thread(self) -> None:
         if self.interval is None:
             return
+        from alloctrace import _threads
+
         self._thread = self._threading.Thread(
             target=self._run, name="alloctrace-interval-dump", daemon=True
         )
-        self._thread.start()
+        _threads.start(self._thread)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
