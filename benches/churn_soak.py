@@ -18,7 +18,8 @@ child dumps a snapshot to a file (and deletes it). Every --interval seconds it r
 tracer's own memory (``get_tracemalloc_memory()``), RSS, the traced memory, the mean time per
 unit over the interval (wall and CPU: the CPU time is what to compare on a busy machine) and,
 for alloctrace, its sweeps (``_sweep_stats()``: the longest pause, live tracebacks, trie nodes,
-pinned code objects).
+pinned code objects; ``_sweep_pauses()``: the longest sweep of the program's and of the
+readings', what each did, and how many sweeps took over 1, 2, 5 and 10 ms of CPU).
 
 The summary compares the first minute (or first tenth of a shorter run) with the end: the
 tracer's memory and the time per unit should stay flat.
@@ -130,6 +131,7 @@ while True:
             row.update(sweeps=sweeps, sweep_s=total, longest_ms=longest * 1000,
                        longest_cpu_ms=longest_cpu * 1000,
                        tracebacks=stacks, nodes=nodes, pins=pins)
+            row["pauses"] = tracer._native._sweep_pauses()
         print(json.dumps(row), flush=True)
         units_at_report, time_at_report = units, time.monotonic()
         cpu_at_report = time.process_time()
@@ -201,6 +203,15 @@ def summary(name, rows, seconds):
             f"{last['sweeps']} sweeps, {last['sweep_s']:.2f} s in all, longest "
             f"{last['longest_ms']:.2f} ms ({last['longest_cpu_ms']:.2f} ms of CPU)"
         )
+        pending, reading, over = last["pauses"]
+        parts.append("sweeps over 1/2/5/10 ms of CPU: " + "/".join(str(count) for count in over))
+        for kind, (wall, cpu, buried, freed) in zip(
+            ("the program's sweeps", "readings' sweeps"), (pending, reading)
+        ):
+            parts.append(
+                f"longest of {kind}: {wall * 1000:.2f} ms ({cpu * 1000:.2f} ms of CPU), "
+                f"{buried} code objects buried, {freed} tracebacks freed"
+            )
     print("; ".join(parts))
 
 

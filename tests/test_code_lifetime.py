@@ -360,7 +360,7 @@ def test_sweep_work_per_round_stays_flat(stopped_tracer):
 
 #: Code objects (src/tracer.rs BURY_BUDGET) and tracebacks (FREE_BUDGET) one sweep that the
 #: program did not ask for releases at most: the bound on its pause.
-BURY_BUDGET, FREE_BUDGET = 256, 2048
+BURY_BUDGET, FREE_BUDGET = 256, 512
 
 
 def test_a_burst_of_dead_code_is_swept_in_bounded_slices(stopped_tracer):

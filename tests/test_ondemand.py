@@ -422,8 +422,8 @@ def test_signals_for_the_process_reach_the_programs_threads_only(tmp_path):
                 wanted = {signal.SIGUSR2, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD}
                 assert wanted <= blocked, (tid, blocked)
                 assert not blocked & {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT}, tid
-        # And the main thread still answers.
+        # And the main thread still answers (pushing samples: the line may not be in it).
         path = _ondemand.request_snapshot(proc.pid, timeout=TIMEOUT)
-        assert line_size(path, tmp_path / "service.py") >= 100_000
+        assert alloctrace.Snapshot.load(path).sample_interval > 0
     finally:
         finish(proc)

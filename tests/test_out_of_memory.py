@@ -319,6 +319,12 @@ NO_MEMORY_NAMES = [
 
 #: The interpreter's own SystemError (see above).
 FRAME_LOST = "SystemError: error return without exception set"
+#: Up to 3.10, the eval loop's own check of a Python frame that returned NULL with no exception
+#: set; it names no function, where one of ours would be named ("<built-in method raw_traces
+#: ...> returned NULL without setting an error"). Seen once in CI on 3.9, in `traces` (a
+#: generator's frame, 1 of 450 attempts); 40 runs of the whole sweep did not show it again,
+#: nor did a pure-Python generator under 10,000 failed allocations, so no control stands for it.
+EVAL_LOOP_LOST = "SystemError: _PyEval_EvalFrameDefault returned NULL without setting an error"
 
 # Some interpreters crash by themselves here (SIGSEGV in clear_thread_frame, called by
 # _PyEvalFramePushAndInit when a frame cannot be set up: CPython 3.12.1 and 3.13.0 seen) when
@@ -389,6 +395,8 @@ def test_api_entry_points_survive_failed_allocations(no_memory_sweep, name):
     # some versions the interpreter's SystemError; nothing else.
     assert set(control) <= {"expected: ValueError", "MemoryError", FRAME_LOST}, control
     allowed = {"ok", "MemoryError"} | ({FRAME_LOST} if FRAME_LOST in control else set())
+    if sys.version_info < (3, 11):
+        allowed.add(EVAL_LOOP_LOST)
     unexpected = {o for o in outcomes if o not in allowed and not o.startswith("expected: ")}
     assert not unexpected, (name, outcomes)
     # Every allocation point was met: the sweep ended on 40 attempts that failed none.

@@ -466,12 +466,19 @@ impl TraceTable {
     /// traceback's counter, which the caller got (allocating if need be) before changing
     /// anything.
     #[inline(always)]
-    fn account(&self, space: Space, trace: Trace, entering: Option<&Counter>, by: Writer) {
+    fn account(
+        &self,
+        space: Space,
+        trace: Trace,
+        entering: Option<&Counter>,
+        allocated: bool,
+        by: Writer,
+    ) {
         let (bytes, blocks) = self.weigh(trace.size);
         let bytes = bytes as u64;
         if let Some(counter) = entering {
             self.counters.enter(counter, bytes, blocks, by);
-            if self.counting.load(Relaxed) {
+            if allocated && self.counting.load(Relaxed) {
                 self.counters.allocated(counter, bytes, blocks, by);
             }
             let now = self.current.add_and_get(bytes, by);
@@ -571,7 +578,19 @@ impl TraceTable {
         let Some(counter) = self.counters.counter(self.space(address), trace.traceback) else {
             return false;
         };
-        self.put(address, trace, Some(counter), by)
+        self.put(address, trace, Some(counter), true, by)
+    }
+
+    /// [`TraceTable::insert`] for a trace that was taken out and is put back (a reallocation
+    /// that failed, what is left of a mapping partly unmapped, a block moved while recording
+    /// is disabled): the same totals, but not counted as allocated again (the pusher's
+    /// `alloc_*` figures).
+    #[must_use = "a `false` insert is a dropped trace, to be counted"]
+    pub fn restore(&self, address: usize, trace: Trace, by: Writer) -> bool {
+        let Some(counter) = self.counters.counter(self.space(address), trace.traceback) else {
+            return false;
+        };
+        self.put(address, trace, Some(counter), false, by)
     }
 
     /// Files a trace that [`TraceTable::charge`] already counted in the totals (a block that
@@ -579,13 +598,20 @@ impl TraceTable {
     /// cannot get memory to grow: the caller then takes the charge back.
     #[must_use = "a `false` file is a dropped trace, whose charge is to be taken back"]
     pub fn file_charged(&self, address: usize, trace: Trace, by: Writer) -> bool {
-        self.put(address, trace, None, by)
+        self.put(address, trace, None, false, by)
     }
 
     /// [`TraceTable::insert`]'s work once the counter is had: `entering` is `None` for a trace
     /// already charged. A replaced entry's charge leaves either way.
     #[inline(always)]
-    fn put(&self, address: usize, trace: Trace, entering: Option<&Counter>, by: Writer) -> bool {
+    fn put(
+        &self,
+        address: usize,
+        trace: Trace,
+        entering: Option<&Counter>,
+        allocated: bool,
+        by: Writer,
+    ) -> bool {
         let Some(entry) = pack(address, trace) else {
             return false;
         };
@@ -626,9 +652,9 @@ impl TraceTable {
                     // Room reserved above: does not allocate.
                     unsafe { self.big_mut(index) }.insert(address, trace.size);
                 }
-                self.account(space, old, None, by);
+                self.account(space, old, None, false, by);
                 if entering.is_some() {
-                    self.account(space, trace, entering, by);
+                    self.account(space, trace, entering, allocated, by);
                 }
                 return true;
             }
@@ -641,7 +667,7 @@ impl TraceTable {
         }
         self.presence_add(address as usize);
         if entering.is_some() {
-            self.account(space, trace, entering, by);
+            self.account(space, trace, entering, allocated, by);
         }
         true
     }
@@ -653,7 +679,7 @@ impl TraceTable {
         let space = self.space(address);
         match self.counters.counter(space, trace.traceback) {
             Some(counter) => {
-                self.account(space, trace, Some(counter), by);
+                self.account(space, trace, Some(counter), true, by);
                 true
             }
             None => false,
@@ -664,7 +690,7 @@ impl TraceTable {
     /// been filed.
     #[inline(always)]
     pub fn discharge(&self, address: usize, trace: Trace, by: Writer) {
-        self.account(self.space(address), trace, None, by);
+        self.account(self.space(address), trace, None, false, by);
     }
 
     /// The trace of an entry of shard `index`. A large block's size is read from the shard's
@@ -726,7 +752,7 @@ impl TraceTable {
             }
         }
         self.presence_remove(address);
-        self.account(self.space(address), trace, None, by);
+        self.account(self.space(address), trace, None, false, by);
         if shard.len() < shard.capacity() / SHRINK_BELOW && shard.capacity() > SHRINK_MIN {
             self.shrink_shard(index, &mut shard);
         }
@@ -863,7 +889,7 @@ impl TraceTable {
                         by,
                     );
                 }
-                self.account(space, old, None, by);
+                self.account(space, old, None, false, by);
                 Rehomed::Leaves
             }
         }
@@ -895,10 +921,10 @@ impl TraceTable {
             None => None,
         };
         if let Some(trace) = removed {
-            self.account(space, trace, None, Writer::ANY);
+            self.account(space, trace, None, false, Writer::ANY);
         }
         if let Some((trace, counter)) = counter {
-            self.account(space, trace, Some(counter), Writer::ANY);
+            self.account(space, trace, Some(counter), true, Writer::ANY);
         }
         true
     }
@@ -1194,8 +1220,8 @@ mod tests {
     }
 
     /// What each step leaves to take: `(domain, traceback, bytes, blocks)`, blocks in count
-    /// units. Counting is off until asked for; frees and in-use moves never change what was
-    /// allocated; a placeholder's allocation moves with its block (or leaves with it); taking
+    /// units. Counting is off until asked for; frees, traces put back and in-use moves never
+    /// change what was allocated; a placeholder's allocation moves with its block (or leaves with it); taking
     /// starts every count again from zero.
     #[test]
     fn allocations_are_counted_while_asked_and_taken_once() {
@@ -1216,6 +1242,9 @@ mod tests {
             ("insert", 0x3000, 30, 2, &[(0, 2, 30, U)]),
             ("insert", 0x3000, 20, 2, &[(0, 2, 20, U)]), // a replaced entry: a new block
             ("remove", 0x2000, 0, 0, &[]),
+            // Taken out and put back (a failed realloc, the rest of an unmapping): in use again,
+            // not allocated again.
+            ("restore", 0x2000, 50, 1, &[]),
             ("retrace", 0x1000, 0, 5, &[]), // a reused object: in use moves, not allocation
             ("insert", 0x4000, 70, 0, &[(0, 0, 70, U)]),
             ("insert", 0x5000, 40, 0, &[]),
@@ -1234,6 +1263,10 @@ mod tests {
                     take = !matches!(address, 0x5000 | 0x6000 | 0x7000);
                 }
                 "remove" => assert!(table.remove(address, W).is_some()),
+                "restore" => {
+                    assert!(table.restore(address, t(size, traceback), W));
+                    assert_eq!(table.get(address), Some(t(size, traceback)));
+                }
                 "retrace" => assert!(table.retrace(address, W, |_| Some(traceback))),
                 "placeholder" => {
                     assert!(table.retrace_allocation(address, W, |_| Some(traceback)))

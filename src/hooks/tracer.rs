@@ -43,7 +43,7 @@ use crate::error::{Error, Result};
 use crate::freelist::deferred;
 use crate::hooks;
 use crate::hooks::hook_thread::{self, HookThread};
-use crate::hooks::intern::{Interner, Resolver, UNKNOWN_TRACEBACK};
+use crate::hooks::intern::{DyingCode, Interner, Resolver, UNKNOWN_TRACEBACK};
 use crate::hooks::sampler;
 use crate::hooks::table::{Trace, TraceTable, TracebackId};
 use crate::hooks::tally::Writer;
@@ -434,6 +434,14 @@ fn record(address: usize, trace: Trace) {
     }
 }
 
+/// Puts back a trace that a hook took out (see [`TraceTable::restore`]): not a new allocation.
+fn put_back(address: usize, trace: Trace) {
+    deferred::forget(address);
+    if !table().restore(address, trace, Writer::ANY) {
+        count_dropped();
+    }
+}
+
 /// Counts a block left untraced for lack of memory (see [`DROPPED`]).
 pub(crate) fn count_dropped() {
     DROPPED.fetch_add(1, Relaxed);
@@ -712,7 +720,7 @@ unsafe fn realloc_end(
     };
     if new == 0 {
         if let Some(old) = old {
-            record(old_address, old);
+            put_back(old_address, old);
         }
     } else if RECORDING.load(Relaxed) {
         if scope.keep(size) {
@@ -723,7 +731,7 @@ unsafe fn realloc_end(
             }
         }
     } else if let Some(old) = old {
-        record(new, Trace { size, ..old });
+        put_back(new, Trace { size, ..old });
     }
 }
 
@@ -813,7 +821,7 @@ pub(crate) unsafe fn on_native_realloc_end(
     match new {
         None => {
             if let Some(old) = old {
-                record(native_key(old_address), old);
+                put_back(native_key(old_address), old);
             }
         }
         Some(_) if old.is_none() && !untracked_too => {}
@@ -824,7 +832,7 @@ pub(crate) unsafe fn on_native_realloc_end(
         }
         Some(new) => {
             if let Some(old) = old {
-                record(native_key(new), Trace { size, ..old });
+                put_back(native_key(new), Trace { size, ..old });
             }
         }
     }
@@ -836,7 +844,7 @@ pub(crate) fn on_native_unmap_rest(address: usize, trace: Trace) {
         return;
     }
     if let Some(_guard) = ReentrancyGuard::enter() {
-        record(native_key(address), trace);
+        put_back(native_key(address), trace);
     }
 }
 
@@ -1234,12 +1242,14 @@ fn sweep(py: Python<'_>, bury_budget: usize) {
     SWEEP_OWED.store(false, Relaxed);
     let began = std::time::Instant::now();
     let began_cpu = thread_cpu_nanos();
+    let freed_before = SWEEP_WORK.stacks_freed.load(Relaxed);
     let mut unfinished = collect_tracebacks(py);
     // Releasing a code object releases the code objects in its constants (a module's
     // functions), which only then become ours alone: sweep again until none is released, or
     // until the budget is spent (then the sweep is owed: see `sweep_owed`).
+    let deadline = (bury_budget == BURY_BUDGET).then(|| began + BURY_PAUSE);
     let mut buried = 0;
-    loop {
+    'sweep: loop {
         let most = bury_budget - buried;
         if most == 0 {
             unfinished = true;
@@ -1255,43 +1265,71 @@ fn sweep(py: Python<'_>, bury_budget: usize) {
                 live.interner.dying_codes(most)
             })
         };
-        buried += dying.as_ref().map_or(0, Vec::len);
-        let (released, unused) = match dying {
-            Some(dying) if !dying.is_empty() => {
-                let burials = unsafe { RESOLVER.get().as_mut().map(|r| r.bury(py, &dying)) };
-                match (burials, unsafe { LIVE.get().as_mut() }) {
-                    (Some(burials), Some(live)) => unsafe { live.interner.bury(&dying, &burials) },
-                    _ => (Vec::new(), Vec::new()),
-                }
+        let dying = dying.unwrap_or_default();
+        let mut released_any = false;
+        for chunk in dying.chunks(BURY_CHUNK) {
+            // At least one chunk a sweep, so that dead code is buried even when looking for
+            // idle tracebacks took the whole pause; the rest stay pinned for the next sweep.
+            if buried > 0 && deadline.is_some_and(|at| std::time::Instant::now() >= at) {
+                unfinished = true;
+                break 'sweep;
             }
-            _ => (Vec::new(), Vec::new()),
-        };
-        if !unused.is_empty() {
-            if let Some(resolver) = unsafe { RESOLVER.get().as_mut() } {
-                resolver.release_buried(py, &unused);
-            }
+            buried += chunk.len();
+            released_any |= bury_chunk(py, chunk);
         }
-        if released.is_empty() {
+        if !released_any {
             break;
-        }
-        for code in released {
-            // SAFETY: the GIL is held and each is a strong reference the interner took.
-            unsafe { ffi::Py_DECREF(code as *mut ffi::PyObject) };
         }
     }
     let took = began.elapsed().as_nanos() as u64;
+    let took_cpu = thread_cpu_nanos().saturating_sub(began_cpu);
     SWEEP_WORK.codes_buried.fetch_add(buried as u64, Relaxed);
-    if bury_budget == BURY_BUDGET {
+    let longest = if bury_budget == BURY_BUDGET {
         SWEEP_WORK.most_buried.fetch_max(buried as u64, Relaxed);
-    }
+        &LONGEST_PENDING
+    } else {
+        &LONGEST_READING
+    };
+    longest.offer(
+        took,
+        took_cpu,
+        buried as u64,
+        SWEEP_WORK.stacks_freed.load(Relaxed) - freed_before,
+    );
     SWEEPS.fetch_add(1, Relaxed);
     SWEEP_NANOS.fetch_add(took, Relaxed);
     LONGEST_SWEEP_NANOS.fetch_max(took, Relaxed);
-    LONGEST_SWEEP_CPU_NANOS.fetch_max(thread_cpu_nanos().saturating_sub(began_cpu), Relaxed);
+    LONGEST_SWEEP_CPU_NANOS.fetch_max(took_cpu, Relaxed);
+    for (count, ms) in PAUSES_OVER.iter().zip(PAUSE_THRESHOLDS_MS) {
+        if took_cpu > ms * 1_000_000 {
+            count.fetch_add(1, Relaxed);
+        }
+    }
     SWEEPING.store(false, Relaxed);
     if unfinished {
         SWEEP_OWED.store(true, Relaxed);
     }
+}
+
+/// Buries `dying` (resolves what their nodes need, rewrites the nodes) and releases the code
+/// objects that were still ours alone; returns whether any was released.
+fn bury_chunk(py: Python<'_>, dying: &[DyingCode]) -> bool {
+    // SAFETY (each block): as in `sweep`; no borrow spans a Python call.
+    let burials = unsafe { RESOLVER.get().as_mut().map(|r| r.bury(py, dying)) };
+    let (released, unused) = match (burials, unsafe { LIVE.get().as_mut() }) {
+        (Some(burials), Some(live)) => unsafe { live.interner.bury(dying, &burials) },
+        _ => (Vec::new(), Vec::new()),
+    };
+    if !unused.is_empty() {
+        if let Some(resolver) = unsafe { RESOLVER.get().as_mut() } {
+            resolver.release_buried(py, &unused);
+        }
+    }
+    for &code in &released {
+        // SAFETY: the GIL is held and each is a strong reference the interner took.
+        unsafe { ffi::Py_DECREF(code as *mut ffi::PyObject) };
+    }
+    !released.is_empty()
 }
 
 /// Sweeps run since the module was loaded, their total and their longest time: what the
@@ -1302,6 +1340,67 @@ static LONGEST_SWEEP_NANOS: AtomicU64 = AtomicU64::new(0);
 /// The longest sweep in this thread's CPU time: on a busy machine a sweep's wall time also
 /// counts the time other processes ran.
 static LONGEST_SWEEP_CPU_NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// The longest sweep (in CPU time) of one kind and what it did, so that a long pause can be
+/// told apart: a pending call's (bounded) or a reading's (buries every dead code object).
+struct LongestSweep {
+    wall: AtomicU64,
+    cpu: AtomicU64,
+    buried: AtomicU64,
+    freed: AtomicU64,
+}
+
+impl LongestSweep {
+    const fn new() -> Self {
+        LongestSweep {
+            wall: AtomicU64::new(0),
+            cpu: AtomicU64::new(0),
+            buried: AtomicU64::new(0),
+            freed: AtomicU64::new(0),
+        }
+    }
+
+    /// Keeps this sweep's figures if it is the longest yet (sweeps run one at a time).
+    fn offer(&self, wall: u64, cpu: u64, buried: u64, freed: u64) {
+        if cpu >= self.cpu.load(Relaxed) {
+            self.cpu.store(cpu, Relaxed);
+            self.wall.store(wall, Relaxed);
+            self.buried.store(buried, Relaxed);
+            self.freed.store(freed, Relaxed);
+        }
+    }
+
+    fn get(&self) -> SweepFigures {
+        (
+            self.wall.load(Relaxed),
+            self.cpu.load(Relaxed),
+            self.buried.load(Relaxed),
+            self.freed.load(Relaxed),
+        )
+    }
+}
+
+/// `(wall ns, CPU ns, code objects buried, tracebacks freed)` of one sweep.
+pub type SweepFigures = (u64, u64, u64, u64);
+
+static LONGEST_PENDING: LongestSweep = LongestSweep::new();
+static LONGEST_READING: LongestSweep = LongestSweep::new();
+
+/// Sweeps whose CPU time exceeded each of [`PAUSE_THRESHOLDS_MS`]: how often a long pause
+/// comes, which the longest alone does not say.
+static PAUSES_OVER: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+pub const PAUSE_THRESHOLDS_MS: [u64; 4] = [1, 2, 5, 10];
+
+/// `(wall ns, CPU ns, code objects buried, tracebacks freed)` of the longest pending-call
+/// sweep and of the longest reading's sweep, and the counts of sweeps over each of
+/// [`PAUSE_THRESHOLDS_MS`] of CPU.
+pub fn sweep_pauses() -> (SweepFigures, SweepFigures, [u64; 4]) {
+    (
+        LONGEST_PENDING.get(),
+        LONGEST_READING.get(),
+        std::array::from_fn(|i| PAUSES_OVER[i].load(Relaxed)),
+    )
+}
 
 /// This thread's CPU time, in nanoseconds.
 fn thread_cpu_nanos() -> u64 {
@@ -1339,15 +1438,23 @@ pub fn sweep_stats() -> (u64, u64, u64, u64, usize, usize, usize) {
 /// Tracebacks a sweep looks at, at most: the longest pause it adds (see
 /// [`Interner::collect`]; measured in docs/tracer-memory.md).
 const COLLECT_BUDGET: usize = 32_768;
-/// Tracebacks a sweep frees, at most: freeing one, with its nodes and the resolver's
-/// records only it kept, costs ~0.5 us, looking at one ~20 ns, so a sweep that found
-/// thousands idle at once (a burst of dropped code) paused for milliseconds on that alone.
-const FREE_BUDGET: usize = 2048;
+/// Tracebacks a sweep frees, at most: freeing one with its nodes costs ~0.9 us, and
+/// releasing the resolver's records only it kept (about two a traceback in the churn soak)
+/// ~0.5 us each, looking at one ~20 ns. With 2,048 a sweep took 6 ms of CPU in the soak (1.85
+/// ms freeing, 2.1 ms releasing 4,316 records).
+const FREE_BUDGET: usize = 512;
 /// Dead code objects a sweep the program did not ask for (a pending call) buries and
 /// releases, at most: ~6 us each (resolving its names and lines, deallocating it and its
 /// constants); one that found hundreds at once took milliseconds. The rest wait for the next
 /// sweep (see [`sweep_owed`]), or for a reading, which buries them all.
 const BURY_BUDGET: usize = 256;
+/// Wall time after which a sweep the program did not ask for stops burying: a burial usually
+/// costs ~6 us, but some cost several times that (a table of the resolver growing, the
+/// allocator returning pages to the system as code objects are freed), and 256 of them were
+/// seen to take 5-8 ms of CPU. Checked between chunks of [`BURY_CHUNK`].
+const BURY_PAUSE: std::time::Duration = std::time::Duration::from_millis(2);
+/// Dead code objects buried between two looks at the clock.
+const BURY_CHUNK: usize = 32;
 
 /// What the sweeps did, in all and at most in one (`_sweep_work()`): counts, not times, so
 /// that a test can check that the work per sweep stays bounded and the work per unit of

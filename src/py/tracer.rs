@@ -260,6 +260,22 @@ fn _sweep_stats() -> (u64, f64, f64, f64, usize, usize, usize) {
     )
 }
 
+/// `(wall seconds, CPU seconds, code objects buried, tracebacks freed)` of one sweep.
+type PauseFigures = (f64, f64, u64, u64);
+
+/// `((wall seconds, CPU seconds, code objects buried, tracebacks freed) of the longest
+/// sweep a pending call ran, the same of the longest a reading ran, (sweeps over 1, 2, 5 and
+/// 10 ms of CPU))` (private, for the soak benchmark: which kind of sweep paused longest,
+/// doing what, and how often sweeps are long).
+#[pyfunction]
+fn _sweep_pauses() -> (PauseFigures, PauseFigures, [u64; 4]) {
+    let seconds = |(wall, cpu, buried, freed): tracer::SweepFigures| {
+        (wall as f64 / 1e9, cpu as f64 / 1e9, buried, freed)
+    };
+    let (pending, reading, over) = tracer::sweep_pauses();
+    (seconds(pending), seconds(reading), over)
+}
+
 #[pyfunction]
 fn enable() {
     tracer::set_recording(true)
@@ -443,6 +459,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_tracemalloc_memory, m)?)?;
     m.add_function(wrap_pyfunction!(get_dropped_traces, m)?)?;
     m.add_function(wrap_pyfunction!(_sweep_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(_sweep_pauses, m)?)?;
     m.add_function(wrap_pyfunction!(_sweep_work, m)?)?;
     m.add_function(wrap_pyfunction!(enable, m)?)?;
     m.add_function(wrap_pyfunction!(disable, m)?)?;
