@@ -19,7 +19,8 @@ tracer's own memory (``get_tracemalloc_memory()``), RSS, the traced memory, the 
 unit over the interval (wall and CPU: the CPU time is what to compare on a busy machine) and,
 for alloctrace, its sweeps (``_sweep_stats()``: the longest pause, live tracebacks, trie nodes,
 pinned code objects; ``_sweep_pauses()``: the longest sweep of the program's and of the
-readings', what each did, and how many sweeps took over 1, 2, 5 and 10 ms of CPU).
+readings', what each did and spent its time on, and how many sweeps took over 1, 2, 5 and
+10 ms of CPU).
 
 The summary compares the first minute (or first tenth of a shorter run) with the end: the
 tracer's memory and the time per unit should stay flat.
@@ -205,12 +206,16 @@ def summary(name, rows, seconds):
         )
         pending, reading, over = last["pauses"]
         parts.append("sweeps over 1/2/5/10 ms of CPU: " + "/".join(str(count) for count in over))
-        for kind, (wall, cpu, buried, freed) in zip(
+        for kind, (wall, cpu, buried, freed, phases, faults) in zip(
             ("the program's sweeps", "readings' sweeps"), (pending, reading)
         ):
+            spent = ", ".join(
+                f"{name} {seconds * 1000:.2f}"
+                for name, seconds in zip(("collect", "find", "bury", "release"), phases)
+            )
             parts.append(
-                f"longest of {kind}: {wall * 1000:.2f} ms ({cpu * 1000:.2f} ms of CPU), "
-                f"{buried} code objects buried, {freed} tracebacks freed"
+                f"longest of {kind}: {wall * 1000:.2f} ms ({cpu * 1000:.2f} ms of CPU: {spent}), "
+                f"{buried} code objects buried, {freed} tracebacks freed, {faults} page faults"
             )
     print("; ".join(parts))
 

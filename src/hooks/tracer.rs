@@ -1242,8 +1242,11 @@ fn sweep(py: Python<'_>, bury_budget: usize) {
     SWEEP_OWED.store(false, Relaxed);
     let began = std::time::Instant::now();
     let began_cpu = thread_cpu_nanos();
+    let began_faults = thread_page_faults();
     let freed_before = SWEEP_WORK.stacks_freed.load(Relaxed);
+    let mut phases = Phases::new(began_cpu);
     let mut unfinished = collect_tracebacks(py);
+    phases.lap(Phase::Collect);
     // Releasing a code object releases the code objects in its constants (a module's
     // functions), which only then become ours alone: sweep again until none is released, or
     // until the budget is spent (then the sweep is owed: see `sweep_owed`).
@@ -1266,6 +1269,7 @@ fn sweep(py: Python<'_>, bury_budget: usize) {
             })
         };
         let dying = dying.unwrap_or_default();
+        phases.lap(Phase::Find);
         let mut released_any = false;
         for chunk in dying.chunks(BURY_CHUNK) {
             // At least one chunk a sweep, so that dead code is buried even when looking for
@@ -1275,7 +1279,7 @@ fn sweep(py: Python<'_>, bury_budget: usize) {
                 break 'sweep;
             }
             buried += chunk.len();
-            released_any |= bury_chunk(py, chunk);
+            released_any |= bury_chunk(py, chunk, &mut phases);
         }
         if !released_any {
             break;
@@ -1290,12 +1294,14 @@ fn sweep(py: Python<'_>, bury_budget: usize) {
     } else {
         &LONGEST_READING
     };
-    longest.offer(
-        took,
-        took_cpu,
-        buried as u64,
-        SWEEP_WORK.stacks_freed.load(Relaxed) - freed_before,
-    );
+    longest.offer(SweepFigures {
+        wall: took,
+        cpu: took_cpu,
+        buried: buried as u64,
+        freed: SWEEP_WORK.stacks_freed.load(Relaxed) - freed_before,
+        phases: phases.spent,
+        page_faults: thread_page_faults().saturating_sub(began_faults),
+    });
     SWEEPS.fetch_add(1, Relaxed);
     SWEEP_NANOS.fetch_add(took, Relaxed);
     LONGEST_SWEEP_NANOS.fetch_max(took, Relaxed);
@@ -1313,7 +1319,7 @@ fn sweep(py: Python<'_>, bury_budget: usize) {
 
 /// Buries `dying` (resolves what their nodes need, rewrites the nodes) and releases the code
 /// objects that were still ours alone; returns whether any was released.
-fn bury_chunk(py: Python<'_>, dying: &[DyingCode]) -> bool {
+fn bury_chunk(py: Python<'_>, dying: &[DyingCode], phases: &mut Phases) -> bool {
     // SAFETY (each block): as in `sweep`; no borrow spans a Python call.
     let burials = unsafe { RESOLVER.get().as_mut().map(|r| r.bury(py, dying)) };
     let (released, unused) = match (burials, unsafe { LIVE.get().as_mut() }) {
@@ -1325,11 +1331,49 @@ fn bury_chunk(py: Python<'_>, dying: &[DyingCode]) -> bool {
             resolver.release_buried(py, &unused);
         }
     }
+    phases.lap(Phase::Bury);
     for &code in &released {
         // SAFETY: the GIL is held and each is a strong reference the interner took.
         unsafe { ffi::Py_DECREF(code as *mut ffi::PyObject) };
     }
+    phases.lap(Phase::Release);
     !released.is_empty()
+}
+
+/// The parts of a sweep whose CPU time is kept for the longest sweeps (`_sweep_pauses()`),
+/// so that a long pause says what it was spent on.
+#[derive(Clone, Copy)]
+enum Phase {
+    /// Looking for idle tracebacks, freeing them and releasing what only they kept.
+    Collect = 0,
+    /// Looking through the pins for dead code objects.
+    Find = 1,
+    /// Resolving what dead code objects' nodes need and rewriting the nodes.
+    Bury = 2,
+    /// Releasing the dead code objects (CPython deallocates them and their constants).
+    Release = 3,
+}
+
+/// CPU nanoseconds spent in each [`Phase`] of one sweep.
+struct Phases {
+    spent: [u64; 4],
+    since: u64,
+}
+
+impl Phases {
+    fn new(now: u64) -> Self {
+        Phases {
+            spent: [0; 4],
+            since: now,
+        }
+    }
+
+    /// Charges the CPU time since the last lap to `phase`.
+    fn lap(&mut self, phase: Phase) {
+        let now = thread_cpu_nanos();
+        self.spent[phase as usize] += now.saturating_sub(self.since);
+        self.since = now;
+    }
 }
 
 /// Sweeps run since the module was loaded, their total and their longest time: what the
@@ -1341,47 +1385,51 @@ static LONGEST_SWEEP_NANOS: AtomicU64 = AtomicU64::new(0);
 /// counts the time other processes ran.
 static LONGEST_SWEEP_CPU_NANOS: AtomicU64 = AtomicU64::new(0);
 
+/// One sweep's figures: wall and CPU nanoseconds, code objects buried, tracebacks freed, CPU
+/// nanoseconds per [`Phase`], and the page faults it took (the kernel's time in them counts
+/// as its CPU time).
+#[derive(Clone, Copy)]
+pub struct SweepFigures {
+    pub wall: u64,
+    pub cpu: u64,
+    pub buried: u64,
+    pub freed: u64,
+    pub phases: [u64; 4],
+    pub page_faults: u64,
+}
+
 /// The longest sweep (in CPU time) of one kind and what it did, so that a long pause can be
 /// told apart: a pending call's (bounded) or a reading's (buries every dead code object).
-struct LongestSweep {
-    wall: AtomicU64,
-    cpu: AtomicU64,
-    buried: AtomicU64,
-    freed: AtomicU64,
-}
+/// Only sweeps write it, one at a time under the GIL; `_sweep_pauses()` reads it under the
+/// GIL too.
+struct LongestSweep(GilCell<SweepFigures>);
 
 impl LongestSweep {
     const fn new() -> Self {
-        LongestSweep {
-            wall: AtomicU64::new(0),
-            cpu: AtomicU64::new(0),
-            buried: AtomicU64::new(0),
-            freed: AtomicU64::new(0),
-        }
+        LongestSweep(GilCell::new(SweepFigures {
+            wall: 0,
+            cpu: 0,
+            buried: 0,
+            freed: 0,
+            phases: [0; 4],
+            page_faults: 0,
+        }))
     }
 
-    /// Keeps this sweep's figures if it is the longest yet (sweeps run one at a time).
-    fn offer(&self, wall: u64, cpu: u64, buried: u64, freed: u64) {
-        if cpu >= self.cpu.load(Relaxed) {
-            self.cpu.store(cpu, Relaxed);
-            self.wall.store(wall, Relaxed);
-            self.buried.store(buried, Relaxed);
-            self.freed.store(freed, Relaxed);
+    /// Keeps this sweep's figures if it is the longest yet.
+    fn offer(&self, figures: SweepFigures) {
+        // SAFETY: called by a sweep, with the GIL held and no other borrow of the cell live.
+        let longest = unsafe { self.0.get() };
+        if figures.cpu >= longest.cpu {
+            *longest = figures;
         }
     }
 
     fn get(&self) -> SweepFigures {
-        (
-            self.wall.load(Relaxed),
-            self.cpu.load(Relaxed),
-            self.buried.load(Relaxed),
-            self.freed.load(Relaxed),
-        )
+        // SAFETY: read with the GIL held (see `offer`).
+        unsafe { *self.0.get() }
     }
 }
-
-/// `(wall ns, CPU ns, code objects buried, tracebacks freed)` of one sweep.
-pub type SweepFigures = (u64, u64, u64, u64);
 
 static LONGEST_PENDING: LongestSweep = LongestSweep::new();
 static LONGEST_READING: LongestSweep = LongestSweep::new();
@@ -1400,6 +1448,16 @@ pub fn sweep_pauses() -> (SweepFigures, SweepFigures, [u64; 4]) {
         LONGEST_READING.get(),
         std::array::from_fn(|i| PAUSES_OVER[i].load(Relaxed)),
     )
+}
+
+/// Page faults this thread has taken (minor and major).
+fn thread_page_faults() -> u64 {
+    // SAFETY: a zeroed rusage filled by getrusage for the calling thread.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
+        return 0;
+    }
+    (usage.ru_minflt + usage.ru_majflt) as u64
 }
 
 /// This thread's CPU time, in nanoseconds.

@@ -260,20 +260,30 @@ fn _sweep_stats() -> (u64, f64, f64, f64, usize, usize, usize) {
     )
 }
 
-/// `(wall seconds, CPU seconds, code objects buried, tracebacks freed)` of one sweep.
-type PauseFigures = (f64, f64, u64, u64);
+/// One sweep's figures for Python: `(wall seconds, CPU seconds, code objects buried,
+/// tracebacks freed, (CPU seconds collecting tracebacks, finding dead code, burying it,
+/// releasing it), page faults)`.
+type PauseFigures = (f64, f64, u64, u64, (f64, f64, f64, f64), u64);
 
-/// `((wall seconds, CPU seconds, code objects buried, tracebacks freed) of the longest
-/// sweep a pending call ran, the same of the longest a reading ran, (sweeps over 1, 2, 5 and
-/// 10 ms of CPU))` (private, for the soak benchmark: which kind of sweep paused longest,
-/// doing what, and how often sweeps are long).
+/// `(the longest sweep a pending call ran, the longest a reading ran, (sweeps over 1, 2, 5 and
+/// 10 ms of CPU))`, each sweep as [`PauseFigures`] (private, for the soak benchmark: which
+/// kind of sweep paused longest, on what, and how often sweeps are long).
 #[pyfunction]
 fn _sweep_pauses() -> (PauseFigures, PauseFigures, [u64; 4]) {
-    let seconds = |(wall, cpu, buried, freed): tracer::SweepFigures| {
-        (wall as f64 / 1e9, cpu as f64 / 1e9, buried, freed)
+    let seconds = |ns: u64| ns as f64 / 1e9;
+    let figures = |f: tracer::SweepFigures| {
+        let [collect, find, bury, release] = f.phases.map(seconds);
+        (
+            seconds(f.wall),
+            seconds(f.cpu),
+            f.buried,
+            f.freed,
+            (collect, find, bury, release),
+            f.page_faults,
+        )
     };
     let (pending, reading, over) = tracer::sweep_pauses();
-    (seconds(pending), seconds(reading), over)
+    (figures(pending), figures(reading), over)
 }
 
 #[pyfunction]
