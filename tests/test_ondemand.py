@@ -455,3 +455,40 @@ def test_signals_for_the_process_reach_the_programs_threads_only(tmp_path):
         assert alloctrace.Snapshot.load(path).sample_interval > 0
     finally:
         finish(proc)
+
+
+def test_a_request_is_answered_while_the_main_thread_waits_in_native_code(tmp_path):
+    # The Python handler runs only when the main thread next checks: here it waits for ever
+    # in pthread_mutex_lock (the GIL released, as ctypes does), which goes back to waiting
+    # after a signal. The request is counted in C and answered by the snapshot thread.
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        textwrap.dedent(
+            """\
+            import ctypes
+            held = [bytearray(2000) for _ in range(50)]  # the allocation line
+            libc = ctypes.CDLL(None)
+            mutex = ctypes.create_string_buffer(64)  # PTHREAD_MUTEX_INITIALIZER: zeroes
+            libc.pthread_mutex_lock(mutex)
+            print("ready", flush=True)
+            libc.pthread_mutex_lock(mutex)  # never returns
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=clean_env(ALLOCTRACE_SIGNAL="SIGUSR2", ALLOCTRACE_DUMP="stuck-{n}.snap"),
+        cwd=str(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+        time.sleep(0.2)  # in the second lock by now
+        path = _ondemand.request_snapshot(proc.pid, timeout=TIMEOUT)
+        assert line_size(path, script) >= 100_000
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()

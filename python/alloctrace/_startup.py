@@ -141,6 +141,10 @@ CONFIG_ERROR_STATUS = 2
 #: second, each a file and a pass over the whole trace table.
 MIN_INTERVAL = 0.1
 
+#: How often, in seconds, the snapshot thread looks at the count of request signals for one
+#: whose Python handler has not run (see :meth:`Dumper._serve_requests`).
+REQUEST_POLL = 0.5
+
 #: The longest ``ALLOCTRACE_INTERVAL`` accepted, in seconds (365 days): longer waits overflow
 #: the interval thread's timer (``threading.TIMEOUT_MAX``), and would never come anyway.
 MAX_INTERVAL = 365 * 24 * 3600
@@ -729,6 +733,10 @@ class Dumper:
         self._start_request_thread()
         signal.signal(signum, self._on_request)
         self._request_signum = signum
+        from alloctrace import _native
+
+        # Counted in C as well, for the requests whose Python handler does not run soon.
+        _native._request_count_arm(signum)
 
     def _start_request_thread(self) -> None:
         """Start the thread that writes the snapshots asked for by signal, and the pipe that
@@ -796,12 +804,26 @@ class Dumper:
             self._in_request = False
 
     def _serve_requests(self, read_end: int) -> None:
+        """Write a snapshot for the requests pending, as the handler's bytes or the count of
+        request signals tell.
+
+        The handler runs in the main thread only, when it next checks; one that had checked
+        just before the signal and then blocked in a system call (reading stdin) or in native
+        code does not run it until that call returns. The C-level count does not wait for
+        the main thread, so a request counted and not yet answered is answered within
+        :data:`REQUEST_POLL` seconds all the same.
+        """
         import select
 
+        from alloctrace import _native
+
         last = None
+        answered = _native._request_count()
         while True:
             try:
-                select.select([read_end], [], [])
+                ready, _, _ = select.select([read_end], [], [], REQUEST_POLL)
+                if not ready and _native._request_count() == answered:
+                    continue
                 if last is not None and time.monotonic() - last < MIN_INTERVAL:
                     time.sleep(max(0.0, last + MIN_INTERVAL - time.monotonic()))
                 # Everything asked for until now, answered by the one snapshot begun next.
@@ -817,6 +839,8 @@ class Dumper:
             if self._done:
                 return
             last = time.monotonic()
+            # Every request counted until now is answered by the snapshot begun next.
+            answered = _native._request_count()
             self.dump_numbered()
 
     def _ignore_requests(self) -> None:

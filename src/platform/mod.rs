@@ -8,5 +8,6 @@ pub mod fallible;
 pub mod machine;
 pub mod nopark;
 pub mod process_memory;
+pub mod request_count;
 pub mod signal_disposition;
 pub mod sigterm_retry;
